@@ -1,0 +1,58 @@
+"""The internal bus between the network core (``rti``) and the PPUs (``dtd``).
+
+Everything that reaches a PPU from the network, RDMA WRITE data, control-plane register accesses,
+SEND payloads for the response mailbox, crosses the clock domains as a :class:`BusCommand` through
+one ``AsyncFIFO`` (``rti`` -> ``dtd``), in order; reads are answered with a :class:`BusReadData`
+through a second ``AsyncFIFO`` (``dtd`` -> ``rti``), in order. CALL requests leave the PPUs as
+:class:`CallRequest` through a third ``AsyncFIFO`` (``dtd`` -> ``rti``).
+
+Because the network core only emits the commands of a packet after the packet's ICRC has checked
+good (the commit rule), and the FIFO keeps their order, a PPU sees the writes of a packet before
+any later packet's writes, and an atomic trigger sees all instructions written before it.
+"""
+
+# No ``from __future__ import annotations``: data.Struct reads its annotations as shapes.
+from amaranth.hdl import unsigned
+from amaranth.lib import data, enum
+
+__all__ = ["BusOp", "BusCommand", "BusReadData", "CallRequest", "MAX_CALL_ARG_BYTES"]
+
+
+class BusOp(enum.Enum, shape=2):
+    WRITE = 0           #: write ``data`` at ``word_addr`` under byte enable ``be``
+    READ = 1            #: read the 64-bit word at ``word_addr``; answered by one BusReadData
+    MAILBOX_COMMIT = 2  #: a SEND of ``data[15:0]`` bytes has been written to the mailbox at
+    #:                     ``word_addr`` (the mailbox base): hand it to the PPU's CALL unit
+
+
+class BusCommand(data.Struct):
+    """One bus command (``rti`` -> ``dtd``). Addresses are byte addresses >> 3."""
+
+    op: BusOp
+    word_addr: unsigned(29)
+    be: unsigned(8)       #: byte enables, bit i for data[8i+7:8i] (byte address 8*word_addr+i)
+    data: unsigned(64)    #: little-endian: byte i of the word at bits [8i+7:8i]
+
+
+class BusReadData(data.Struct):
+    """Answer to one ``BusOp.READ`` (``dtd`` -> ``rti``). Unmapped addresses set ``error``."""
+
+    data: unsigned(64)
+    error: unsigned(1)
+
+
+#: A CALL carries at most this many argument bytes (one 32-bit register for now).
+MAX_CALL_ARG_BYTES = 4
+
+
+class CallRequest(data.Struct):
+    """A PPU's CALL, handed to the network core to send as an RPC request (``dtd`` -> ``rti``).
+
+    The network core stamps ``ptp_timestamp`` at transmit and picks the ring slot and PSN.
+    """
+
+    ppu: unsigned(4)
+    function_id: unsigned(32)
+    request_id: unsigned(32)
+    arg_len: unsigned(4)    #: 0..MAX_CALL_ARG_BYTES
+    args: unsigned(32)      #: argument bytes, byte i at bits [8i+7:8i]

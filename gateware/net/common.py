@@ -1,0 +1,62 @@
+"""Layouts shared by the parts of the network core (rti domain).
+
+# Ref: docs/architecture.md (NetworkCore); openqlink.memory_map (register meanings).
+"""
+
+# No ``from __future__ import annotations``: data.Struct reads its annotations as shapes.
+from amaranth.hdl import unsigned
+from amaranth.lib import data, enum
+
+from ...memory_map import COUNTERS
+
+__all__ = ["NetConfig", "QPContext", "ControlReply", "DropReason", "COUNTER_INDEX"]
+
+
+class NetConfig(data.Struct):
+    """Global network configuration, from the global registers."""
+
+    qsc_mac: unsigned(48)
+    qsc_ip: unsigned(32)
+    host_mac: unsigned(48)
+    host_ip: unsigned(32)
+    udp_src_port: unsigned(16)
+    p_key: unsigned(16)
+    timestamp_format: unsigned(1)   #: 0 = ns (u64), 1 = {seconds[63:32], ns[31:0]}
+    rx_enable: unsigned(1)
+
+
+class QPContext(data.Struct):
+    """One PPU's QP context, from its QP registers."""
+
+    host_qpn: unsigned(24)
+    host_rkey: unsigned(32)
+    ring_va: unsigned(64)
+    num_slots: unsigned(13)         #: 1..4096
+    slot_size: unsigned(16)         #: bytes
+    imem_rkey: unsigned(32)
+    env_rkey: unsigned(32)
+    regs_rkey: unsigned(32)
+
+
+class ControlReply(data.Struct):
+    """A control-plane response for the TX builder: where to send it and its fields."""
+
+    dst_mac: unsigned(48)
+    dst_ip: unsigned(32)
+    dst_port: unsigned(16)          #: the requester's UDP source port
+    cmd: unsigned(8)                #: request cmd | 0x80
+    flags: unsigned(8)
+    seq: unsigned(16)
+    status: unsigned(8)
+    addr: unsigned(32)
+    value: unsigned(32)
+    latched_seq: unsigned(16)
+
+
+#: Index of each counter in openqlink.memory_map.COUNTERS.
+COUNTER_INDEX = {name: i for i, (name, _) in enumerate(COUNTERS)}
+
+DropReason = enum.Enum("DropReason", {
+    name[len("DROP_"):]: i for i, (name, _) in enumerate(COUNTERS) if name.startswith("DROP_")
+}, shape=5)
+DropReason.__doc__ = "Why a received frame was dropped; value = its counter index."

@@ -1,0 +1,37 @@
+"""The packet stream convention used on every data path of the QSC.
+
+A packet is a run of transfers on an :class:`amaranth.lib.stream` interface whose payload is
+:func:`beat_layout`: ``data`` (``data_width`` bits; byte ``i`` of the beat, the ``i``-th byte
+on the wire, at bits ``[8*i+7 : 8*i]``), ``keep`` (one bit per byte; all ones on every beat but
+the last, whose ones are contiguous from bit 0), ``first`` (set on the first beat) and ``last``
+(set on the last beat). A one-beat packet sets both. The four transfer rules of
+``amaranth.lib.stream`` hold: ``valid`` never waits for ``ready``, and payload stays stable while
+``valid`` is set and ``ready`` is not.
+
+On the MAC side the frame runs from the destination MAC address through the end of the payload
+(padding included, FCS excluded: the MAC strips it on receive and appends it on transmit).
+"""
+
+from amaranth.lib import data, stream
+
+__all__ = ["beat_layout", "packet_signature", "DATA_WIDTH"]
+
+#: Default data path width in bits (a 10GBASE-R MAC at 156.25 MHz).
+DATA_WIDTH = 64
+
+
+def beat_layout(data_width: int = DATA_WIDTH) -> data.StructLayout:
+    """Payload layout of one beat: ``data``, ``keep``, ``first``, ``last``."""
+    if data_width % 8 or data_width <= 0:
+        raise ValueError(f"data_width must be a positive multiple of 8, not {data_width}")
+    return data.StructLayout({
+        "data": data_width,
+        "keep": data_width // 8,
+        "first": 1,
+        "last": 1,
+    })
+
+
+def packet_signature(data_width: int = DATA_WIDTH) -> stream.Signature:
+    """Stream signature of a packet interface (use with ``In(...)``/``Out(...)``)."""
+    return stream.Signature(beat_layout(data_width))

@@ -1,0 +1,88 @@
+"""Typed exceptions raised by the openqlink host package.
+
+Every exception that reports bad input names the offending field, so a user can find the byte
+that was wrong without a debugger.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "QlinkError",
+    "WireFormatError",
+    "TruncatedError",
+    "FieldRangeError",
+    "AssemblerError",
+    "ControlPlaneError",
+    "VersionMismatchError",
+    "DispatchError",
+]
+
+
+class QlinkError(Exception):
+    """Base class of every error raised by openqlink."""
+
+
+class WireFormatError(QlinkError, ValueError):
+    """A packet or header does not follow its wire format.
+
+    Attributes
+    ----------
+    header : str
+        Name of the header or message being decoded or encoded (``"BTH"``, ``"RPCHeader"``).
+    field : str
+        Name of the offending field, as the spec names it (``"magic"``, ``"dest_qp"``).
+    value : object
+        The offending value, or ``None`` when there is none (e.g. a truncated buffer).
+    """
+
+    def __init__(self, header: str, field: str, value: object, reason: str):
+        self.header = header
+        self.field = field
+        self.value = value
+        self.reason = reason
+        super().__init__(f"{header}.{field}: {reason}")
+
+
+class TruncatedError(WireFormatError):
+    """A buffer ends before the header or payload it must hold."""
+
+
+class FieldRangeError(WireFormatError):
+    """A value does not fit the width of the field it is packed into."""
+
+
+class AssemblerError(QlinkError, ValueError):
+    """A PPU assembly source is wrong; carries the file name, line number and the bad token."""
+
+    def __init__(self, message: str, *, filename: str = "<asm>", line: int = 0, token: str = ""):
+        self.filename = filename
+        self.line = line
+        self.token = token
+        where = f"{filename}:{line}: " if line else f"{filename}: "
+        super().__init__(f"{where}{message}")
+
+
+class ControlPlaneError(QlinkError):
+    """The QSC answered a control-plane request with a non-zero status, or did not answer.
+
+    Attributes
+    ----------
+    status : int | None
+        The control-plane status byte (``0x03`` bad address, ``0x04`` bad command, ...), or
+        ``None`` for a time-out.
+    addr : int
+        The register address of the request.
+    """
+
+    def __init__(self, message: str, *, status: int | None, addr: int):
+        self.status = status
+        self.addr = addr
+        super().__init__(message)
+
+
+class VersionMismatchError(QlinkError):
+    """The QSC's version register names a gateware or ISA version this host does not speak."""
+
+
+class DispatchError(QlinkError):
+    """A function-table entry or a dispatcher configuration is wrong."""

@@ -1,0 +1,162 @@
+"""PPU instruction word and status layouts: one definition for the gateware and the assembler.
+
+Every instruction is 128 bits: ``op`` (8 bits) in bits [7:0], then the operands of that op in a
+120-bit union. Amaranth layouts are LSB-first, so the 16 bytes of an instruction in instruction
+memory (and on the wire, in an RDMA WRITE to the instruction ring) are ``as_bits()`` in
+little-endian order. The host packs with ``Instruction.const({...}).as_bits()``; the gateware
+views the memory word as ``Instruction``.
+
+Time fields are in DTD cycles (``*_cycles``). Amplitudes are signed Q1.15 of DAC full scale.
+See ``docs/isa.md`` for the semantics of each instruction.
+"""
+
+# No ``from __future__ import annotations``: data.Struct reads its annotations as shapes.
+from amaranth.hdl import signed, unsigned
+from amaranth.lib import data, enum
+
+__all__ = [
+    "ISA_VERSION", "INSTRUCTION_BITS", "INSTRUCTION_BYTES", "NUM_REGISTERS", "REGISTER_BITS",
+    "Op", "Cond", "PlayOperands", "AcquireOperands", "MarkerOperands", "WaitOperands",
+    "SyncOperands", "SetOperands", "AddOperands", "BranchOperands", "CallOperands",
+    "Operands", "Instruction", "PPUState", "PPUStatus",
+]
+
+#: Bumped whenever the instruction layout or semantics change; reported by the version register.
+ISA_VERSION = 1
+INSTRUCTION_BITS = 128
+INSTRUCTION_BYTES = INSTRUCTION_BITS // 8
+#: General registers r0..r15, 32 bits each; r0 always reads 0 and ignores writes.
+NUM_REGISTERS = 16
+REGISTER_BITS = 32
+
+
+class Op(enum.Enum, shape=8):
+    """Instruction opcodes."""
+
+    NOP = 0x00
+    END = 0x01      #: stop with state DONE
+    WAIT = 0x02     #: t += cycles
+    SYNC = 0x03     #: t = now + slack_cycles (re-anchor the timeline after a CALL or input)
+    PLAY = 0x10     #: queue a pulse: envelope x amplitude on a drive channel at t + offset
+    ACQUIRE = 0x11  #: queue a readout window at t + offset; integrate, threshold -> rd
+    MARKER = 0x12   #: queue a digital marker pulse at t + offset
+    SET = 0x20      #: rd = imm
+    ADD = 0x21      #: rd = rs + imm
+    BRANCH = 0x30   #: if cond(rs, imm): pc = target
+    CALL = 0x40     #: RPC to the real-time host; result -> rd
+
+
+class Cond(enum.Enum, shape=4):
+    """Branch conditions; ``rs`` compared with the sign-extended ``imm`` as signed 32-bit."""
+
+    ALWAYS = 0
+    EQ = 1
+    NE = 2
+    LT = 3
+    GE = 4
+
+
+class PlayOperands(data.Struct):
+    channel: unsigned(4)
+    _rsv: unsigned(4)
+    offset_cycles: unsigned(16)   #: event time = t + offset_cycles
+    env_addr: unsigned(16)        #: first sample in envelope memory (16-bit samples)
+    env_len: unsigned(16)         #: samples to play, one per DTD cycle per lane
+    amplitude: signed(16)         #: Q1.15 scale of the envelope
+    phase: unsigned(16)           #: NCO phase, turns / 2**16 (NCO: a later issue)
+    freq_word: unsigned(32)       #: NCO frequency word (NCO: a later issue)
+
+
+class AcquireOperands(data.Struct):
+    channel: unsigned(4)
+    rd: unsigned(4)               #: measurement register: gets 1 if integral > threshold
+    offset_cycles: unsigned(16)
+    window_cycles: unsigned(16)   #: integration window length
+    threshold: signed(32)         #: compared with the signed sum of ADC I samples
+
+
+class MarkerOperands(data.Struct):
+    channel: unsigned(4)
+    _rsv: unsigned(4)
+    offset_cycles: unsigned(16)
+    duration_cycles: unsigned(16)
+
+
+class WaitOperands(data.Struct):
+    cycles: unsigned(32)
+
+
+class SyncOperands(data.Struct):
+    slack_cycles: unsigned(32)
+
+
+class SetOperands(data.Struct):
+    rd: unsigned(4)
+    _rsv: unsigned(4)
+    imm: signed(32)
+
+
+class AddOperands(data.Struct):
+    rd: unsigned(4)
+    rs: unsigned(4)
+    imm: signed(32)
+
+
+class BranchOperands(data.Struct):
+    cond: Cond
+    rs: unsigned(4)
+    imm: signed(32)
+    target: unsigned(16)          #: absolute instruction index in the ring
+
+
+class CallOperands(data.Struct):
+    rd: unsigned(4)               #: gets the first 4 result bytes (little-endian, zero-extended)
+    rs: unsigned(4)               #: argument register
+    arg_bits: unsigned(8)         #: 0..32: low bits of rs, packed LSB-first, ceil(bits/8) bytes
+    function_id: unsigned(32)     #: FNV-1a of the handler name
+
+
+class Operands(data.Union):
+    play: PlayOperands
+    acquire: AcquireOperands
+    marker: MarkerOperands
+    wait: WaitOperands
+    sync: SyncOperands
+    set: SetOperands
+    add: AddOperands
+    branch: BranchOperands
+    call: CallOperands
+    raw: unsigned(INSTRUCTION_BITS - 8)
+
+
+class Instruction(data.Struct):
+    op: Op
+    operands: Operands
+
+
+assert Instruction.as_shape().size == INSTRUCTION_BITS
+
+
+class PPUState(enum.Enum, shape=3):
+    IDLE = 0      #: reset, or nothing triggered yet
+    ARMED = 1     #: triggered, waiting for the start time
+    RUNNING = 2
+    DONE = 3      #: reached END
+    ERROR = 4     #: stopped on an error; see the error bits; outputs quiet
+
+
+class PPUStatus(data.Struct):
+    """The PPU STATUS register (32 bits). Error bits are sticky until the next accepted trigger,
+    except the two trigger-refusal bits, which a refused trigger sets without touching the run.
+    """
+
+    state: PPUState
+    _rsv0: unsigned(5)
+    underflow: unsigned(1)         #: pc reached the committed tail before END
+    late: unsigned(1)              #: an event reached its channel after its time
+    call_timeout: unsigned(1)      #: no response within CALL_TIMEOUT_CYCLES
+    call_failed: unsigned(1)       #: response status != 0 (see LAST_CALL_STATUS)
+    illegal_instruction: unsigned(1)
+    trigger_busy: unsigned(1)      #: a trigger arrived while ARMED or RUNNING: refused
+    trigger_late: unsigned(1)      #: a trigger's start time had passed: refused
+    _rsv1: unsigned(17)

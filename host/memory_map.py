@@ -1,0 +1,304 @@
+"""The QSC memory map and QP contract: one definition for the gateware, the host and the docs.
+
+One 32-bit byte address space serves both the control plane (WR_DWORD/RD_DWORD, 32-bit registers)
+and RDMA (the RETH virtual address *is* this address; VA bits [63:32] must be zero):
+
+========================  =====================================================================
+``0x0000_0000``           global registers, ``rti`` domain (version, network configuration,
+                          counters)
+``0x0000_1000 + 0x100n``  QP context of PPU ``n``, ``rti`` domain (QPNs, R_Keys, host ring)
+``0x1000_0000 + n<<24``   window of PPU ``n``, ``dtd`` domain, reached through the internal bus:
+  ``+0x00_0000``          instruction ring, ``imem_depth`` x 16 bytes (RDMA: IMEM_RKEY)
+  ``+0x40_0000``          envelope memory, ``env_depth`` x 2 bytes, signed Q1.15 (RDMA: ENV_RKEY)
+  ``+0x80_0000``          response mailbox, 64 bytes; written only by a SEND to the PPU's QP
+  ``+0xC0_0000``          PPU registers (RDMA: REGS_RKEY covers TAIL .. TRIGGER only)
+========================  =====================================================================
+
+Generate ``docs/memory_map.md`` with ``qlink docs memory-map``; a test keeps it in step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import Enum
+
+__all__ = [
+    "Access", "Register", "Region", "QSCParams",
+    "GLOBAL_REGISTERS", "QP_REGISTERS", "PPU_REGISTERS", "COUNTERS",
+    "GLOBAL_BASE", "COUNTERS_BASE", "QP_BASE", "QP_STRIDE", "PPU_BASE", "PPU_STRIDE",
+    "IMEM_OFFSET", "ENV_OFFSET", "MAILBOX_OFFSET", "MAILBOX_BYTES", "REGS_OFFSET",
+    "REGS_RDMA_BYTES", "GATEWARE_VERSION", "version_word",
+    "global_reg", "qp_reg", "ppu_reg", "ppu_base", "counter_addr", "regions", "render_markdown",
+]
+
+GLOBAL_BASE = 0x0000_0000
+QP_BASE = 0x0000_1000
+QP_STRIDE = 0x100
+PPU_BASE = 0x1000_0000
+PPU_STRIDE = 0x0100_0000
+IMEM_OFFSET = 0x00_0000
+ENV_OFFSET = 0x40_0000
+MAILBOX_OFFSET = 0x80_0000
+MAILBOX_BYTES = 64
+REGS_OFFSET = 0xC0_0000
+#: Bytes of the PPU register block that RDMA WRITEs may reach (TAIL .. TRIGGER).
+REGS_RDMA_BYTES = 0x18
+
+#: Gateware version (major, minor); the host refuses a QSC whose major differs.
+GATEWARE_VERSION = (0, 1)
+
+
+def version_word(isa_version: int) -> int:
+    """VERSION register value: ``{major[31:24], minor[23:16], isa[15:8], 0x51 ('Q')[7:0]}``."""
+    major, minor = GATEWARE_VERSION
+    return (major << 24) | (minor << 16) | (isa_version << 8) | 0x51
+
+
+class Access(Enum):
+    RO = "RO"   #: read only
+    RW = "RW"   #: read and write
+    WO = "WO"   #: write only (reads return 0)
+
+
+@dataclass(frozen=True)
+class Register:
+    """One 32-bit register. ``offset`` is from its block's base, in bytes."""
+
+    name: str
+    offset: int
+    access: Access
+    reset: int
+    doc: str
+
+
+@dataclass(frozen=True)
+class Region:
+    """A remotely writable region: RDMA WRITEs must fall in ``[va, va + length)`` and carry the
+    R_Key held in the QP-context register ``rkey_register``."""
+
+    name: str
+    va: int
+    length_bytes: int
+    rkey_register: str
+
+
+@dataclass(frozen=True)
+class QSCParams:
+    """Elaboration parameters of a QSC build, shared by gateware, host and bench.
+
+    Clock frequencies are those the timeline and timestamps are computed with; in simulation
+    they set the bench's clock periods.
+    """
+
+    num_ppus: int = 1
+    imem_depth: int = 1024            #: instructions in each PPU's ring (power of two)
+    env_depth: int = 4096             #: 16-bit samples of envelope memory per PPU
+    data_width_bits: int = 64         #: MAC-side packet stream width
+    rti_clk_hz: int = 156_250_000     #: network clock (10GBASE-R MAC side)
+    dtd_clk_hz: int = 250_000_000     #: PPU / timeline clock
+    qpn_base: int = 0x100             #: QPN of PPU n is qpn_base + n
+    mac: str = "02:4e:56:51:00:02"    #: QSC MAC address at reset (locally administered)
+    ip: str = "192.168.0.2"           #: QSC IPv4 address at reset (HSB's default)
+
+    def __post_init__(self):
+        if not 1 <= self.num_ppus <= 16:
+            raise ValueError(f"num_ppus must be 1..16, not {self.num_ppus}")
+        for name in ("imem_depth", "env_depth"):
+            v = getattr(self, name)
+            if v <= 0 or v & (v - 1):
+                raise ValueError(f"{name} must be a power of two, not {v}")
+        if self.imem_depth > 1 << 16:
+            raise ValueError(f"imem_depth must be at most 65536 (16-bit targets), "
+                             f"not {self.imem_depth}")
+        if self.data_width_bits != 64:
+            raise ValueError(f"data_width_bits must be 64 for now, not {self.data_width_bits}")
+
+    @property
+    def dtd_period_ns(self) -> float:
+        return 1e9 / self.dtd_clk_hz
+
+    @property
+    def rti_period_ns(self) -> float:
+        return 1e9 / self.rti_clk_hz
+
+
+_R = Register
+GLOBAL_REGISTERS: tuple[Register, ...] = (
+    _R("VERSION", 0x000, Access.RO, 0, "Gateware and ISA version, see version_word()"),
+    _R("NUM_PPUS", 0x004, Access.RO, 0, "Number of PPUs in this build"),
+    _R("SCRATCH", 0x008, Access.RW, 0, "Free for the host: connection check"),
+    _R("QSC_MAC_HI", 0x010, Access.RW, 0, "QSC MAC address bits [47:32]"),
+    _R("QSC_MAC_LO", 0x014, Access.RW, 0, "QSC MAC address bits [31:0]"),
+    _R("QSC_IP", 0x018, Access.RW, 0, "QSC IPv4 address"),
+    _R("HOST_MAC_HI", 0x020, Access.RW, 0, "Real-time host MAC address bits [47:32]"),
+    _R("HOST_MAC_LO", 0x024, Access.RW, 0, "Real-time host MAC address bits [31:0]"),
+    _R("HOST_IP", 0x028, Access.RW, 0, "Real-time host IPv4 address"),
+    _R("UDP_SRC_PORT", 0x02C, Access.RW, 0xC000, "UDP source port of RoCEv2 packets we send"),
+    _R("P_KEY", 0x030, Access.RW, 0xFFFF, "Partition key: low 15 bits matched, bit 15 = full"),
+    _R("TIMESTAMP_FORMAT", 0x034, Access.RW, 0,
+       "ptp_timestamp encoding: 0 = ns since reset (u64), 1 = {seconds[63:32], ns[31:0]}"),
+    _R("RX_ENABLE", 0x038, Access.RW, 1, "Bit 0: accept RoCEv2 packets"),
+)
+
+#: Counters (RO, 32-bit, wrap), each a reason a frame is counted; at ``0x100 + 4*i``.
+COUNTERS: tuple[tuple[str, str], ...] = (
+    ("RX_FRAMES", "Frames received from the MAC"),
+    ("RX_ROCE_ACCEPTED", "RoCEv2 packets accepted and committed"),
+    ("RX_CONTROL", "Control-plane requests accepted"),
+    ("DROP_ETH", "Not for our MAC, or EtherType not handled"),
+    ("DROP_IP", "Bad IPv4 version/IHL/checksum/length/address/fragment/protocol"),
+    ("DROP_UDP", "Bad UDP length or port not handled"),
+    ("DROP_ICRC", "RoCEv2 ICRC mismatch"),
+    ("DROP_OPCODE", "BTH opcode not handled (not UC, or not supported yet)"),
+    ("DROP_PKEY", "P_Key does not match"),
+    ("DROP_QPN", "DestQP is not a PPU's QP"),
+    ("DROP_RKEY", "R_Key does not match the region's"),
+    ("DROP_VA", "VA range leaves the region, or is not 4-byte aligned"),
+    ("DROP_LENGTH", "Payload length inconsistent with DMALen, pad count or buffer"),
+    ("DROP_PSN", "MIDDLE/LAST with unexpected PSN or no open message"),
+    ("PSN_GAP", "FIRST/ONLY whose PSN jumped (kept)"),
+    ("DROP_OVERFLOW", "Receive buffer full"),
+    ("TX_FRAMES", "Frames sent to the MAC"),
+    ("TX_RPC_REQUESTS", "RPC requests sent"),
+    ("RX_RPC_RESPONSES", "RPC responses delivered to a mailbox"),
+)
+COUNTERS_BASE = 0x100
+
+#: QP context of PPU ``n`` at ``QP_BASE + QP_STRIDE * n``.
+QP_REGISTERS: tuple[Register, ...] = (
+    _R("QSC_QPN", 0x00, Access.RO, 0, "QPN of this PPU's QP (qpn_base + n)"),
+    _R("HOST_QPN", 0x04, Access.RW, 0, "DestQP of requests: the host's QP for this PPU"),
+    _R("HOST_RKEY", 0x08, Access.RW, 0, "R_Key of the host's request ring"),
+    _R("RING_VA_HI", 0x0C, Access.RW, 0, "Host ring base VA bits [63:32] (iova 0: keep 0)"),
+    _R("RING_VA_LO", 0x10, Access.RW, 0, "Host ring base VA bits [31:0]"),
+    _R("NUM_SLOTS", 0x14, Access.RW, 8, "Slots in the host ring (1..4096)"),
+    _R("SLOT_SIZE", 0x18, Access.RW, 256, "Bytes per slot; requests must fit"),
+    _R("IMEM_RKEY", 0x1C, Access.RW, 0, "R_Key of the instruction ring"),
+    _R("ENV_RKEY", 0x20, Access.RW, 0, "R_Key of the envelope memory"),
+    _R("REGS_RKEY", 0x24, Access.RW, 0, "R_Key of the PPU registers TAIL .. TRIGGER"),
+    _R("TX_PSN", 0x28, Access.RO, 0, "Next PSN we send on this QP"),
+    _R("RX_EPSN", 0x2C, Access.RO, 0, "Next PSN we expect on this QP"),
+)
+
+#: PPU registers at ``ppu_base(n) + REGS_OFFSET``.
+PPU_REGISTERS: tuple[Register, ...] = (
+    _R("TAIL", 0x00, Access.RW, 0, "Committed tail: index one past the last valid instruction"),
+    _R("START_TIME_LO", 0x08, Access.RW, 0, "Trigger start time, DTD cycles, bits [31:0]"),
+    _R("START_TIME_HI", 0x0C, Access.RW, 0, "Trigger start time, DTD cycles, bits [63:32]"),
+    _R("TRIGGER", 0x10, Access.WO, 0,
+       "Atomic trigger: value = new TAIL; in one DTD cycle commits it and arms the PPU for "
+       "START_TIME (refused with trigger_busy / trigger_late)"),
+    _R("STATUS", 0x14, Access.RO, 0, "PPUStatus (openqlink.isa.PPUStatus)"),
+    _R("PC", 0x18, Access.RO, 0, "Program counter (instruction index)"),
+    _R("TIMELINE_LO", 0x20, Access.RO, 0, "Timeline counter bits [31:0]; reading latches HI"),
+    _R("TIMELINE_HI", 0x24, Access.RO, 0, "Timeline counter bits [63:32] latched by LO"),
+    _R("CALL_TIMEOUT_CYCLES", 0x28, Access.RW, 250_000, "CALL time-out, DTD cycles (0: none)"),
+    _R("LAST_CALL_STATUS", 0x2C, Access.RO, 0, "status field of the last RPC response"),
+    _R("CALL_COUNT", 0x30, Access.RO, 0, "CALLs issued since reset"),
+    _R("STALE_RESPONSES", 0x34, Access.RO, 0, "Responses dropped: request_id not awaited"),
+    _R("LAST_RTT_CYCLES", 0x38, Access.RO, 0, "DTD cycles from the last CALL to its result"),
+    _R("LATE_EVENTS", 0x3C, Access.RO, 0, "Events that reached their channel late"),
+) + tuple(_R(f"R{i}", 0x40 + 4 * i, Access.RO, 0, f"General register r{i}") for i in range(16))
+
+
+def _find(table: tuple[Register, ...], name: str) -> Register:
+    for r in table:
+        if r.name == name:
+            return r
+    raise KeyError(f"no register {name!r}")
+
+
+def global_reg(name: str) -> int:
+    """Byte address of a global register or counter."""
+    try:
+        return GLOBAL_BASE + _find(GLOBAL_REGISTERS, name).offset
+    except KeyError:
+        return counter_addr(name)
+
+
+def counter_addr(name: str) -> int:
+    for i, (n, _) in enumerate(COUNTERS):
+        if n == name:
+            return GLOBAL_BASE + COUNTERS_BASE + 4 * i
+    raise KeyError(f"no register or counter {name!r}")
+
+
+def qp_reg(ppu: int, name: str) -> int:
+    """Byte address of register ``name`` in PPU ``ppu``'s QP context."""
+    return QP_BASE + QP_STRIDE * ppu + _find(QP_REGISTERS, name).offset
+
+
+def ppu_base(ppu: int) -> int:
+    """Base address of PPU ``ppu``'s window."""
+    return PPU_BASE + PPU_STRIDE * ppu
+
+
+def ppu_reg(ppu: int, name: str) -> int:
+    """Byte address of PPU register ``name``."""
+    return ppu_base(ppu) + REGS_OFFSET + _find(PPU_REGISTERS, name).offset
+
+
+def regions(params: QSCParams, ppu: int) -> tuple[Region, ...]:
+    """The RDMA-writable regions of PPU ``ppu`` (the response mailbox is SEND-only)."""
+    base = ppu_base(ppu)
+    return (
+        Region("IMEM", base + IMEM_OFFSET, params.imem_depth * 16, "IMEM_RKEY"),
+        Region("ENV", base + ENV_OFFSET, params.env_depth * 2, "ENV_RKEY"),
+        Region("REGS", base + REGS_OFFSET, REGS_RDMA_BYTES, "REGS_RKEY"),
+    )
+
+
+def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
+    out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    out += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def render_markdown(params: QSCParams | None = None) -> str:
+    """``docs/memory_map.md``, generated from the tables in this module."""
+    params = params or QSCParams()
+    doc = (__doc__ or "").split("Generate")[0].strip()
+    parts = [
+        "# QSC memory map and QP contract",
+        "",
+        "Generated by `qlink docs memory-map` from `openqlink.memory_map`, the definition the "
+        "gateware and the host share. Do not edit by hand.",
+        "",
+        doc,
+        "",
+        "## Global registers (rti domain)",
+        "",
+        _table([(f"`{GLOBAL_BASE + r.offset:#010x}`", r.name, r.access.value, f"`{r.reset:#x}`",
+                 r.doc) for r in GLOBAL_REGISTERS], ("address", "name", "access", "reset", "")),
+        "",
+        "Reset values of the QSC MAC/IP come from the build parameters "
+        f"(default {params.mac}, {params.ip}).",
+        "",
+        "## Counters (RO, 32-bit, wrapping)",
+        "",
+        _table([(f"`{counter_addr(n):#010x}`", n, d) for n, d in COUNTERS],
+               ("address", "name", "counts")),
+        "",
+        "## QP context of PPU n (rti domain), at `0x1000 + 0x100*n`",
+        "",
+        _table([(f"`+{r.offset:#04x}`", r.name, r.access.value, f"`{r.reset:#x}`", r.doc)
+                for r in QP_REGISTERS], ("offset", "name", "access", "reset", "")),
+        "",
+        f"PPU n's QPN is `qpn_base + n` (default qpn_base {params.qpn_base:#x}). Requests go "
+        "to HOST_QPN as UC RDMA_WRITE_ONLY_WITH_IMMEDIATE into slot `s` at VA "
+        "`RING_VA + s*SLOT_SIZE` with ImmDt `{PSN[19:0], s[11:0]}`, slots round-robin from 0, "
+        "at most NUM_SLOTS outstanding. Responses come back as UC SEND_ONLY to QSC_QPN and land "
+        "in the PPU's mailbox, matched by request_id.",
+        "",
+        "## PPU registers, at `0x1000_0000 + 0x0100_0000*n + 0xC0_0000`",
+        "",
+        _table([(f"`+{r.offset:#04x}`", r.name, r.access.value, f"`{r.reset:#x}`", r.doc)
+                for r in PPU_REGISTERS], ("offset", "name", "access", "reset", "")),
+        "",
+        "## RDMA-writable regions of PPU 0 with the default parameters",
+        "",
+        _table([(r.name, f"`{r.va:#010x}`", str(r.length_bytes), r.rkey_register)
+                for r in regions(params, 0)], ("region", "VA", "bytes", "R_Key register")),
+        "",
+    ]
+    return "\n".join(parts)

@@ -1,0 +1,108 @@
+"""RoCEv2 UC transport headers (BTH, RETH, ImmDt), opcodes and the ICRC.
+
+# Ref: IBTA Vol 1 Release 1.4 ch. 9.2 (BTH), 9.3.2 (RETH), 9.3.4 (ImmDt), 9.8.1-9.8.3 (UC),
+# 7.8.1 (ICRC); Annex A17 (RoCEv2) A17.4.4 (ICRC over the IP/UDP headers with masked fields).
+"""
+
+from __future__ import annotations
+
+import zlib
+
+from amaranth.lib import enum
+
+from .header import Header
+
+__all__ = [
+    "BTH", "RETH", "IMMDT", "Opcode", "DEFAULT_P_KEY", "ICRC_BYTES",
+    "icrc", "icrc_masked_bytes", "slot_immediate", "split_slot_immediate",
+]
+
+#: Base Transport Header, 12 bytes (IBTA Vol 1 9.2). ``resv6`` is the 6 reserved bits after
+#: FECN/BECN; together with them it is the byte the ICRC masks to all ones.
+BTH = Header("BTH", [
+    ("opcode", 8), ("se", 1), ("m", 1), ("pad_cnt", 2), ("tver", 4), ("p_key", 16),
+    ("fecn", 1), ("becn", 1), ("resv6", 6), ("dest_qp", 24),
+    ("a", 1), ("resv7", 7), ("psn", 24),
+], ref="IBTA Vol 1 9.2", defaults={"p_key": 0xFFFF})
+
+#: RDMA Extended Transport Header, 16 bytes (IBTA Vol 1 9.3.2): virtual address, R_Key and the
+#: DMA length of the whole message in bytes (pad bytes excluded).
+RETH = Header("RETH", [("va", 64), ("r_key", 32), ("dma_len", 32)], ref="IBTA Vol 1 9.3.2")
+
+#: Immediate Data Extended Transport Header, 4 bytes (IBTA Vol 1 9.3.4).
+IMMDT = Header("ImmDt", [("imm", 32)], ref="IBTA Vol 1 9.3.4")
+
+#: Default partition key: full member of the default partition (IBTA Vol 1 10.9.1.2).
+DEFAULT_P_KEY = 0xFFFF
+#: Invariant CRC length, appended after the payload and pad bytes.
+ICRC_BYTES = 4
+
+
+class Opcode(enum.IntEnum, shape=8):
+    """Unreliable Connection opcodes (IBTA Vol 1 table 38, transport type UC = 0b001)."""
+
+    SEND_FIRST = 0x20
+    SEND_MIDDLE = 0x21
+    SEND_LAST = 0x22
+    SEND_LAST_WITH_IMMEDIATE = 0x23
+    SEND_ONLY = 0x24
+    SEND_ONLY_WITH_IMMEDIATE = 0x25
+    RDMA_WRITE_FIRST = 0x26
+    RDMA_WRITE_MIDDLE = 0x27
+    RDMA_WRITE_LAST = 0x28
+    RDMA_WRITE_LAST_WITH_IMMEDIATE = 0x29
+    RDMA_WRITE_ONLY = 0x2A
+    RDMA_WRITE_ONLY_WITH_IMMEDIATE = 0x2B
+
+    @property
+    def has_reth(self) -> bool:
+        return self in (Opcode.RDMA_WRITE_FIRST, Opcode.RDMA_WRITE_ONLY,
+                        Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE)
+
+    @property
+    def has_immdt(self) -> bool:
+        return self in (Opcode.SEND_LAST_WITH_IMMEDIATE, Opcode.SEND_ONLY_WITH_IMMEDIATE,
+                        Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE,
+                        Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE)
+
+
+def icrc_masked_bytes(ip_udp_bth_and_rest: bytes) -> bytes:
+    """The bytes the ICRC covers, given the packet from the IPv4 header through the pad bytes.
+
+    Prepends 8 bytes of 0xFF and masks, to all ones: IPv4 TOS (byte 1), TTL (byte 8) and header
+    checksum (bytes 10-11); UDP checksum (bytes 26-27); BTH byte 4 (FECN, BECN, resv6) at
+    byte 32 (IBTA Annex A17.4.4, IPv4 without options).
+    """
+    b = bytearray(ip_udp_bth_and_rest)
+    if len(b) < 20 + 8 + 12:
+        raise ValueError("ICRC needs at least the IPv4, UDP and BTH headers")
+    b[1] = 0xFF
+    b[8] = 0xFF
+    b[10:12] = b"\xff\xff"
+    b[26:28] = b"\xff\xff"
+    b[32] = 0xFF
+    return b"\xff" * 8 + bytes(b)
+
+
+def icrc(ip_udp_bth_and_rest: bytes) -> bytes:
+    """The 4 ICRC bytes, in wire order (least significant byte of the CRC-32 first, like the FCS).
+
+    ``ip_udp_bth_and_rest`` runs from the first byte of the IPv4 header to the last pad byte.
+    """
+    return zlib.crc32(icrc_masked_bytes(ip_udp_bth_and_rest)).to_bytes(4, "little")
+
+
+def slot_immediate(psn: int, slot: int) -> int:
+    """ImmDt of a request written into a host ring slot: ``{PSN[19:0], slot[11:0]}``.
+
+    The layout of CUDA-Q's gpu_roce bridge and Holoscan Sensor Bridge: the receiver takes the slot
+    from the low 12 bits of the immediate.
+    """
+    if not 0 <= slot < 1 << 12:
+        raise ValueError(f"slot {slot} does not fit in 12 bits")
+    return ((psn & 0xFFFFF) << 12) | slot
+
+
+def split_slot_immediate(imm: int) -> tuple[int, int]:
+    """Inverse of :func:`slot_immediate`: ``(psn[19:0], slot)``."""
+    return (imm >> 12) & 0xFFFFF, imm & 0xFFF
