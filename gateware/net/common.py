@@ -56,7 +56,19 @@ class ControlReply(data.Struct):
 #: Index of each counter in openqlink.memory_map.COUNTERS.
 COUNTER_INDEX = {name: i for i, (name, _) in enumerate(COUNTERS)}
 
-DropReason = enum.Enum("DropReason", {
-    name[len("DROP_"):]: i for i, (name, _) in enumerate(COUNTERS) if name.startswith("DROP_")
-}, shape=5)
-DropReason.__doc__ = "Why a received frame was dropped; value = its counter index."
+
+class DropReason(enum.Enum, shape=5):
+    """Why a received frame was dropped; the value is the index of its counter in COUNTERS."""
+
+    ETH = COUNTER_INDEX["DROP_ETH"]
+    IP = COUNTER_INDEX["DROP_IP"]
+    UDP = COUNTER_INDEX["DROP_UDP"]
+    ICRC = COUNTER_INDEX["DROP_ICRC"]
+    OPCODE = COUNTER_INDEX["DROP_OPCODE"]
+    PKEY = COUNTER_INDEX["DROP_PKEY"]
+    QPN = COUNTER_INDEX["DROP_QPN"]
+    RKEY = COUNTER_INDEX["DROP_RKEY"]
+    VA = COUNTER_INDEX["DROP_VA"]
+    LENGTH = COUNTER_INDEX["DROP_LENGTH"]
+    PSN = COUNTER_INDEX["DROP_PSN"]
+    OVERFLOW = COUNTER_INDEX["DROP_OVERFLOW"]
