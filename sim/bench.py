@@ -1,0 +1,289 @@
+"""The system bench: the QSC top's Verilog on Icarus, driven by the unchanged host package.
+
+Started by :func:`openqlink.sim.runner.run_sim` through the cocotb runner; its configuration is
+a JSON file named by ``OPENQLINK_SIM_CONFIG`` and its results go to the JSON file named in it.
+
+Parts (cocotb's driver / monitor / model / checker split):
+
+* :class:`~openqlink.sim.mac.PacketSource` / :class:`~openqlink.sim.mac.PacketSink`: the MAC;
+  every frame in either direction goes to the pcap file with its simulated time.
+* The host: :class:`openqlink.qsc.QSC` over :class:`~openqlink.sim.transport.SimTransport`, run in a
+  ``cocotb.bridge`` thread (connect, configure, upload, trigger, poll status, read counters).
+* The NIC's steering: RoCE packets for the host's QP go to the dispatcher path, the rest (control
+  plane) to the host's transport, as a RoCE NIC splits RDMA traffic from its UDP sockets.
+* The dispatcher path: :class:`openqlink.dispatch.Dispatcher` stepped by a coroutine, each request
+  handled ``host_turnaround_ns`` (modelled: PCIe, polling and handler time of a real host) after
+  its last byte reached the host.
+* :class:`~openqlink.sim.qubit.QubitModel`: the PTD side (drive integration, seeded readout).
+* The monitor of the PTD outputs records every channel event with its DTD cycle.
+
+Everything is driven by simulated time, so two runs with the same inputs give the same results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import cocotb
+from cocotb.clock import Clock
+from cocotb.triggers import Event, RisingEdge, Timer
+
+from ..dispatch import Dispatcher, SlotRing
+from ..isa import PPUState
+from ..isa.asm import assemble
+from ..memory_map import QSCParams
+from ..pcap import PcapWriter
+from ..qsc import QSC
+from ..wire.packet import parse_frame
+from ..wire.roce import Opcode
+from ..wire.rpc import Request, Response
+from ..wire.udp import ROCEV2_PORT
+from .handlers import load_function_table
+from .mac import PacketSink, PacketSource
+from .qubit import QubitModel
+from .transport import SimTransport
+
+__all__ = ["TB", "run_program"]
+
+
+class TB:
+    """Bench state for one simulation run. ``cfg`` is the run configuration (see runner)."""
+
+    def __init__(self, dut, cfg: dict):
+        self.dut = dut
+        self.cfg = cfg
+        self.params = QSCParams(**cfg["params"])
+        self.ppu = 0
+        self.dtd_period_ps = round(1e12 / self.params.dtd_clk_hz)
+        self.rti_period_ps = round(1e12 / self.params.rti_clk_hz)
+        self.events: list[dict] = []
+        self.rpc: list[dict] = []
+        self._requests: dict[int, dict] = {}
+        self.dtd_cycle = 0
+        self.t0_ps = 0
+        self.pcap = PcapWriter(cfg["pcap"]) if cfg.get("pcap") else None
+        self.qubit = QubitModel(seed=cfg["seed"], **cfg.get("qubit", {}))
+        self.turnaround_ns = cfg["host_turnaround_ns"]
+        self.host_qpn = cfg["host_qpn"]
+        self._roce_in: list[tuple[int, bytes]] = []
+        self._roce_wake = Event()
+        self.done = False
+
+    # --- time ---------------------------------------------------------------------------------
+
+    def now_ns(self) -> float:
+        return cocotb.utils.get_sim_time("ps") / 1000
+
+    def cycle_of_ns(self, t_ns: float) -> float:
+        """DTD cycles since the timeline counter started, for a simulated time."""
+        return (t_ns * 1000 - self.t0_ps) / self.dtd_period_ps
+
+    # --- set-up -------------------------------------------------------------------------------
+
+    async def reset(self) -> None:
+        dut = self.dut
+        cocotb.start_soon(Clock(dut.rti_clk, self.rti_period_ps, unit="ps").start())
+        cocotb.start_soon(Clock(dut.dtd_clk, self.dtd_period_ps, unit="ps").start())
+        for n in range(self.params.num_ppus):
+            self._adc(n).value = 0
+        dut.rti_rst.value = 1
+        dut.dtd_rst.value = 1
+        for _ in range(8):
+            await RisingEdge(dut.rti_clk)
+        dut.rti_rst.value = 0
+        await RisingEdge(dut.dtd_clk)
+        dut.dtd_rst.value = 0
+        # The timeline counter holds 0 during reset and counts from the first edge after it.
+        self.t0_ps = cocotb.utils.get_sim_time("ps") + self.dtd_period_ps
+        self.source = PacketSource(dut, "rx", dut.rti_clk, on_sent=self._on_host_frame)
+        self.sink = PacketSink(dut, "tx", dut.rti_clk, on_frame=self._on_qsc_frame)
+        self.transport = SimTransport(self.source)
+        cocotb.start_soon(self._ptd_monitor())
+
+    def _adc(self, n: int):
+        return getattr(self.dut, f"ptd__{n}__adc")
+
+    # --- the wire -----------------------------------------------------------------------------
+
+    def _record(self, frame: bytes) -> None:
+        if self.pcap is not None:
+            self.pcap.write(frame, round(self.now_ns()))
+
+    def _on_host_frame(self, frame: bytes, _t: int) -> None:
+        """A frame from the host has been taken by the QSC's rx port."""
+        self._record(frame)
+        f = parse_frame(frame)
+        if f.bth is not None and f.bth["opcode"] == Opcode.SEND_ONLY:
+            resp = Response.unpack(f.payload)
+            req = self._requests.pop(resp.request_id, None)
+            if req is not None:
+                rtt_ns = self.now_ns() - req["t_ns"]
+                self.rpc.append({
+                    "function": req["function"], "function_id": req["function_id"],
+                    "request_id": resp.request_id, "status": resp.status,
+                    "round_trip_cycles": round(rtt_ns * 1000 / self.dtd_period_ps),
+                    "round_trip_ns": round(rtt_ns, 3),
+                })
+
+    def _on_qsc_frame(self, frame: bytes, _t: int) -> None:
+        """A frame left the QSC's tx port: steer it as a RoCE NIC would."""
+        self._record(frame)
+        f = parse_frame(frame)
+        if f.udp is not None and f.udp["dst_port"] == ROCEV2_PORT and f.bth is not None:
+            if f.bth["opcode"] == Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE:
+                req = Request.unpack(f.payload)
+                self._requests[req.request_id] = {
+                    "function": self.function_names.get(req.function_id,
+                                                        f"{req.function_id:#010x}"),
+                    "function_id": req.function_id, "t_ns": self.now_ns(),
+                }
+            self._roce_in.append((self.now_ns(), frame))
+            self._roce_wake.set()
+        else:
+            self.transport.deliver(frame)
+
+    # --- the dispatcher path ------------------------------------------------------------------
+
+    async def _dispatch_loop(self) -> None:
+        while True:
+            while not self._roce_in:
+                self._roce_wake.clear()
+                await self._roce_wake.wait()
+            t_arrival, frame = self._roce_in.pop(0)
+            wait_ns = t_arrival + self.turnaround_ns - self.now_ns()
+            if wait_ns > 0:
+                await Timer(round(wait_ns * 1000), "ps")
+            self.qsc.handle_frame(frame)
+            self.dispatcher.poll()
+
+    # --- the PTD side -------------------------------------------------------------------------
+
+    def _event(self, channel: str, kind: str, **extra) -> None:
+        cycle = self.dtd_cycle
+        self.events.append({"channel": channel, "kind": kind, "dtd_cycle": cycle,
+                            "time_ns": round(cycle * self.dtd_period_ps / 1000, 3), **extra})
+
+    async def _ptd_monitor(self) -> None:
+        """Sample the PTD outputs on every DTD edge; drive the qubit model and the ADC.
+
+        ``dtd_cycle`` is the timeline value of the edge whose registered outputs we see, so an
+        event scheduled for DTD time T is reported at cycle T.
+        """
+        dut = self.dut
+        n = self.ppu
+        dac = getattr(dut, f"ptd__{n}__dac")
+        dac_active = getattr(dut, f"ptd__{n}__dac_active")
+        ro_window = getattr(dut, f"ptd__{n}__ro_window")
+        marker = getattr(dut, f"ptd__{n}__marker")
+        adc = self._adc(n)
+        prev = {"play": 0, "ro": 0, "marker": 0}
+        while True:
+            await RisingEdge(dut.dtd_clk)
+            self.dtd_cycle = round((cocotb.utils.get_sim_time("ps") - self.t0_ps)
+                                   / self.dtd_period_ps)
+            active = int(dac_active.value) & 1
+            window = int(ro_window.value) & 1
+            marks = int(marker.value)
+            if active:
+                self.qubit.drive(dac.value.to_signed())
+            if active != prev["play"]:
+                self._event(f"drive{n}.0", "play_start" if active else "play_end",
+                            p1=round(self.qubit.p1, 6))
+            if window != prev["ro"]:
+                if window:
+                    outcome = self.qubit.begin_readout(self.dtd_cycle)
+                    self._event(f"readout{n}.0", "acquire_start", outcome=outcome,
+                                p1=round(self.qubit.measurements[-1].p1, 6))
+                else:
+                    self.qubit.end_readout()
+                    self._event(f"readout{n}.0", "acquire_end")
+            if marks != prev["marker"]:
+                for bit in range(len(marker)):
+                    was, now = (prev["marker"] >> bit) & 1, (marks >> bit) & 1
+                    if was != now:
+                        self._event(f"marker{n}.{bit}", "marker_on" if now else "marker_off")
+            adc.value = self.qubit.adc_sample() if window else 0
+            prev = {"play": active, "ro": window, "marker": marks}
+
+    # --- the host session (runs in a bridge thread) -------------------------------------------
+
+    @cocotb.resume
+    async def _sleep_ns(self, ns: int) -> None:
+        await Timer(ns, "ns")
+
+    def host_session(self) -> dict:
+        cfg = self.cfg
+        qsc, ppu = self.qsc, self.ppu
+        info = qsc.connect()
+        qsc.configure(ppu, self.ring, host_qpn=self.host_qpn)
+        for env in self.program.envelopes.values():
+            qsc.write_envelope(ppu, env.addr, env.samples)
+        qsc.upload_program(ppu, self.program.to_bytes())
+        start = qsc.timeline(ppu) + cfg["start_margin_cycles"]
+        qsc.trigger(ppu, start, len(self.program.instructions))
+        deadline_ns = self.now_ns() + cfg["max_run_ns"]
+        while True:
+            status = qsc.status(ppu)
+            if status.state in (PPUState.DONE, PPUState.ERROR) or self.now_ns() > deadline_ns:
+                break
+            self._sleep_ns(cfg["status_poll_ns"])
+        return {
+            "connect": info,
+            "start_time_cycles": start,
+            "status": status,
+            "registers": qsc.read_registers(ppu),
+            "counters": qsc.counters(),
+        }
+
+    async def run(self) -> dict:
+        cfg = self.cfg
+        self.program = assemble(Path(cfg["program"]).read_text(), filename=cfg["program"],
+                                dtd_clk_hz=self.params.dtd_clk_hz)
+        table = load_function_table(cfg.get("handlers"))
+        self.function_names = {e.function_id: e.name for e in table.entries()}
+        self.ring = SlotRing(cfg["num_slots"], cfg["slot_size"])
+        self.qsc = QSC(self.transport, self.params, host_mac=cfg["host_mac"],
+                       host_ip=cfg["host_ip"])
+        self.dispatcher = Dispatcher(
+            table, self.ring,
+            send_response=lambda slot, data: self.qsc.send_response(self.ppu, slot, data))
+        cocotb.start_soon(self._dispatch_loop())
+        host = await cocotb.bridge(self.host_session)()
+        await Timer(1, "us")
+        if self.pcap is not None:
+            self.pcap.close()
+        status = host["status"]
+        return {
+            "program": cfg["program"],
+            "params": cfg["params"],
+            "model": {
+                "host_turnaround_ns": self.turnaround_ns,
+                "host_turnaround_note": "modelled: the simulated host answers this long after "
+                                        "the request's last byte reaches it",
+                "qubit": {"seed": self.qubit.seed, "pi_area": self.qubit.pi_area,
+                          "readout_amplitude": self.qubit.readout_amplitude,
+                          "noise_sigma": self.qubit.noise_sigma},
+            },
+            "start_time_cycles": host["start_time_cycles"],
+            "events": self.events,
+            "measurements": [{"outcome": m.outcome, "p1": round(m.p1, 6),
+                              "dtd_cycle": m.dtd_cycle} for m in self.qubit.measurements],
+            "qubit_final_p1": round(self.qubit.p1, 6),
+            "rpc": self.rpc,
+            "counters": host["counters"],
+            "registers": host["registers"],
+            "status": status.as_dict() if hasattr(status, "as_dict") else str(status),
+            "dispatcher": {"processed": self.dispatcher.processed},
+        }
+
+
+@cocotb.test()
+async def run_program(dut):
+    """Run the configured program end to end and write the results JSON."""
+    cfg = json.loads(Path(os.environ["OPENQLINK_SIM_CONFIG"]).read_text())
+    tb = TB(dut, cfg)
+    await tb.reset()
+    results = await tb.run()
+    Path(cfg["results"]).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,42 @@
+"""Loading the HOST_CALL handlers of a PPU program.
+
+A program ``foo.s`` keeps its handlers in ``foo.py`` beside it (or in a file named with
+``--handlers``): a Python module with a module-level ``table``, an
+:class:`openqlink.dispatch.FunctionTable`.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from ..dispatch import FunctionTable
+from ..errors import DispatchError
+
+__all__ = ["default_handlers_path", "load_function_table"]
+
+
+def default_handlers_path(program: str | Path) -> Path | None:
+    """``foo.py`` beside ``foo.s``, if it exists."""
+    candidate = Path(program).with_suffix(".py")
+    return candidate if candidate.is_file() else None
+
+
+def load_function_table(path: str | Path | None) -> FunctionTable:
+    """Import ``path`` and return its ``table``; an empty table when ``path`` is None.
+
+    Raises :class:`DispatchError` when the file has no ``table`` or it is not a FunctionTable.
+    """
+    if path is None:
+        return FunctionTable()
+    path = Path(path)
+    spec = importlib.util.spec_from_file_location(f"openqlink_handlers_{path.stem}", path)
+    if spec is None or spec.loader is None:
+        raise DispatchError(f"{path}: cannot be imported as a Python module")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    table = getattr(module, "table", None)
+    if not isinstance(table, FunctionTable):
+        raise DispatchError(f"{path}: needs a module-level `table` (openqlink.dispatch."
+                            f"FunctionTable), found {type(table).__name__}")
+    return table

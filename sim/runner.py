@@ -1,0 +1,144 @@
+"""Build the QSC top to Verilog, simulate it on Icarus Verilog with cocotb, collect the results.
+
+This is what ``qlink sim`` runs. The Verilog is the same netlist a board build synthesizes (the
+Amaranth top converted by Yosys); nothing the gateware does is simulated in Python.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+
+from ..errors import QlinkError
+from ..isa.asm import assemble
+from ..memory_map import QSCParams
+from .handlers import default_handlers_path
+
+__all__ = ["SimulationError", "SimConfig", "run_sim", "build_verilog", "TOPLEVEL"]
+
+TOPLEVEL = "qsc_top"
+
+
+class SimulationError(QlinkError):
+    """The simulator could not be built or run, or the bench failed."""
+
+
+def default_build_dir() -> Path:
+    return Path.cwd() / "build" / "sim"
+
+
+def build_verilog(params: QSCParams, build_dir: Path) -> Path:
+    """Write ``qsc_top.v`` for ``params`` into ``build_dir`` (kept when unchanged)."""
+    from ..gateware.top import generate_verilog
+
+    build_dir.mkdir(parents=True, exist_ok=True)
+    text = generate_verilog(params, name=TOPLEVEL)
+    path = build_dir / f"{TOPLEVEL}.v"
+    if not path.exists() or hashlib.sha256(path.read_bytes()).digest() != \
+            hashlib.sha256(text.encode()).digest():
+        path.write_text(text)
+    return path
+
+
+def SimConfig(**overrides) -> dict:
+    """The bench configuration with its defaults; keys documented in ``docs/simulation.md``."""
+    cfg = {
+        "seed": 1,
+        "host_turnaround_ns": 1000,
+        "host_mac": "02:4e:56:51:00:01",
+        "host_ip": "192.168.0.1",
+        "host_qpn": 0x11,
+        "num_slots": 8,
+        "slot_size": 256,
+        "start_margin_cycles": 2000,
+        "status_poll_ns": 2000,
+        "max_run_ns": 2_000_000,
+        "qubit": {},
+    }
+    cfg.update(overrides)
+    return cfg
+
+
+def run_sim(program: str | Path, *, handlers: str | Path | None = None,
+            json_path: str | Path | None = None, pcap_path: str | Path | None = None,
+            waves_path: str | Path | None = None, params: QSCParams | None = None,
+            build_dir: str | Path | None = None, **bench: object) -> dict:
+    """Simulate ``program`` end to end and return the results dictionary.
+
+    Parameters
+    ----------
+    program : path
+        PPU assembly source. Its HOST_CALL handlers come from ``handlers`` or, when that is
+        None, from the ``.py`` file of the same name beside it.
+    json_path, pcap_path, waves_path : path, optional
+        Where to write the results (JSON), every frame on the simulated wire (pcap, link type
+        Ethernet) and the waveforms (FST).
+    params : QSCParams, optional
+        Gateware build parameters.
+    **bench
+        Overrides of :func:`SimConfig` (``seed``, ``host_turnaround_ns``, ...).
+
+    Raises
+    ------
+    AssemblerError
+        The program does not assemble (checked before anything is built).
+    SimulationError
+        Icarus or cocotb failed, or the bench raised.
+    """
+    from cocotb_tools.runner import get_runner
+
+    program = Path(program).resolve()
+    params = params or QSCParams()
+    assemble(program.read_text(), filename=str(program), dtd_clk_hz=params.dtd_clk_hz)
+    if handlers is None:
+        handlers = default_handlers_path(program)
+    build_dir = Path(build_dir) if build_dir else default_build_dir()
+    build_dir = build_dir.resolve()
+    verilog = build_verilog(params, build_dir)
+
+    with tempfile.TemporaryDirectory(prefix="qlink-sim-") as tmp:
+        tmp = Path(tmp)
+        results_path = tmp / "results.json"
+        cfg = SimConfig(**bench)
+        cfg.update({
+            "program": str(program),
+            "handlers": str(Path(handlers).resolve()) if handlers else None,
+            "params": asdict(params),
+            "results": str(results_path),
+            "pcap": str(Path(pcap_path).resolve()) if pcap_path else None,
+        })
+        cfg_path = tmp / "config.json"
+        cfg_path.write_text(json.dumps(cfg, indent=2))
+
+        waves = waves_path is not None
+        runner = get_runner("icarus")
+        try:
+            runner.build(sources=[verilog], hdl_toplevel=TOPLEVEL, build_dir=build_dir,
+                         timescale=("1ns", "1ps"), waves=waves,
+                         log_file=build_dir / "build.log")
+            runner.test(test_module="openqlink.sim.bench", hdl_toplevel=TOPLEVEL,
+                        build_dir=build_dir, test_dir=build_dir, waves=waves,
+                        extra_env={"OPENQLINK_SIM_CONFIG": str(cfg_path)},
+                        results_xml=str(tmp / "results.xml"),
+                        log_file=build_dir / "sim.log")
+        except SystemExit as exc:
+            raise SimulationError(f"simulation failed (exit {exc.code}); log: "
+                                  f"{build_dir / 'sim.log'}") from None
+        except Exception as exc:  # the runner raises plain exceptions for tool failures
+            raise SimulationError(f"simulation failed: {exc}; logs in {build_dir}") from exc
+        if not results_path.exists():
+            raise SimulationError(f"the bench wrote no results; log: {build_dir / 'sim.log'}")
+        results = json.loads(results_path.read_text())
+
+    if json_path is not None:
+        Path(json_path).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    if waves:
+        fsts = sorted(build_dir.glob("*.fst"), key=lambda p: p.stat().st_mtime)
+        if not fsts:
+            raise SimulationError(f"waves were asked for but no FST file is in {build_dir}")
+        shutil.copyfile(fsts[-1], waves_path)
+    return results
