@@ -1,5 +1,19 @@
 """The PPU instruction set: layout shared with the gateware, assembler and disassembler."""
 
+from .asm import (
+    MAX_CALL_ARG_BITS,
+    MNEMONICS,
+    Envelope,
+    Program,
+    SourceLocation,
+    amplitude_to_q15,
+    assemble,
+    decode,
+    disassemble,
+    encode,
+    q15_to_amplitude,
+    render_isa_tables,
+)
 from .layout import (
     INSTRUCTION_BITS,
     INSTRUCTION_BYTES,
@@ -44,4 +58,16 @@ __all__ = [
     "Instruction",
     "PPUState",
     "PPUStatus",
+    "Envelope",
+    "SourceLocation",
+    "Program",
+    "assemble",
+    "disassemble",
+    "encode",
+    "decode",
+    "amplitude_to_q15",
+    "q15_to_amplitude",
+    "render_isa_tables",
+    "MNEMONICS",
+    "MAX_CALL_ARG_BITS",
 ]
