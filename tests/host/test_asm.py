@@ -1,0 +1,375 @@
+"""Tests of the PPU assembler and disassembler (openqlink.isa.asm)."""
+
+from pathlib import Path
+
+import pytest
+from amaranth.hdl import Shape
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from openqlink.errors import AssemblerError, FieldRangeError, TruncatedError
+from openqlink.isa import (
+    Cond,
+    Instruction,
+    Op,
+    Operands,
+    amplitude_to_q15,
+    assemble,
+    decode,
+    disassemble,
+    encode,
+    q15_to_amplitude,
+    render_isa_tables,
+)
+from openqlink.memory_map import QSCParams
+from openqlink.wire.rpc import fnv1a32
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def one(line: str, **kw) -> tuple[Op, dict]:
+    prog = assemble(line, **kw)
+    assert len(prog.instructions) == 1
+    return decode(prog.instructions[0])
+
+
+# --- every mnemonic ------------------------------------------------------------------------
+
+
+def test_nop_end():
+    assert one("nop") == (Op.NOP, {})
+    assert one("end") == (Op.END, {})
+    assert assemble("end").instructions == [Op.END.value]
+
+
+def test_wait_sync_times():
+    assert one("wait 100") == (Op.WAIT, {"cycles": 100})
+    assert one("wait 400ns") == (Op.WAIT, {"cycles": 100})  # 250 MHz default
+    assert one("wait 1.5us") == (Op.WAIT, {"cycles": 375})
+    assert one("wait 0x10") == (Op.WAIT, {"cycles": 16})
+    assert one("wait 10 ns", dtd_clk_hz=100_000_000) == (Op.WAIT, {"cycles": 1})
+    assert one("sync 16") == (Op.SYNC, {"slack_cycles": 16})
+    assert one("SYNC 64ns") == (Op.SYNC, {"slack_cycles": 16})
+
+
+def test_play_with_envelope_and_explicit_range():
+    src = """
+    .envelope a, square, length=8, amp=0.5
+    .envelope g, gaussian, length=64, sigma=16
+    play 3, g, amp=0.5, offset=8ns, phase=7, freq=0x100
+    play 1, addr=5, len=6, amp=-1.0
+    play 2, a, 1.0
+    """
+    prog = assemble(src)
+    op, f = decode(prog.instructions[0])
+    assert op == Op.PLAY
+    assert f == {"channel": 3, "offset_cycles": 2, "env_addr": 8, "env_len": 64,
+                 "amplitude": 16384, "phase": 7, "freq_word": 256}
+    assert decode(prog.instructions[1])[1]["env_addr"] == 5
+    assert decode(prog.instructions[1])[1]["amplitude"] == -32768
+    assert decode(prog.instructions[2])[1]["amplitude"] == 32767
+    assert decode(prog.instructions[2])[1]["env_addr"] == 0
+
+
+def test_acquire_marker():
+    assert one("acquire 1, r7, window=100, threshold=-3, offset=2") == (Op.ACQUIRE, {
+        "channel": 1, "rd": 7, "offset_cycles": 2, "window_cycles": 100, "threshold": -3})
+    assert one("acquire 0, r1, 400ns")[1]["threshold"] == 0
+    assert one("marker 2, duration=1us, offset=4") == (Op.MARKER, {
+        "channel": 2, "offset_cycles": 4, "duration_cycles": 250})
+
+
+def test_set_add():
+    assert one("set r1, -5") == (Op.SET, {"rd": 1, "imm": -5})
+    assert one("set r15, 0xFFFFFFFF") == (Op.SET, {"rd": 15, "imm": -1})
+    assert one("add r2, r3, 7") == (Op.ADD, {"rd": 2, "rs": 3, "imm": 7})
+
+
+def test_branches_and_labels():
+    src = """
+    top: nop
+         beq r1, 1, end_
+         bne r1, -1, top
+         blt r2, 0, top
+         bge r2, 5, top
+         branch lt, r4, 9, end_
+         jmp top
+    end_: end
+    """
+    prog = assemble(src)
+    assert prog.labels == {"top": 0, "end_": 7}
+    got = [decode(w)[1] for w in prog.instructions[1:7]]
+    assert got[0] == {"cond": Cond.EQ, "rs": 1, "imm": 1, "target": 7}
+    assert got[1] == {"cond": Cond.NE, "rs": 1, "imm": -1, "target": 0}
+    assert got[2]["cond"] == Cond.LT and got[3]["cond"] == Cond.GE
+    assert got[4] == {"cond": Cond.LT, "rs": 4, "imm": 9, "target": 7}
+    assert got[5] == {"cond": Cond.ALWAYS, "rs": 0, "imm": 0, "target": 0}
+
+
+def test_call():
+    prog = assemble("call decode(r1:1) -> r2\ncall ping()\ncall 0xdeadbeef(r3) -> r4")
+    op, f = decode(prog.instructions[0])
+    assert op == Op.CALL
+    assert f == {"rd": 2, "rs": 1, "arg_bits": 1, "function_id": fnv1a32("decode")}
+    assert decode(prog.instructions[1])[1] == {"rd": 0, "rs": 0, "arg_bits": 0,
+                                               "function_id": fnv1a32("ping")}
+    assert decode(prog.instructions[2])[1] == {"rd": 4, "rs": 3, "arg_bits": 32,
+                                               "function_id": 0xDEADBEEF}
+    assert prog.functions == {"decode": fnv1a32("decode"), "ping": fnv1a32("ping")}
+
+
+def test_equ_word_labels_on_same_line_and_comments():
+    src = """; header comment
+    .equ CH, 2
+    .equ T, 40ns
+    .equ T2, T
+    a: b: marker CH, duration=T2 ; trailing comment
+    .word 0x1234
+    """
+    prog = assemble(src, "x.s")
+    assert prog.labels == {"a": 0, "b": 0}
+    assert decode(prog.instructions[0])[1] == {"channel": 2, "offset_cycles": 0,
+                                               "duration_cycles": 10}
+    assert prog.instructions[1] == 0x1234
+    assert prog.source_map[0].line == 5 and prog.source_map[0].filename == "x.s"
+    assert prog.source_map[1].text == ".word 0x1234"
+
+
+def test_base_offsets_labels():
+    prog = assemble("x: nop\njmp x", base=100)
+    assert prog.labels == {"x": 100} and prog.base == 100
+    assert decode(prog.instructions[1])[1]["target"] == 100
+    assert sorted(prog.source_map) == [100, 101]
+
+
+def test_encode_matches_layout_const():
+    word = encode(Op.ADD, {"rd": 1, "rs": 2, "imm": -1})
+    ref = Instruction.const({"op": Op.ADD, "operands": {"add": {"rd": 1, "rs": 2, "imm": -1}}})
+    assert word == ref.as_bits()
+
+
+def test_to_bytes_little_endian():
+    prog = assemble("wait 0x01020304\nend")
+    b = prog.to_bytes()
+    assert len(b) == 32
+    assert b[:6] == bytes([0x02, 0x04, 0x03, 0x02, 0x01, 0x00])
+    assert b[16] == Op.END.value
+
+
+# --- envelopes and amplitudes ---------------------------------------------------------------
+
+
+def test_envelopes():
+    prog = assemble(".envelope g, gaussian, length=33, sigma=4, amp=0.8\n"
+                    ".envelope s, square, length=3, amp=-0.25")
+    g, s = prog.envelopes["g"], prog.envelopes["s"]
+    assert (g.addr, g.length, s.addr, s.length) == (0, 33, 33, 3)
+    assert g.samples == g.samples[::-1]
+    assert max(g.samples) == g.samples[16] == amplitude_to_q15(0.8)
+    assert g.samples[0] < g.samples[8] < g.samples[16]
+    assert s.samples == [-8192] * 3
+    img = prog.envelope_bytes()
+    assert len(img) == 72
+    assert int.from_bytes(img[66:68], "little", signed=True) == -8192
+
+
+def test_q15():
+    assert amplitude_to_q15(1.0) == 32767
+    assert amplitude_to_q15(-1.0) == -32768
+    assert amplitude_to_q15(0.5) == 16384
+    assert q15_to_amplitude(-32768) == -1.0
+    for bad in (1.0001, -1.5, float("nan")):
+        with pytest.raises(ValueError):
+            amplitude_to_q15(bad)
+
+
+# --- every error class ------------------------------------------------------------------------
+
+ERRORS = [
+    ("frob r1", 1, "frob", "unknown mnemonic"),
+    ("nop\nset r16, 1", 2, "r16", "bad register"),
+    ("set x1, 1", 1, "x1", "bad register"),
+    ("add r1, r2", 1, "r1, r2", "missing operand 'imm'"),
+    ("set r1, 2, 3", 1, "3", "too many operands"),
+    ("set r1, imm=1, 2", 1, "2", "positional operand after a keyword"),
+    ("marker 0, dur=3", 1, "dur=3", "unknown operand 'dur'"),
+    ("set r1, 1, rd=r2", 1, "rd=r2", "given twice"),
+    ("set r1,, 2", 1, "r1,, 2", "empty operand"),
+    ("set r1, 2**3", 1, "2**3", "bad number"),
+    ("set r1, FOO", 1, "FOO", "unknown symbol"),
+    ("set r1, 0x100000000", 1, "0x100000000", "out of range"),
+    ("add r1, r1, 0x80000000", 1, "0x80000000", "out of range"),
+    ("marker 16, duration=1", 1, "16", "channel = 16 is out of range"),
+    ("wait -1", 1, "-1", "cycles = -1 is out of range"),
+    ("wait 0x100000000", 1, "0x100000000", "out of range"),
+    ("play 0, addr=0, len=1, amp=0, offset=65536", 1, "65536", "offset_cycles"),
+    ("wait 10ms", 1, "10ms", "bad unit 'ms'"),
+    ("wait 10s", 1, "10s", "bad unit"),
+    ("wait 6ns", 1, "6ns", "not a whole number of DTD cycles"),
+    ("wait 2.5", 1, "2.5", "not a whole number"),
+    ("wait ten", 1, "ten", "unknown symbol"),
+    ("wait 1..2", 1, "1..2", "bad time"),
+    ("play 0, addr=0, len=1, amp=1.5", 1, "1.5", "outside [-1.0, 1.0]"),
+    ("play 0, addr=0, len=1, amp=inf", 1, "inf", "finite"),
+    ("play 0, nope, amp=0.5", 1, "nope", "unknown envelope"),
+    ("play 0, amp=0.5", 1, "0, amp=0.5", "addr= and len="),
+    ("jmp nowhere", 1, "nowhere", "unknown label"),
+    ("x: nop\nx: nop", 2, "x", "duplicate symbol 'x'"),
+    (".equ x, 1\nx: nop", 2, "x", "duplicate symbol"),
+    ("r3: nop", 1, "r3", "reserved"),
+    (".equ eq, 1", 1, "eq", "reserved"),
+    (".equ 9a, 1", 1, "9a", "bad constant name"),
+    (".equ x", 1, "x", ".equ needs"),
+    (".org 5", 1, ".org", "unknown directive"),
+    ("branch maybe, r1, 0, 0", 1, "maybe", "bad condition"),
+    ("beq r1, 0, 70000", 1, "70000", "target = 70000 is out of range"),
+    ("call decode r1", 1, "decode r1", "call syntax"),
+    ("call decode(r1:33) -> r2", 1, "33", "argument bits 33"),
+    ("call decode(r1:1) -> q2", 1, "q2", "bad register"),
+    ("call decode(x:1)", 1, "x", "bad register"),
+    ("nop r1", 1, "r1", "takes no operands"),
+    (".word 0x1" + "0" * 32, 1, "0x1" + "0" * 32, "does not fit 128 bits"),
+    (".envelope e, triangle, length=4", 1, "triangle", "unknown envelope shape"),
+    (".envelope e, gaussian, length=4", 1, "e, gaussian, length=4", "needs sigma"),
+    (".envelope e, gaussian, length=4, sigma=0", 1, "0", "sigma must be positive"),
+    (".envelope e, square, length=4, sigma=1", 1, "1", "no sigma"),
+    (".envelope e, square, length=0", 1, "0", "outside 1..65535"),
+    (".envelope e, square, length=4, amp=2", 1, "2", "outside [-1.0, 1.0]"),
+    (".envelope e, square, length=4096\n.envelope f, square, length=1", 2, "f",
+     "envelope memory holds 4096"),
+]
+
+
+@pytest.mark.parametrize("source,line,token,message", ERRORS)
+def test_errors(source, line, token, message):
+    with pytest.raises(AssemblerError) as info:
+        assemble(source, "bad.s")
+    err = info.value
+    assert (err.filename, err.line, err.token) == ("bad.s", line, token)
+    assert message in str(err)
+    assert str(err).startswith(f"bad.s:{line}: ")
+
+
+def test_call_hash_collision_is_reported():
+    # "costarring" and "liquid" collide in 32-bit FNV-1a.
+    assert fnv1a32("costarring") == fnv1a32("liquid")
+    with pytest.raises(AssemblerError, match="same FNV-1a id"):
+        assemble("call costarring()\ncall liquid()")
+
+
+def test_program_too_long():
+    with pytest.raises(AssemblerError, match="instruction memory holds 2") as info:
+        assemble("nop\nnop\nnop", params=QSCParams(imem_depth=2))
+    assert info.value.line == 3
+    with pytest.raises(ValueError, match="base"):
+        assemble("nop", base=1024)
+
+
+# --- disassembler -----------------------------------------------------------------------------
+
+
+def test_disassemble_text_and_names():
+    prog = assemble("l: call reset_decision(r1:1) -> r2\nbeq r2, 0, l\nend")
+    text = disassemble(prog.instructions, functions=prog.functions)
+    assert "call reset_decision(r1:1) -> r2" in text
+    assert "L0:" in text and "beq r2, 0, L0" in text
+    assert f"call {fnv1a32('reset_decision'):#010x}(r1:1)" in disassemble(prog.instructions)
+    assert disassemble(prog.to_bytes()) == disassemble(prog.instructions)
+
+
+def test_disassemble_noncanonical_words_as_word():
+    words = [0x77, Op.WAIT.value | (1 << 100), Op.BRANCH.value | (9 << 8),
+             encode(Op.CALL, {"arg_bits": 40})]
+    text = disassemble(words)
+    assert text.count(".word") == 4
+    assert assemble(text).instructions == words
+
+
+def test_disassemble_bad_input():
+    with pytest.raises(TruncatedError):
+        disassemble(b"\x00" * 17)
+    with pytest.raises(FieldRangeError):
+        disassemble([1 << 128])
+    with pytest.raises(FieldRangeError) as info:
+        decode(0xEE)
+    assert info.value.field == "op"
+
+
+def _field_strategy(shape) -> st.SearchStrategy:
+    if isinstance(shape, type) and issubclass(shape, Cond):
+        return st.sampled_from(list(Cond))
+    s = Shape.cast(shape)
+    if s.signed:
+        return st.integers(-(1 << (s.width - 1)), (1 << (s.width - 1)) - 1)
+    return st.integers(0, (1 << s.width) - 1)
+
+
+@st.composite
+def instructions(draw) -> int:
+    op = draw(st.sampled_from(list(Op)))
+    name = {Op.PLAY: "play", Op.ACQUIRE: "acquire", Op.MARKER: "marker", Op.WAIT: "wait",
+            Op.SYNC: "sync", Op.SET: "set", Op.ADD: "add", Op.BRANCH: "branch",
+            Op.CALL: "call"}.get(op)
+    fields = {}
+    if name:
+        for fname, fld in Operands.as_shape()[name].shape.as_shape():
+            if fname.startswith("_"):
+                continue
+            if fname == "arg_bits":
+                fields[fname] = draw(st.integers(0, 32))
+            else:
+                fields[fname] = draw(_field_strategy(fld.shape))
+    return encode(op, fields)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(instructions(), min_size=1, max_size=12), st.integers(0, 8))
+def test_round_trip_random_instructions(words, base):
+    text = disassemble(words, base=base)
+    assert ".word" not in text
+    again = assemble(text, base=base)
+    assert again.instructions == words
+    assert disassemble(again.instructions, base=base) == text
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.one_of(st.integers(0, (1 << 128) - 1),
+                          st.sampled_from([op.value for op in Op]).flatmap(
+                              lambda v: st.integers(0, (1 << 40) - 1).map(lambda x: x << 8 | v))),
+                min_size=1, max_size=8))
+def test_round_trip_any_words(words):
+    assert assemble(disassemble(words)).instructions == words
+
+
+def test_round_trip_source():
+    src = (ROOT / "firmware" / "active_reset.s").read_text()
+    prog = assemble(src, "active_reset.s")
+    text = disassemble(prog.instructions, functions=prog.functions)
+    assert assemble(text).instructions == prog.instructions
+
+
+# --- firmware and docs ------------------------------------------------------------------------
+
+
+def test_active_reset_firmware():
+    prog = assemble((ROOT / "firmware" / "active_reset.s").read_text(), "active_reset.s")
+    ops = [decode(w) for w in prog.instructions]
+    kinds = [op for op, _ in ops]
+    assert kinds[-1] == Op.END
+    plays = [f for op, f in ops if op == Op.PLAY]
+    assert len(plays) == 2 and all(p["channel"] == 0 for p in plays)
+    acq = next(f for op, f in ops if op == Op.ACQUIRE)
+    assert (acq["channel"], acq["rd"], acq["threshold"]) == (0, 1, 0)
+    assert 80 <= acq["window_cycles"] <= 120
+    call = next(f for op, f in ops if op == Op.CALL)
+    assert call == {"rd": 2, "rs": 1, "arg_bits": 1, "function_id": fnv1a32("reset_decision")}
+    br = next((i, f) for i, (op, f) in enumerate(ops) if op == Op.BRANCH)
+    assert br[1]["rs"] == 2
+    i_call = kinds.index(Op.CALL)
+    assert kinds.index(Op.ACQUIRE) < i_call < br[0]
+    # the conditional pi pulse follows a SYNC, after the branch
+    assert Op.SYNC in kinds[br[0]:] and kinds.index(Op.PLAY, br[0]) > kinds.index(Op.SYNC, br[0])
+
+
+def test_isa_doc_tables_in_step():
+    doc = (ROOT / "docs" / "isa.md").read_text()
+    assert render_isa_tables() in doc, "regenerate with: qlink docs isa-tables"
