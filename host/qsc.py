@@ -1,0 +1,482 @@
+"""The QSC device client: one object that talks to a board or to the simulated gateware.
+
+:class:`QSC` owns one :class:`~openqlink.bridges.base.FrameTransport` and demultiplexes what it
+receives: control-plane responses go to its :class:`~openqlink.control.ControlClient`, RoCEv2
+packets to the host UC QP of the PPU whose ``DestQP`` they carry (which writes RPC requests into
+that PPU's ring and publishes them to the dispatcher), anything else is counted in
+:attr:`QSC.rx_counts`. The same code drives the cocotb bench and real boards.
+
+Setup goes over the control plane (register reads and writes, :mod:`openqlink.memory_map`); bulk
+data and the atomic trigger go as UC RDMA WRITE_ONLY packets on the PPU's QP into its IMEM, ENV
+and REGS regions; RPC responses go as UC SEND_ONLY into the PPU's response mailbox. All memory
+the QSC exposes is little-endian (registers, envelope samples, instruction words).
+
+# Ref: docs/architecture.md; openqlink.memory_map (QP contract); IBTA Vol 1 9.4.3 (RDMA WRITE),
+# 9.4.1 (SEND); CUDA-Q realtime message protocol (RPC responses); Holoscan Sensor Bridge control
+# plane.
+"""
+
+from __future__ import annotations
+
+import array
+import struct
+import sys
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+from .bridges.base import FrameTransport
+from .control import DEFAULT_LOCAL_PORT, ControlClient
+from .errors import FieldRangeError, QlinkError, VersionMismatchError, WireFormatError
+from .isa.layout import INSTRUCTION_BYTES, ISA_VERSION, PPUStatus
+from .memory_map import (
+    COUNTERS,
+    ENV_OFFSET,
+    IMEM_OFFSET,
+    MAILBOX_BYTES,
+    PPU_REGISTERS,
+    QP_REGISTERS,
+    REGS_OFFSET,
+    REGS_RDMA_BYTES,
+    Access,
+    QSCParams,
+    counter_addr,
+    global_reg,
+    ppu_base,
+    ppu_reg,
+    qp_reg,
+    version_word,
+)
+from .roce import SlotRingLike, UCQueuePair
+from .wire.ethernet import mac_to_int
+from .wire.ipv4 import ip_to_int
+from .wire.packet import DEFAULT_ROCE_SRC_PORT, parse_frame
+
+__all__ = ["QSC", "RKeys", "DEFAULT_HOST_QPN_BASE", "RX_COUNT_NAMES"]
+
+#: Host QPN of PPU ``n`` unless :meth:`QSC.configure` is told otherwise: ``0x200 + n``.
+DEFAULT_HOST_QPN_BASE = 0x200
+
+#: Keys of :attr:`QSC.rx_counts`.
+RX_COUNT_NAMES = ("roce", "roce_unknown_qpn", "control_unexpected", "malformed", "other")
+
+
+@dataclass(frozen=True)
+class RKeys:
+    """The four R_Keys of one PPU's QP contract (32 bits each).
+
+    ``ring``: the host's request ring (checked by the host QP); ``imem``, ``env``, ``regs``: the
+    PPU's instruction ring, envelope memory and register block (checked by the QSC).
+    """
+
+    ring: int
+    imem: int
+    env: int
+    regs: int
+
+    @classmethod
+    def default(cls, ppu: int) -> RKeys:
+        """Non-zero, distinct keys (a zero key is what an unconfigured QSC holds): ASCII tags
+        ``"RI"``, ``"IM"``, ``"EN"``, ``"RG"`` in the high half, the PPU index in the low half."""
+        return cls(ring=0x5249_0000 | ppu, imem=0x494D_0000 | ppu, env=0x454E_0000 | ppu,
+                   regs=0x5247_0000 | ppu)
+
+
+@dataclass
+class _PPUState:
+    qp: UCQueuePair
+    qsc_qpn: int
+    rkeys: RKeys
+    ring: SlotRingLike | None
+
+
+def _reg_offset(name: str) -> int:
+    return next(r.offset for r in PPU_REGISTERS if r.name == name)
+
+
+class QSC:
+    """Client of one QSC (board or simulation).
+
+    Parameters
+    ----------
+    transport : FrameTransport
+        Carries all frames to and from the QSC; owned (closed by :meth:`close`).
+    host_mac, host_ip
+        This host's addresses, as the QSC must send to them.
+    params : QSCParams | None
+        The QSC build's parameters (IMEM/ENV depths, number of PPUs, default MAC/IP). ``None``:
+        defaults, with the number of PPUs taken from the QSC at :meth:`connect`.
+    qsc_mac, qsc_ip
+        The QSC's addresses (default: ``params.mac``/``params.ip``).
+    control_port : int
+        UDP port of this host's control requests.
+    roce_src_port : int
+        UDP source port of this host's RoCEv2 packets.
+    pmtu_bytes : int
+        Largest RDMA payload per packet (default 1024).
+    timeout_s, retries
+        Control-plane time-out per attempt (seconds of ``transport.now_s()``) and retries.
+
+    Attributes
+    ----------
+    control : ControlClient
+    num_ppus : int
+        Known after :meth:`connect`.
+    rx_counts : dict[str, int]
+        Received frames by :data:`RX_COUNT_NAMES`; the host QPs count their own drops in
+        ``qsc.qp(ppu).counters``.
+
+    Thread safety: API calls may come from one thread while another calls :meth:`poll_rx` and
+    :meth:`send_response` (the dispatcher). While a control transaction runs, :meth:`poll_rx`
+    returns at once and the transaction routes the frames it reads itself.
+    """
+
+    def __init__(self, transport: FrameTransport, *, host_mac: str | bytes | int,
+                 host_ip: str | int, params: QSCParams | None = None,
+                 qsc_mac: str | bytes | int | None = None, qsc_ip: str | int | None = None,
+                 control_port: int = DEFAULT_LOCAL_PORT,
+                 roce_src_port: int = DEFAULT_ROCE_SRC_PORT, pmtu_bytes: int = 1024,
+                 timeout_s: float = 0.2, retries: int = 3):
+        self._params_given = params is not None
+        self.params = params or QSCParams()
+        self.transport = transport
+        self.host_mac = mac_to_int(host_mac)
+        self.host_ip = ip_to_int(host_ip)
+        self.qsc_mac = mac_to_int(self.params.mac if qsc_mac is None else qsc_mac)
+        self.qsc_ip = ip_to_int(self.params.ip if qsc_ip is None else qsc_ip)
+        self.roce_src_port = roce_src_port
+        self.pmtu_bytes = pmtu_bytes
+        self.num_ppus = self.params.num_ppus
+        self.control = ControlClient(transport, local_mac=self.host_mac, local_ip=self.host_ip,
+                                     local_port=control_port, qsc_mac=self.qsc_mac,
+                                     qsc_ip=self.qsc_ip, timeout_s=timeout_s, retries=retries,
+                                     on_frame=self._route)
+        self.rx_counts: dict[str, int] = dict.fromkeys(RX_COUNT_NAMES, 0)
+        self.version = 0
+        self._ppus: dict[int, _PPUState] = {}
+        self._by_qpn: dict[int, UCQueuePair] = {}
+        self._tx_lock = threading.Lock()
+
+    # --- connection and configuration ---------------------------------------------------------
+
+    def connect(self) -> int:
+        """Check the QSC speaks our gateware and ISA version; return its VERSION word.
+
+        Reads VERSION (``{major, minor, isa, 0x51}``, see
+        :func:`openqlink.memory_map.version_word`): the tag byte, the major version and the ISA
+        version must equal ours (minor may differ), then NUM_PPUS (1..16, equal to
+        ``params.num_ppus`` when params were given).
+
+        Raises :class:`~openqlink.errors.VersionMismatchError` naming the field that differs, and
+        :class:`~openqlink.errors.ControlPlaneError` when the QSC does not answer.
+        """
+        got = self.control.read(global_reg("VERSION"))
+        want = version_word(ISA_VERSION)
+        if got & 0xFF != want & 0xFF:
+            raise VersionMismatchError(f"VERSION {got:#010x}: tag byte {got & 0xFF:#04x} is not "
+                                       f"{want & 0xFF:#04x}: not an openqlink QSC")
+        if got >> 24 != want >> 24:
+            raise VersionMismatchError(f"VERSION {got:#010x}: gateware major {got >> 24}, this "
+                                       f"host speaks major {want >> 24}")
+        if (got >> 8) & 0xFF != ISA_VERSION:
+            raise VersionMismatchError(f"VERSION {got:#010x}: ISA version {(got >> 8) & 0xFF}, "
+                                       f"this host speaks ISA version {ISA_VERSION}")
+        num = self.control.read(global_reg("NUM_PPUS"))
+        if not 1 <= num <= 16:
+            raise VersionMismatchError(f"NUM_PPUS: QSC reports {num}, not 1..16")
+        if self._params_given and num != self.params.num_ppus:
+            raise VersionMismatchError(f"NUM_PPUS: QSC reports {num}, params.num_ppus is "
+                                       f"{self.params.num_ppus}")
+        self.num_ppus = num
+        self.version = got
+        return got
+
+    def _check_ppu(self, ppu: int) -> None:
+        if not 0 <= ppu < self.num_ppus:
+            raise FieldRangeError("QSC", "ppu", ppu, f"PPU {ppu} is not in 0..{self.num_ppus - 1}")
+
+    def _state(self, ppu: int) -> _PPUState:
+        self._check_ppu(ppu)
+        try:
+            return self._ppus[ppu]
+        except KeyError:
+            raise QlinkError(f"PPU {ppu} is not configured: call QSC.configure({ppu}, ...) "
+                             "first") from None
+
+    def configure(self, ppu: int, ring: SlotRingLike | None = None, host_qpn: int | None = None,
+                  ring_rkey: int | None = None, imem_rkey: int | None = None,
+                  env_rkey: int | None = None, regs_rkey: int | None = None) -> UCQueuePair:
+        """Set up PPU ``ppu``'s QP contract on both sides; return the host QP.
+
+        Writes HOST_MAC_HI/LO and HOST_IP, then the PPU's QP context: HOST_QPN, HOST_RKEY (the
+        ring's), RING_VA_HI/LO (0: the ring is registered with iova 0), NUM_SLOTS and SLOT_SIZE
+        (when ``ring`` is given), IMEM_RKEY, ENV_RKEY, REGS_RKEY; reads QSC_QPN. Then makes the
+        host UC QP (``host_qpn`` -> QSC_QPN) and registers ``ring`` on it with ``ring_rkey``.
+        Keys left ``None`` take :meth:`RKeys.default`; ``host_qpn`` defaults to
+        ``DEFAULT_HOST_QPN_BASE + ppu``.
+
+        Raises :class:`~openqlink.errors.FieldRangeError` (bad PPU, key, QPN or ring geometry:
+        1..4096 slots of at most 65535 bytes) and :class:`~openqlink.errors.ControlPlaneError`.
+        """
+        self._check_ppu(ppu)
+        d = RKeys.default(ppu)
+        keys = RKeys(ring=d.ring if ring_rkey is None else ring_rkey,
+                     imem=d.imem if imem_rkey is None else imem_rkey,
+                     env=d.env if env_rkey is None else env_rkey,
+                     regs=d.regs if regs_rkey is None else regs_rkey)
+        for name in ("ring", "imem", "env", "regs"):
+            v = getattr(keys, name)
+            if not 0 <= v < 1 << 32:
+                raise FieldRangeError("RETH", "r_key", v, f"{name} R_Key {v:#x} is not 32 bits")
+        qpn = DEFAULT_HOST_QPN_BASE + ppu if host_qpn is None else host_qpn
+        if not 0 <= qpn < 1 << 24:
+            raise FieldRangeError("BTH", "dest_qp", qpn, f"host QPN {qpn:#x} is not 24 bits")
+        if ring is not None and not (1 <= ring.num_slots <= 4096
+                                     and 0 < ring.slot_size < 1 << 16):
+            raise FieldRangeError("QPContext", "num_slots", (ring.num_slots, ring.slot_size),
+                                  "the ring needs 1..4096 slots of 1..65535 bytes")
+        w = self.control.write
+        w(global_reg("HOST_MAC_HI"), self.host_mac >> 32)
+        w(global_reg("HOST_MAC_LO"), self.host_mac & 0xFFFF_FFFF)
+        w(global_reg("HOST_IP"), self.host_ip)
+        w(qp_reg(ppu, "HOST_QPN"), qpn)
+        w(qp_reg(ppu, "HOST_RKEY"), keys.ring)
+        w(qp_reg(ppu, "RING_VA_HI"), 0)
+        w(qp_reg(ppu, "RING_VA_LO"), 0)
+        if ring is not None:
+            w(qp_reg(ppu, "NUM_SLOTS"), ring.num_slots)
+            w(qp_reg(ppu, "SLOT_SIZE"), ring.slot_size)
+        w(qp_reg(ppu, "IMEM_RKEY"), keys.imem)
+        w(qp_reg(ppu, "ENV_RKEY"), keys.env)
+        w(qp_reg(ppu, "REGS_RKEY"), keys.regs)
+        qsc_qpn = self.control.read(qp_reg(ppu, "QSC_QPN")) & 0xFF_FFFF
+        qp = UCQueuePair(self.host_mac, self.host_ip, qpn, self.qsc_mac, self.qsc_ip, qsc_qpn,
+                         udp_src_port=self.roce_src_port, pmtu_bytes=self.pmtu_bytes)
+        if ring is not None:
+            qp.register_ring(ring, keys.ring, va=0)
+        old = self._ppus.get(ppu)
+        if old is not None:
+            self._by_qpn.pop(old.qp.qpn, None)
+        self._ppus[ppu] = _PPUState(qp, qsc_qpn, keys, ring)
+        self._by_qpn[qpn] = qp
+        return qp
+
+    def qp(self, ppu: int) -> UCQueuePair:
+        """The host UC QP of a configured PPU."""
+        return self._state(ppu).qp
+
+    def rkeys(self, ppu: int) -> RKeys:
+        """The R_Keys a configured PPU was given."""
+        return self._state(ppu).rkeys
+
+    # --- RDMA writes --------------------------------------------------------------------------
+
+    def _send_write(self, st: _PPUState, va: int, r_key: int, data: bytes,
+                    imm: int | None = None) -> None:
+        with self._tx_lock:
+            self.transport.send_frame(st.qp.write_frame(va, r_key, data, imm))
+
+    def _chunk_bytes(self, unit: int) -> int:
+        return self.pmtu_bytes // unit * unit
+
+    def upload_program(self, ppu: int, words: bytes, *, start_index: int = 0,
+                       commit_tail: bool = False) -> int:
+        """Write instructions into PPU ``ppu``'s instruction ring; return the packets sent.
+
+        ``words`` is whole 16-byte instructions (as :class:`openqlink.isa.Instruction` packs
+        them), written from instruction index ``start_index`` by RDMA_WRITE_ONLY packets of at
+        most PMTU bytes to the IMEM region with the IMEM R_Key. Without ``commit_tail`` the
+        program stays invisible until :meth:`trigger` (the fast modality); with it, the last
+        packet is RDMA_WRITE_ONLY_WITH_IMMEDIATE whose ImmDt, ``start_index + count``, becomes
+        the committed TAIL (appending to a running program).
+
+        Raises :class:`~openqlink.errors.FieldRangeError` naming ``words`` (not whole
+        instructions, empty, or past ``params.imem_depth``) or ``ppu``.
+        """
+        st = self._state(ppu)
+        words = bytes(words)
+        count, rem = divmod(len(words), INSTRUCTION_BYTES)
+        if rem or not count:
+            raise FieldRangeError("IMEM", "words", len(words),
+                                  f"{len(words)} bytes are not whole {INSTRUCTION_BYTES}-byte "
+                                  "instructions (or none)")
+        if start_index < 0 or start_index + count > self.params.imem_depth:
+            raise FieldRangeError("IMEM", "words", count,
+                                  f"instructions {start_index}..{start_index + count - 1} leave "
+                                  f"the {self.params.imem_depth}-instruction ring")
+        base = ppu_base(ppu) + IMEM_OFFSET + start_index * INSTRUCTION_BYTES
+        step = self._chunk_bytes(INSTRUCTION_BYTES)
+        offsets = range(0, len(words), step)
+        for i, off in enumerate(offsets):
+            last = i == len(offsets) - 1
+            imm = start_index + count if (commit_tail and last) else None
+            self._send_write(st, base + off, st.rkeys.imem, words[off:off + step], imm)
+        return len(offsets)
+
+    def write_envelope(self, ppu: int, addr: int, samples: Iterable[int]) -> int:
+        """Write signed Q1.15 samples into PPU ``ppu``'s envelope memory; return packets sent.
+
+        ``addr`` is the index of the first sample (even: RDMA VAs are 4-byte aligned); samples
+        are 16-bit two's complement, little-endian in memory, sent in RDMA_WRITE_ONLY packets of
+        at most PMTU bytes to the ENV region with the ENV R_Key.
+
+        Raises :class:`~openqlink.errors.FieldRangeError` naming ``addr`` (odd, or the samples
+        leave ``params.env_depth``) or ``samples`` (a value outside -32768..32767, or none).
+        """
+        st = self._state(ppu)
+        try:
+            arr = array.array("h", samples)
+        except OverflowError as e:
+            raise FieldRangeError("ENV", "samples", None,
+                                  f"a sample does not fit signed 16 bits: {e}") from None
+        if not arr:
+            raise FieldRangeError("ENV", "samples", 0, "no samples")
+        if addr < 0 or addr % 2:
+            raise FieldRangeError("ENV", "addr", addr,
+                                  "must be an even sample index (4-byte aligned VA)")
+        if addr + len(arr) > self.params.env_depth:
+            raise FieldRangeError("ENV", "addr", addr,
+                                  f"samples {addr}..{addr + len(arr) - 1} leave the "
+                                  f"{self.params.env_depth}-sample envelope memory")
+        if sys.byteorder != "little":
+            arr.byteswap()
+        data = arr.tobytes()
+        base = ppu_base(ppu) + ENV_OFFSET + 2 * addr
+        step = self._chunk_bytes(4)
+        offsets = range(0, len(data), step)
+        for off in offsets:
+            self._send_write(st, base + off, st.rkeys.env, data[off:off + step])
+        return len(offsets)
+
+    def trigger(self, ppu: int, start_time_cycles: int, tail: int) -> None:
+        """Atomically commit ``tail`` and start PPU ``ppu`` at DTD cycle ``start_time_cycles``.
+
+        ONE RDMA_WRITE_ONLY to the REGS region covering START_TIME_LO, START_TIME_HI and TRIGGER
+        (12 bytes, little-endian), so the start time and the trigger arrive in one packet that
+        is committed whole or not at all. The QSC refuses a trigger while the PPU runs, or whose
+        start time has passed, by setting ``trigger_busy``/``trigger_late`` in STATUS: read
+        :meth:`status` to know.
+
+        Raises :class:`~openqlink.errors.FieldRangeError` naming ``start_time_cycles`` (not
+        64 bits) or ``tail`` (not 0..imem_depth).
+        """
+        st = self._state(ppu)
+        if not 0 <= start_time_cycles < 1 << 64:
+            raise FieldRangeError("REGS", "start_time_cycles", start_time_cycles,
+                                  "does not fit in 64 bits")
+        if not 0 <= tail <= self.params.imem_depth:
+            raise FieldRangeError("REGS", "tail", tail,
+                                  f"not an instruction index 0..{self.params.imem_depth}")
+        lo = _reg_offset("START_TIME_LO")
+        if (_reg_offset("START_TIME_HI") != lo + 4 or _reg_offset("TRIGGER") != lo + 8
+                or lo + 12 > REGS_RDMA_BYTES):
+            raise QlinkError("memory map: START_TIME_LO/HI and TRIGGER are not one RDMA span")
+        payload = struct.pack("<III", start_time_cycles & 0xFFFF_FFFF, start_time_cycles >> 32,
+                              tail)
+        self._send_write(st, ppu_base(ppu) + REGS_OFFSET + lo, st.rkeys.regs, payload)
+
+    # --- control-plane reads ------------------------------------------------------------------
+
+    def read_register(self, ppu: int, name: str) -> int:
+        """One PPU register by name (:data:`openqlink.memory_map.PPU_REGISTERS`)."""
+        self._check_ppu(ppu)
+        return self.control.read(ppu_reg(ppu, name))
+
+    def timeline(self, ppu: int = 0) -> int:
+        """The 64-bit timeline counter in DTD cycles (TIMELINE_LO, which latches HI, then HI)."""
+        lo = self.read_register(ppu, "TIMELINE_LO")
+        hi = self.read_register(ppu, "TIMELINE_HI")
+        return hi << 32 | lo
+
+    def status(self, ppu: int) -> Any:
+        """PPU STATUS decoded as an :class:`openqlink.isa.PPUStatus` constant view (fields
+        ``state``, ``underflow``, ``late``, ``call_timeout``, ...)."""
+        return PPUStatus.from_bits(self.read_register(ppu, "STATUS"))
+
+    def counters(self) -> dict[str, int]:
+        """Every QSC counter of :data:`openqlink.memory_map.COUNTERS`, by name."""
+        return {name: self.control.read(counter_addr(name)) for name, _ in COUNTERS}
+
+    def read_registers(self, ppu: int) -> dict[str, int]:
+        """Every readable PPU register (write-only TRIGGER left out), by name, in map order."""
+        self._check_ppu(ppu)
+        return {r.name: self.control.read(ppu_reg(ppu, r.name))
+                for r in PPU_REGISTERS if r.access is not Access.WO}
+
+    def read_qp_context(self, ppu: int) -> dict[str, int]:
+        """Every register of PPU ``ppu``'s QP context, by name."""
+        self._check_ppu(ppu)
+        return {r.name: self.control.read(qp_reg(ppu, r.name)) for r in QP_REGISTERS}
+
+    # --- receive path and RPC responses -------------------------------------------------------
+
+    def _route(self, frame: bytes) -> None:
+        try:
+            f = parse_frame(frame)
+        except WireFormatError:
+            self.rx_counts["malformed"] += 1
+            return
+        if f.is_roce:
+            assert f.bth is not None
+            qp = self._by_qpn.get(f.bth["dest_qp"])
+            if qp is None:
+                self.rx_counts["roce_unknown_qpn"] += 1
+                return
+            self.rx_counts["roce"] += 1
+            qp.handle_frame(f)
+        elif f.is_control_response:
+            self.rx_counts["control_unexpected"] += 1
+        else:
+            self.rx_counts["other"] += 1
+
+    def poll_rx(self, max_frames: int | None = None) -> int:
+        """Route the frames already received, without waiting; return how many.
+
+        The dispatcher's loop calls this. Returns 0 at once while a control transaction (in
+        another thread) owns the receive side; that transaction routes what it reads.
+        ``max_frames`` bounds the work of one call (``None``: until the transport is empty).
+        """
+        lock = self.control.lock
+        if not lock.acquire(blocking=False):
+            return 0
+        try:
+            n = 0
+            while max_frames is None or n < max_frames:
+                frame = self.transport.recv_frame(0)
+                if frame is None:
+                    break
+                n += 1
+                self._route(frame)
+            return n
+        finally:
+            lock.release()
+
+    def send_response(self, ppu: int, slot: int, response_bytes: bytes) -> None:
+        """Send an RPC response (header and result, :class:`openqlink.wire.rpc.Response`) for the
+        request in ``slot`` to PPU ``ppu``'s mailbox: one UC SEND_ONLY to the PPU's QSC QPN.
+
+        Raises :class:`~openqlink.errors.FieldRangeError` naming ``slot`` (not a slot of the
+        PPU's ring) or ``response_bytes`` (longer than the 64-byte mailbox).
+        """
+        st = self._state(ppu)
+        if st.ring is not None and not 0 <= slot < st.ring.num_slots:
+            raise FieldRangeError("QSC", "slot", slot,
+                                  f"not a slot of PPU {ppu}'s {st.ring.num_slots}-slot ring")
+        response_bytes = bytes(response_bytes)
+        if len(response_bytes) > MAILBOX_BYTES:
+            raise FieldRangeError("RPCResponse", "response_bytes", len(response_bytes),
+                                  f"{len(response_bytes)} bytes do not fit the {MAILBOX_BYTES}-"
+                                  "byte mailbox")
+        with self._tx_lock:
+            self.transport.send_frame(st.qp.send_frame(response_bytes))
+
+    def close(self) -> None:
+        """Close the transport."""
+        self.transport.close()
+
+    def __enter__(self) -> QSC:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
