@@ -1,0 +1,51 @@
+"""HOST_CALL handlers of the active-reset example (``firmware/active_reset.s``).
+
+The PPU measures the qubit into ``r1`` and executes ``call reset_decision(r1:1) -> r2``: an RPC
+whose single argument is one BIT_PACKED measurement bit (one byte, bit 0) and whose function_id
+is ``fnv1a32("reset_decision")``. The dispatcher (:class:`openqlink.dispatch.Dispatcher`) finds
+the handler in :data:`table`, calls it with the decoded bits and sends back one UINT8 result,
+which the PPU's CALL unit places in ``r2`` (zero-extended). The program then plays a pi pulse
+only when ``r2`` is 1.
+
+Use it with::
+
+    from firmware.active_reset import table
+    dispatcher = Dispatcher(table, ring, send_response)
+
+# Ref: docs/isa.md (CALL); cuda-quantum realtime message protocol (BIT_PACKED, UINT8 schema)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from openqlink.dispatch import FunctionTable, TypeDesc
+from openqlink.isa import Program, assemble
+
+__all__ = ["table", "reset_decision", "SOURCE", "program"]
+
+#: The assembly source of the example.
+SOURCE = Path(__file__).with_name("active_reset.s")
+
+#: The function table the real-time host serves for this program.
+table = FunctionTable()
+
+
+@table.host_call("reset_decision", args=[TypeDesc.bits(1)], results=[TypeDesc.uint8()])
+def reset_decision(bits: list[int]) -> int:
+    """Decide whether the qubit needs the conditional pi pulse.
+
+    ``bits`` holds the one measurement bit ACQUIRE wrote to ``r1``: 1 when the integrated
+    readout signal exceeded the threshold, i.e. the qubit was found in ``|1>``. Returns 1 (play
+    the pi pulse, taking ``|1>`` to ``|0>``) for a 1 and 0 (already in ``|0>``, do nothing) for
+    a 0. Raises :class:`ValueError` for anything but exactly one 0/1 bit, which the dispatcher
+    answers with status 1 (handler error), stopping the PPU with ``call_failed``.
+    """
+    if len(bits) != 1 or bits[0] not in (0, 1):
+        raise ValueError(f"reset_decision expects one measurement bit, got {bits!r}")
+    return 1 if bits[0] == 1 else 0
+
+
+def program() -> Program:
+    """The assembled example program (default QSC parameters)."""
+    return assemble(SOURCE.read_text(), str(SOURCE))
