@@ -1,0 +1,697 @@
+"""Receive path: MAC frames -> checks -> commit engine -> internal bus commands (rti domain).
+
+# Ref: IEEE 802.3-2018 3.2 (Ethernet II); RFC 791 3.1 and RFC 1071/1624 (IPv4 header and
+# checksum); RFC 768 (UDP); IBTA Vol 1 Release 1.4 9.2 (BTH), 9.3.2 (RETH), 9.3.4 (ImmDt), 9.7.6
+# and 9.8.3 (UC receive rules, PSN), 10.9.3 (P_Key check), 7.8.1 (ICRC); IBTA Annex A17 (RoCEv2)
+# A17.4; rdma-core rxe ``check_psn`` (UC), ``check_rkey`` (R_Key and range).
+
+Store and forward. Every frame is written into a ring buffer of 64-bit words while its first
+:data:`HEADER_BYTES` bytes are captured in registers and its ICRC is computed
+(:class:`~openqlink.gateware.net.icrc.ICRC`). Header fields are read only through the shared
+:class:`~openqlink.wire.header.Header` views. Two cycles after the last beat the frame is either
+accepted or dropped and counted under exactly one
+:class:`~openqlink.gateware.net.common.DropReason`, checked in this order (the first failing
+check names the reason):
+
+1. ETH: shorter than 14 bytes, destination neither the QSC MAC nor broadcast, EtherType not IPv4.
+2. IP: version not 4, IHL not 5, bad header checksum (0x0000 or 0xFFFF folded sum accepted),
+   ``total_length`` < 20 or > frame length - 14 (padding allowed), fragment (MF or offset), dst
+   not the QSC IP, protocol not UDP.
+3. UDP: ``length`` != ``total_length`` - 20, destination port neither 4791 (with RX_ENABLE set) nor
+   8192, a RoCEv2 datagram shorter than BTH + ICRC or not a multiple of 4 bytes, a control
+   datagram shorter than the 14-byte request.
+4. ICRC (RoCEv2 from here on): the received ICRC differs from the computed one.
+5. OPCODE: not UC RDMA_WRITE_ONLY, RDMA_WRITE_ONLY_WITH_IMMEDIATE or SEND_ONLY, or TVer != 0.
+6. PKEY: P_Key low 15 bits differ from the configured P_Key, or neither has the full-member bit.
+7. QPN: DestQP is not ``qpn_base + n`` for a PPU ``n``.
+8. LENGTH: the datagram is too short for its extension headers and PadCnt.
+9. VA (WRITE): VA[63:32] != 0, VA not 4-byte aligned, VA not in an RDMA region of PPU ``n``
+   (:func:`openqlink.memory_map.regions`; the response mailbox is SEND-only).
+10. RKEY (WRITE): R_Key differs from the region's R_Key in PPU ``n``'s QP context.
+11. VA (WRITE): [VA, VA + DMALen) leaves the region.
+12. LENGTH: WRITE DMALen != payload bytes (UDP payload - BTH - RETH - ImmDt - pad - ICRC);
+    SEND_ONLY payload > MAILBOX_BYTES.
+13. OVERFLOW: the frame did not fit the receive buffer, or the descriptor / control request queue
+    is full (only frames that pass every other check count here).
+
+PSN (UC): the ONLY opcodes are accepted whatever their PSN and resynchronise the expected PSN
+(``epsn``); a PSN other than the expected one counts PSN_GAP and the packet is kept. DROP_PSN
+belongs to FIRST/MIDDLE/LAST, which are not handled yet: the seam is the per-QP ``epsn`` state and
+the per-opcode decode in :func:`_opcode_info`.
+
+Accepted RDMA WRITEs and SENDs go to the descriptor queue of the :class:`CommitEngine`, which
+reads the payload back from the buffer, realigns it to the destination and emits
+``BusCommand`` WRITEs; a WRITE_WITH_IMMEDIATE into a PPU's instruction region ends with a WRITE of
+ImmDt to that PPU's TAIL register (into other regions ImmDt is ignored); a SEND ends with a
+MAILBOX_COMMIT. Nothing of a packet reaches the bus before its ICRC checked good (commit rule).
+Accepted control-plane requests go to ``ctrl_req``.
+
+``rx.ready`` is always high: a MAC cannot be back-pressured; a full buffer drops frames instead.
+"""
+
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+from ...memory_map import (
+    MAILBOX_BYTES,
+    MAILBOX_OFFSET,
+    PPU_BASE,
+    PPU_STRIDE,
+    QSCParams,
+    ppu_base,
+    ppu_reg,
+    regions,
+)
+from ...wire.control import CONTROL_REQUEST
+from ...wire.ethernet import ETHERNET, EtherType
+from ...wire.header import Header
+from ...wire.ipv4 import IPV4, IpProtocol
+from ...wire.roce import BTH, ICRC_BYTES, IMMDT, RETH, Opcode
+from ...wire.udp import CONTROL_PORT, ROCEV2_PORT, UDP
+from ..bus import BusCommand, BusOp
+from ..packet import packet_signature
+from .common import COUNTER_INDEX, DropReason, NetConfig, QPContext
+from .control import ControlRequest
+from .icrc import ICRC, icrc_mask
+from .regs import NUM_COUNTERS
+
+__all__ = ["RoCEReceiver", "CommitEngine", "commit_descriptor_layout", "HEADER_BYTES"]
+
+# Byte offsets of the headers in a frame (IPv4 without options).
+_ETH_AT = 0
+_IP_AT = _ETH_AT + ETHERNET.length_bytes
+_UDP_AT = _IP_AT + IPV4.length_bytes
+_L4_AT = _UDP_AT + UDP.length_bytes          # BTH, or the control request
+_RETH_AT = _L4_AT + BTH.length_bytes
+_IMM_AT = _RETH_AT + RETH.length_bytes
+
+#: Bytes of each frame captured in registers: Ethernet + IPv4 + UDP + BTH + RETH + ImmDt, rounded
+#: up to whole 64-bit beats.
+HEADER_BYTES = -(-(_IMM_AT + IMMDT.length_bytes) // 8) * 8
+_HEADER_BEATS = HEADER_BYTES // 8
+
+_BROADCAST = (1 << 48) - 1
+#: UDP bytes of a RoCEv2 datagram besides the extension headers, payload and pad bytes.
+_ROCE_FIXED_BYTES = UDP.length_bytes + BTH.length_bytes + ICRC_BYTES
+
+
+def commit_descriptor_layout(ptr_bits: int) -> data.StructLayout:
+    """What the receiver tells the :class:`CommitEngine` about one accepted packet.
+
+    ``ptr_bits`` is log2 of the buffer depth in 64-bit words. Output word ``j``
+    (``0 <= j < nwords``) goes to bus word ``dst_word + j`` and holds bytes
+    ``[8*shift, 8*shift + 8)`` of buffer words ``src_word + j`` and ``src_word + j + 1``
+    (concatenated, lane order), under byte enables ``first_be`` (j = 0) and ``last_be``
+    (j = nwords - 1). ``trailer`` follows when ``has_trailer``. ``end`` is the buffer pointer
+    (with its wrap bit) one past the packet's last word, released when the packet is done.
+    """
+    return data.StructLayout({
+        "src_word": ptr_bits,
+        "shift": 3,
+        "nwords": ptr_bits + 1,
+        "dst_word": 29,
+        "first_be": 8,
+        "last_be": 8,
+        "has_trailer": 1,
+        "trailer": BusCommand,
+        "end": ptr_bits + 1,
+    })
+
+
+def _byte_mask(be: Value) -> Value:
+    """The 64-bit mask with byte lane ``i`` all ones where ``be[i]`` is set."""
+    return Cat(*(be[i].replicate(8) for i in range(8)))
+
+
+class CommitEngine(wiring.Component):
+    """Reads accepted packets back from the receive buffer and emits their bus commands.
+
+    Parameters
+    ----------
+    ptr_bits : int
+        log2 of the receive buffer depth in 64-bit words.
+
+    Members
+    -------
+    desc : In(stream.Signature(commit_descriptor_layout(ptr_bits)))
+        One descriptor per accepted packet, taken while idle.
+    rd_addr, rd_en : Out(ptr_bits), Out(1)
+        Synchronous read port of the buffer (data one cycle after ``rd_en``; held while low).
+    rd_data : In(64)
+        Buffer word read.
+    free_ptr : Out(ptr_bits + 1)
+        Buffer words before this pointer (with wrap bit) are no longer needed; advanced to the
+        descriptor's ``end`` once the packet's last word has been read.
+    bus_cmd : Out(stream.Signature(BusCommand))
+        WRITEs of the payload, then the trailer. ``valid`` is a register; the engine stalls while
+        ``ready`` is low, so a packet's commands are contiguous.
+    busy : Out(1)
+        A packet is in progress or a command is pending: the bus arbiter must not switch.
+
+    Latency: the first command is valid 4 cycles after the descriptor is taken; then one
+    command per cycle while ``ready`` is high. Data lanes whose byte enable is low are zero.
+    """
+
+    def __init__(self, ptr_bits: int):
+        self.ptr_bits = ptr_bits
+        super().__init__({
+            "desc": In(stream.Signature(commit_descriptor_layout(ptr_bits))),
+            "rd_addr": Out(ptr_bits),
+            "rd_en": Out(1),
+            "rd_data": In(64),
+            "free_ptr": Out(ptr_bits + 1),
+            "bus_cmd": Out(stream.Signature(BusCommand)),
+            "busy": Out(1),
+        })
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        d = Signal(commit_descriptor_layout(self.ptr_bits))
+        rd = Signal(self.ptr_bits)
+        lo = Signal(64)
+        j = Signal(self.ptr_bits + 1)
+        out = self.bus_cmd
+
+        step = Signal()
+        m.d.comb += step.eq(~out.valid | out.ready)
+        with m.If(out.ready):
+            m.d.sync += out.valid.eq(0)
+
+        be = Signal(8)
+        m.d.comb += be.eq(Mux(j == 0, d.first_be, 0xFF) & Mux(j == d.nwords - 1, d.last_be, 0xFF))
+        word = Signal(64)
+        m.d.comb += word.eq(Cat(lo, self.rd_data).bit_select(d.shift * 8, 64))
+
+        m.d.comb += self.rd_addr.eq(rd)
+
+        with m.FSM() as fsm:
+            with m.State("IDLE"):
+                m.d.comb += self.desc.ready.eq(1)
+                with m.If(self.desc.valid):
+                    p = self.desc.payload
+                    m.d.sync += [d.eq(p), rd.eq(p.src_word), j.eq(0)]
+                    with m.If(p.nwords != 0):
+                        m.next = "PRIME0"
+                    with m.Elif(p.has_trailer):
+                        m.next = "TRAILER"
+                    with m.Else():
+                        m.d.sync += self.free_ptr.eq(p.end)
+
+            with m.State("PRIME0"):
+                m.d.comb += self.rd_en.eq(1)
+                m.d.sync += rd.eq(rd + 1)
+                m.next = "PRIME1"
+
+            with m.State("PRIME1"):
+                m.d.comb += self.rd_en.eq(1)
+                m.d.sync += [rd.eq(rd + 1), lo.eq(self.rd_data)]
+                m.next = "DATA"
+
+            with m.State("DATA"):
+                with m.If(step):
+                    m.d.comb += self.rd_en.eq(1)
+                    m.d.sync += [
+                        rd.eq(rd + 1),
+                        lo.eq(self.rd_data),
+                        j.eq(j + 1),
+                        out.valid.eq(1),
+                        out.payload.op.eq(BusOp.WRITE),
+                        out.payload.word_addr.eq(d.dst_word + j),
+                        out.payload.be.eq(be),
+                        out.payload.data.eq(word & _byte_mask(be)),
+                    ]
+                    with m.If(j == d.nwords - 1):
+                        with m.If(d.has_trailer):
+                            m.next = "TRAILER"
+                        with m.Else():
+                            m.d.sync += self.free_ptr.eq(d.end)
+                            m.next = "IDLE"
+
+            with m.State("TRAILER"):
+                with m.If(step):
+                    m.d.sync += [
+                        out.valid.eq(1),
+                        out.payload.eq(d.trailer),
+                        self.free_ptr.eq(d.end),
+                    ]
+                    m.next = "IDLE"
+
+        m.d.comb += self.busy.eq(~fsm.ongoing("IDLE") | out.valid)
+        return m
+
+
+def _opcode_info(opcode) -> dict:
+    """Decode of the BTH opcodes handled (the seam for FIRST/MIDDLE/LAST): which are supported,
+    which carry a RETH / an ImmDt, which are SENDs."""
+    write = opcode == Opcode.RDMA_WRITE_ONLY
+    write_imm = opcode == Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE
+    send = opcode == Opcode.SEND_ONLY
+    return {
+        "supported": write | write_imm | send,
+        "has_reth": write | write_imm,
+        "has_immdt": write_imm,
+        "send": send,
+    }
+
+
+class RoCEReceiver(wiring.Component):
+    """The receive path: frame buffer, header checks, ICRC, commit engine.
+
+    Parameters
+    ----------
+    params : QSCParams
+        ``num_ppus`` and ``qpn_base`` (DestQP of PPU ``n`` is ``qpn_base + n``), the region
+        sizes (``imem_depth``, ``env_depth``).
+    buffer_bytes : int
+        Receive buffer size in bytes (a power of two, at least 2 KiB): a ring of 64-bit words.
+        Whole frames are stored; frames that do not fit the free space are dropped (OVERFLOW).
+    desc_depth : int
+        Accepted packets that may wait for the commit engine.
+    ctrl_depth : int
+        Control requests that may wait for the control plane.
+
+    Members
+    -------
+    rx : In(packet_signature())
+        Frames from the MAC, FCS stripped. ``ready`` is always 1.
+    config : In(NetConfig)
+        QSC MAC and IP, P_Key, RX_ENABLE.
+    qp : In(ArrayLayout(QPContext, num_ppus))
+        R_Keys of each PPU's regions.
+    bus_cmd : Out(stream.Signature(BusCommand))
+        The commands of accepted packets, one packet at a time (see :class:`CommitEngine`).
+    busy : Out(1)
+        The commit engine is inside a packet: the bus arbiter must not switch away.
+    ctrl_req : Out(stream.Signature(ControlRequest))
+        Accepted control-plane requests, in arrival order.
+    epsn : Out(ArrayLayout(24, num_ppus))
+        Next PSN expected on each PPU's QP (RX_EPSN).
+    count : Out(NUM_COUNTERS)
+        Counter increment strobes (RX_FRAMES, RX_ROCE_ACCEPTED, RX_RPC_RESPONSES, PSN_GAP and the
+        DROP_* counters), at most one frame decided per cycle.
+
+    Latency: a frame is decided 2 cycles after its last beat; the first bus command of an
+    accepted packet follows at least 4 cycles later (descriptor queue, commit engine).
+    """
+
+    def __init__(self, params: QSCParams, *, buffer_bytes: int = 4096, desc_depth: int = 8,
+                 ctrl_depth: int = 4):
+        if buffer_bytes < 2048 or buffer_bytes & (buffer_bytes - 1):
+            raise ValueError(f"buffer_bytes must be a power of two of at least 2048, "
+                             f"not {buffer_bytes}")
+        if desc_depth < 1 or ctrl_depth < 1:
+            raise ValueError(f"desc_depth and ctrl_depth must be at least 1, "
+                             f"not {desc_depth} and {ctrl_depth}")
+        if PPU_STRIDE & (PPU_STRIDE - 1) or PPU_BASE % PPU_STRIDE:
+            raise ValueError("the PPU windows must be aligned powers of two")
+        self.params = params
+        self.buffer_words = buffer_bytes // 8
+        self.ptr_bits = self.buffer_words.bit_length() - 1
+        self.desc_depth = desc_depth
+        self.ctrl_depth = ctrl_depth
+        n = params.num_ppus
+        super().__init__({
+            "rx": In(packet_signature()),
+            "config": In(NetConfig),
+            "qp": In(data.ArrayLayout(QPContext, n)),
+            "bus_cmd": Out(stream.Signature(BusCommand)),
+            "busy": Out(1),
+            "ctrl_req": Out(stream.Signature(ControlRequest)),
+            "epsn": Out(data.ArrayLayout(24, n)),
+            "count": Out(NUM_COUNTERS),
+        })
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        params = self.params
+        num_ppus = params.num_ppus
+        ptr_bits = self.ptr_bits
+        depth = self.buffer_words
+        cfg = self.config
+        beat = self.rx.payload
+
+        m.submodules.buffer = buffer = Memory(shape=64, depth=depth, init=[])
+        wport = buffer.write_port()
+        rport = buffer.read_port(transparent_for=())
+        m.submodules.icrc = icrc = ICRC()
+        m.submodules.commit = commit = CommitEngine(ptr_bits)
+        desc_layout = commit_descriptor_layout(ptr_bits)
+        m.submodules.desc_fifo = desc_fifo = SyncFIFOBuffered(
+            width=desc_layout.size, depth=self.desc_depth)
+        m.submodules.ctrl_fifo = ctrl_fifo = SyncFIFOBuffered(
+            width=ControlRequest.as_shape().size, depth=self.ctrl_depth)
+
+        # ---- arrival: header capture, ICRC feed ---------------------------------------------
+        m.d.comb += self.rx.ready.eq(1)
+        in_frame = Signal()
+        beat_cnt = Signal(16)
+        b = Signal(16)            # index of the current beat in its frame
+        take = Signal()           # the current beat belongs to a frame
+        m.d.comb += [
+            b.eq(Mux(beat.first, 0, beat_cnt)),
+            take.eq(self.rx.valid & (beat.first | in_frame)),
+        ]
+        data_in = Signal(64)
+        m.d.comb += data_in.eq(beat.data & _byte_mask(beat.keep))
+        nkeep = Signal(4)
+        m.d.comb += nkeep.eq(sum(beat.keep[i] for i in range(8)))
+
+        hdr = Signal(8 * HEADER_BYTES)
+        prev_hi = Signal(16)                  # lanes 6-7 of the previous beat
+        f_beats = Signal(16)                  # beats of the last complete frame
+        f_len = Signal(19)                    # bytes of the last complete frame
+        s1_valid = Signal()                   # stage 1: the frame that just ended
+
+        m.d.sync += s1_valid.eq(0)
+        with m.If(take):
+            m.d.sync += [
+                in_frame.eq(~beat.last),
+                beat_cnt.eq(Mux(b == 0xFFFF, b, b + 1)),
+                prev_hi.eq(data_in[48:]),
+            ]
+            with m.Switch(b):
+                for k in range(_HEADER_BEATS):
+                    with m.Case(k):
+                        m.d.sync += hdr[64 * k:64 * k + 64].eq(data_in)
+            with m.If(beat.last):
+                m.d.sync += [
+                    f_beats.eq(Mux(b == 0xFFFF, b, b + 1)),
+                    f_len.eq(Cat(Const(0, 3), b) + nkeep),
+                    s1_valid.eq(1),
+                ]
+
+        def hbytes(start: int, header: Header) -> Value:
+            return hdr[8 * start:8 * (start + header.length_bytes)]
+
+        eth = ETHERNET.view(hbytes(_ETH_AT, ETHERNET))
+        ip = IPV4.view(hbytes(_IP_AT, IPV4))
+        udp = UDP.view(hbytes(_UDP_AT, UDP))
+        bth = BTH.view(hbytes(_L4_AT, BTH))
+        reth = RETH.view(hbytes(_RETH_AT, RETH))
+        immdt = IMMDT.view(hbytes(_IMM_AT, IMMDT))
+        ctl = CONTROL_REQUEST.view(hbytes(_L4_AT, CONTROL_REQUEST))
+
+        # ICRC message V: word 0 is all ones, word k >= 1 is frame bytes [8k+6, 8k+14), i.e.
+        # lanes 6-7 of beat k and lanes 0-5 of beat k+1; V ends 4 bytes before the IP packet.
+        total_length = ip["total_length"]     # valid from beat 3 on (captured at beat 2)
+        v_last = Signal(16)
+        v_half = Signal()
+        m.d.comb += [
+            v_last.eq((total_length + 3) >> 3),
+            v_half.eq(total_length[:3] == 0),
+        ]
+        vidx = Signal(16)
+        m.d.comb += vidx.eq(b - 1)
+        realigned = Signal(64)
+        m.d.comb += realigned.eq(Cat(prev_hi, data_in[:48]))
+        m.d.comb += [
+            icrc.valid.eq(take & (b >= 1) & ((b <= 2) | (vidx <= v_last))),
+            icrc.first.eq(b == 1),
+            icrc.last.eq((b >= 3) & (vidx == v_last)),
+            icrc.last_half.eq(v_half),
+            icrc.word.eq(icrc_mask(vidx, Mux(b == 1, Const(2**64 - 1, 64), realigned))),
+        ]
+        icrc_rx = Signal(32)                  # the ICRC bytes as received, lane order
+        with m.If(take & (b >= 3)):
+            with m.If(v_half & (vidx == v_last)):
+                m.d.sync += icrc_rx.eq(realigned[32:])
+            with m.If(~v_half & (vidx == v_last + 1)):
+                m.d.sync += icrc_rx.eq(realigned[:32])
+        crc_held = Signal(32)
+        with m.If(icrc.done):
+            m.d.sync += crc_held.eq(icrc.crc)
+        crc_now = Signal(32)
+        m.d.comb += crc_now.eq(Mux(icrc.done, icrc.crc, crc_held))
+
+        # ---- buffer write, two cycles behind the arrival ------------------------------------
+        # The delay lets the decision of the previous frame (2 cycles after its last beat) move
+        # wr_base before the next frame's first word is written.
+        w_layout = data.StructLayout({"valid": 1, "first": 1, "beat": 16, "data": 64})
+        w1 = Signal(w_layout)
+        w2 = Signal(w_layout)
+        m.d.sync += [
+            w1.valid.eq(take), w1.first.eq(beat.first), w1.beat.eq(b), w1.data.eq(data_in),
+            w2.eq(w1),
+        ]
+        wr_base = Signal(ptr_bits + 1)        # first word of the frame being received
+        used = Signal(ptr_bits + 1)
+        m.d.comb += used.eq(wr_base - commit.free_ptr)
+        fits = Signal()
+        m.d.comb += fits.eq(w2.beat < depth - used)
+        ovf = Signal()
+        ovf_frame = Signal()
+        m.d.comb += ovf_frame.eq((ovf & ~w2.first) | ~fits)
+        m.d.comb += [
+            wport.addr.eq(wr_base[:ptr_bits] + w2.beat[:ptr_bits]),
+            wport.data.eq(w2.data),
+            wport.en.eq(w2.valid & fits),
+        ]
+        with m.If(w2.valid):
+            m.d.sync += ovf.eq(ovf_frame)
+
+        # ---- stage 1: the checks, from the captured header ---------------------------------
+        n_bits = max(1, (num_ppus - 1).bit_length())
+        is_roce = Signal()
+        is_ctrl = Signal()
+        m.d.comb += [
+            is_roce.eq((udp["dst_port"] == ROCEV2_PORT) & cfg.rx_enable),
+            is_ctrl.eq(udp["dst_port"] == CONTROL_PORT),
+        ]
+        op = _opcode_info(bth["opcode"])
+
+        eth_fail = Signal()
+        m.d.comb += eth_fail.eq(
+            (f_len < _IP_AT) |
+            ~((eth["dst"] == cfg.qsc_mac) | (eth["dst"] == _BROADCAST)) |
+            (eth["ethertype"] != EtherType.IPV4))
+
+        # RFC 1071 sum over the ten 16-bit words of the header, end-around carry folded twice.
+        ip_words = [Cat(hdr[8 * (_IP_AT + 2 * i + 1):8 * (_IP_AT + 2 * i + 2)],
+                        hdr[8 * (_IP_AT + 2 * i):8 * (_IP_AT + 2 * i + 1)])
+                    for i in range(IPV4.length_bytes // 2)]
+        csum_sum = Signal(20)
+        csum_fold1 = Signal(17)
+        csum_fold2 = Signal(16)
+        m.d.comb += [
+            csum_sum.eq(sum(ip_words)),
+            csum_fold1.eq(csum_sum[:16] + csum_sum[16:]),
+            csum_fold2.eq(csum_fold1[:16] + csum_fold1[16]),
+        ]
+        ip_fail = Signal()
+        m.d.comb += ip_fail.eq(
+            (f_len < _UDP_AT) | (ip["version"] != 4) | (ip["ihl"] != 5) |
+            ~((csum_fold2 == 0xFFFF) | (csum_fold2 == 0)) |
+            (total_length < IPV4.length_bytes) | (total_length + _IP_AT > f_len) |
+            ip["flags"][0] | (ip["fragment_offset"] != 0) |
+            (ip["dst"] != cfg.qsc_ip) | (ip["protocol"] != IpProtocol.UDP))
+
+        udp_len = udp["length"]
+        udp_fail = Signal()
+        m.d.comb += udp_fail.eq(
+            (total_length < IPV4.length_bytes + UDP.length_bytes) |
+            (udp_len != total_length - IPV4.length_bytes) |
+            ~(is_roce | is_ctrl) |
+            (is_roce & ((udp_len < _ROCE_FIXED_BYTES) | (udp_len[:2] != 0))) |
+            (is_ctrl & (udp_len < UDP.length_bytes + CONTROL_REQUEST.length_bytes)))
+
+        icrc_fail = Signal()
+        m.d.comb += icrc_fail.eq(crc_now != icrc_rx)
+        opcode_fail = Signal()
+        m.d.comb += opcode_fail.eq(~op["supported"] | (bth["tver"] != 0))
+        rx_pkey = bth["p_key"]
+        pkey_fail = Signal()
+        m.d.comb += pkey_fail.eq((rx_pkey[:15] != cfg.p_key[:15]) | ~(rx_pkey[15] | cfg.p_key[15]))
+        qpn_off = Signal(24)
+        m.d.comb += qpn_off.eq(bth["dest_qp"] - params.qpn_base)
+        qpn_fail = Signal()
+        m.d.comb += qpn_fail.eq((bth["dest_qp"] < params.qpn_base) | (qpn_off >= num_ppus))
+        ppu = Signal(n_bits)
+        m.d.comb += ppu.eq(qpn_off[:n_bits])
+        qpc = self.qp[ppu]
+
+        ext_bytes = Signal(5)
+        m.d.comb += ext_bytes.eq(Mux(op["has_reth"], RETH.length_bytes, 0) +
+                                 Mux(op["has_immdt"], IMMDT.length_bytes, 0))
+        overhead = Signal(16)
+        m.d.comb += overhead.eq(_ROCE_FIXED_BYTES + ext_bytes + bth["pad_cnt"])
+        hdrlen_fail = Signal()
+        m.d.comb += hdrlen_fail.eq(udp_len < overhead)
+        payload_bytes = Signal(16)
+        m.d.comb += payload_bytes.eq(udp_len - overhead)
+
+        # RETH: the region of PPU ppu holding VA, found by decoding the window offset.
+        va = reth["va"]
+        win_bits = PPU_STRIDE.bit_length() - 1
+        win_off = Signal(win_bits)
+        m.d.comb += win_off.eq(va[:win_bits])
+        in_window = Signal()
+        m.d.comb += in_window.eq((va[32:] == 0) &
+                                 (va[win_bits:32] == (PPU_BASE >> win_bits) + ppu))
+        region_hit = Signal()
+        region_rkey = Signal(32)
+        range_fail = Signal()
+        is_imem = Signal()
+        dma_end = Signal(33)
+        m.d.comb += dma_end.eq(win_off + reth["dma_len"])
+        for region in regions(params, 0):
+            lo = region.va - ppu_base(0)
+            hi = lo + region.length_bytes
+            with m.If((win_off >= lo) & (win_off < hi)):
+                m.d.comb += [
+                    region_hit.eq(1),
+                    region_rkey.eq(getattr(qpc, region.rkey_register.lower())),
+                    range_fail.eq(dma_end > hi),
+                ]
+                if region.name == "IMEM":
+                    m.d.comb += is_imem.eq(1)
+        va_fail = Signal()
+        m.d.comb += va_fail.eq(~in_window | ~region_hit | (va[:2] != 0))
+        rkey_fail = Signal()
+        m.d.comb += rkey_fail.eq(reth["r_key"] != region_rkey)
+        len_fail = Signal()
+        m.d.comb += len_fail.eq(Mux(op["has_reth"], reth["dma_len"] != payload_bytes,
+                                    payload_bytes > MAILBOX_BYTES))
+
+        roce = is_roce
+        write = op["has_reth"]
+        checks = [
+            (eth_fail, DropReason.ETH),
+            (ip_fail, DropReason.IP),
+            (udp_fail, DropReason.UDP),
+            (roce & icrc_fail, DropReason.ICRC),
+            (roce & opcode_fail, DropReason.OPCODE),
+            (roce & pkey_fail, DropReason.PKEY),
+            (roce & qpn_fail, DropReason.QPN),
+            (roce & hdrlen_fail, DropReason.LENGTH),
+            (roce & write & va_fail, DropReason.VA),
+            (roce & write & rkey_fail, DropReason.RKEY),
+            (roce & write & range_fail, DropReason.VA),
+            (roce & len_fail, DropReason.LENGTH),
+        ]
+
+        # Descriptor fields that depend only on the header (the buffer position comes in stage 2).
+        mailbox_addr = Signal(32)
+        m.d.comb += mailbox_addr.eq(PPU_BASE + MAILBOX_OFFSET + (ppu << win_bits))
+        dst_addr = Signal(32)
+        m.d.comb += dst_addr.eq(Mux(write, va[:32], mailbox_addr))
+        payload_at = Signal(7)
+        m.d.comb += payload_at.eq(_RETH_AT + ext_bytes)
+        src_delta = Signal(7)                 # frame byte of the first output word's lane 0
+        m.d.comb += src_delta.eq(payload_at - dst_addr[:3])
+        dst_end = Signal(17)
+        m.d.comb += dst_end.eq(dst_addr[:3] + payload_bytes)
+        last_be_table = Array(Const((1 << (i + 1)) - 1, 8) for i in range(8))
+        first_be_table = Array(Const((0xFF << i) & 0xFF, 8) for i in range(8))
+        tail_addr = ppu_reg(0, "TAIL") - ppu_base(0)
+        trailer = Signal(BusCommand)
+        with m.If(op["send"]):
+            m.d.comb += [
+                trailer.op.eq(BusOp.MAILBOX_COMMIT),
+                trailer.word_addr.eq(mailbox_addr[3:]),
+                trailer.be.eq(0),
+                trailer.data.eq(payload_bytes),
+            ]
+        with m.Else():
+            imm = immdt["imm"]
+            m.d.comb += [
+                trailer.op.eq(BusOp.WRITE),
+                trailer.word_addr.eq((PPU_BASE + tail_addr + (ppu << win_bits)) >> 3),
+                trailer.be.eq(0xF0 if tail_addr & 4 else 0x0F),
+                trailer.data.eq(Cat(imm, imm)),
+            ]
+
+        s2_layout = data.StructLayout({
+            "valid": 1,
+            "fail": len(checks),
+            "roce": 1,
+            "send": 1,
+            "ppu": n_bits,
+            "psn": 24,
+            "beats": 16,
+            "src_off": 4,
+            "desc": desc_layout,
+            "ctrl": ControlRequest,
+        })
+        s2 = Signal(s2_layout)
+        m.d.sync += [
+            s2.valid.eq(s1_valid),
+            s2.fail.eq(Cat(*(cond for cond, _ in checks))),
+            s2.roce.eq(is_roce),
+            s2.send.eq(op["send"]),
+            s2.ppu.eq(ppu),
+            s2.psn.eq(bth["psn"]),
+            s2.beats.eq(f_beats),
+            s2.src_off.eq(src_delta[3:]),
+            s2.desc.shift.eq(src_delta[:3]),
+            s2.desc.nwords.eq(Mux(payload_bytes == 0, 0, (dst_end + 7) >> 3)),
+            s2.desc.dst_word.eq(dst_addr[3:]),
+            s2.desc.first_be.eq(first_be_table[dst_addr[:3]]),
+            s2.desc.last_be.eq(last_be_table[(dst_end - 1)[:3]]),
+            s2.desc.has_trailer.eq(op["send"] | (op["has_immdt"] & is_imem)),
+            s2.desc.trailer.eq(trailer),
+            s2.ctrl.src_mac.eq(eth["src"]),
+            s2.ctrl.src_ip.eq(ip["src"]),
+            s2.ctrl.src_port.eq(udp["src_port"]),
+            s2.ctrl.cmd.eq(ctl["cmd"]),
+            s2.ctrl.flags.eq(ctl["flags"]),
+            s2.ctrl.seq.eq(ctl["seq"]),
+            s2.ctrl.addr.eq(ctl["addr"]),
+            s2.ctrl.data.eq(ctl["data"]),
+        ]
+
+        # ---- stage 2: the decision ---------------------------------------------------------
+        desc = Signal(desc_layout)
+        m.d.comb += [
+            desc.eq(s2.desc),
+            desc.src_word.eq(wr_base[:ptr_bits] + s2.src_off),
+            desc.end.eq(wr_base + s2.beats),
+            desc_fifo.w_data.eq(desc),
+            ctrl_fifo.w_data.eq(s2.ctrl),
+        ]
+        epsn = self.epsn
+        reason = Signal(DropReason, init=DropReason.ETH)
+        dropped = Signal()
+        for i, (_, why) in reversed(list(enumerate(checks))):
+            with m.If(s2.fail[i]):
+                m.d.comb += [dropped.eq(1), reason.eq(why)]
+        overflow = Signal()
+        m.d.comb += overflow.eq(Mux(s2.roce, ovf_frame | ~desc_fifo.w_rdy, ~ctrl_fifo.w_rdy))
+        count = self.count
+        with m.If(s2.valid):
+            m.d.comb += count[COUNTER_INDEX["RX_FRAMES"]].eq(1)
+            with m.If(dropped):
+                m.d.comb += count.bit_select(reason.as_value(), 1).eq(1)
+            with m.Elif(overflow):
+                m.d.comb += count[COUNTER_INDEX["DROP_OVERFLOW"]].eq(1)
+            with m.Elif(s2.roce):
+                m.d.comb += [
+                    desc_fifo.w_en.eq(1),
+                    count[COUNTER_INDEX["RX_ROCE_ACCEPTED"]].eq(1),
+                    count[COUNTER_INDEX["RX_RPC_RESPONSES"]].eq(s2.send),
+                    count[COUNTER_INDEX["PSN_GAP"]].eq(s2.psn != epsn[s2.ppu]),
+                ]
+                m.d.sync += [
+                    wr_base.eq(desc.end),
+                    epsn[s2.ppu].eq(s2.psn + 1),
+                ]
+            with m.Else():
+                m.d.comb += ctrl_fifo.w_en.eq(1)
+
+        # ---- commit engine and outputs -----------------------------------------------------
+        m.d.comb += [
+            commit.desc.valid.eq(desc_fifo.r_rdy),
+            commit.desc.payload.eq(desc_fifo.r_data),
+            desc_fifo.r_en.eq(commit.desc.ready),
+            rport.addr.eq(commit.rd_addr),
+            rport.en.eq(commit.rd_en),
+            commit.rd_data.eq(rport.data),
+            self.ctrl_req.valid.eq(ctrl_fifo.r_rdy),
+            self.ctrl_req.payload.eq(ctrl_fifo.r_data),
+            ctrl_fifo.r_en.eq(self.ctrl_req.ready),
+            self.busy.eq(commit.busy),
+        ]
+        wiring.connect(m, commit.bus_cmd, wiring.flipped(self.bus_cmd))
+        return m
