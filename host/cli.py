@@ -1,0 +1,138 @@
+"""``qlink``: the openqlink command line.
+
+Commands::
+
+    qlink asm FILE [-o OUT.bin] [--envelopes ENV.bin] [--dtd-clk-hz HZ] [--base N]
+    qlink disasm FILE [--base N] [--function NAME ...]
+    qlink docs memory-map [-o PATH]
+    qlink docs isa-tables [-o PATH]
+
+Bad input prints one line, ``file:line: message`` for assembly errors, and exits with status 2.
+
+# Ref: docs/isa.md (assembly syntax); docs/memory_map.md (generated here)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .errors import AssemblerError, WireFormatError
+from .isa.asm import assemble, disassemble, render_isa_tables
+from .memory_map import render_markdown
+from .wire.rpc import fnv1a32
+
+__all__ = ["main"]
+
+
+def _fail(message: str) -> None:
+    click.echo(message, err=True)
+    raise click.exceptions.Exit(2)
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        _fail(f"{path}: {exc}")
+        raise AssertionError("unreachable") from exc
+
+
+def _write(path: Path | None, data: bytes | str) -> None:
+    if path is None:
+        click.echo(data if isinstance(data, str) else data.hex(), nl=False)
+        return
+    try:
+        if isinstance(data, str):
+            path.write_text(data, encoding="utf-8")
+        else:
+            path.write_bytes(data)
+    except OSError as exc:
+        _fail(f"{path}: {exc}")
+
+
+@click.group()
+@click.version_option(package_name="openqlink", prog_name="qlink")
+def main() -> None:
+    """openqlink: QSC gateware and real-time host tools."""
+
+
+@main.command("asm")
+@click.argument("source", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Instruction image (16 bytes per instruction, little-endian). "
+                   "Default: SOURCE with the suffix .bin.")
+@click.option("--envelopes", "env_output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Also write the envelope memory image (int16 little-endian samples).")
+@click.option("--dtd-clk-hz", type=int, default=None,
+              help="DTD clock for times in ns/us (default: QSCParams().dtd_clk_hz).")
+@click.option("--base", type=int, default=0, show_default=True,
+              help="Instruction index of the first instruction.")
+def asm_command(source: Path, output: Path | None, env_output: Path | None,
+                dtd_clk_hz: int | None, base: int) -> None:
+    """Assemble a PPU program."""
+    text = _read_text(source)
+    try:
+        prog = assemble(text, str(source), dtd_clk_hz=dtd_clk_hz, base=base)
+    except AssemblerError as exc:
+        _fail(str(exc))
+        return
+    except ValueError as exc:
+        _fail(f"{source}: {exc}")
+        return
+    out = output if output is not None else source.with_suffix(".bin")
+    _write(out, prog.to_bytes())
+    summary = f"{source}: {len(prog.instructions)} instructions -> {out}"
+    if env_output is not None:
+        _write(env_output, prog.envelope_bytes())
+        summary += f"; {len(prog.envelopes)} envelopes -> {env_output}"
+    click.echo(summary)
+    for name, fid in prog.functions.items():
+        click.echo(f"  call {name}: function_id {fid:#010x}")
+
+
+@main.command("disasm")
+@click.argument("binary", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--base", type=int, default=0, show_default=True,
+              help="Instruction index of the first instruction.")
+@click.option("--function", "functions", multiple=True, metavar="NAME",
+              help="A CALL handler name to print instead of its function_id (repeatable).")
+def disasm_command(binary: Path, base: int, functions: tuple[str, ...]) -> None:
+    """Disassemble an instruction image written by `qlink asm`."""
+    try:
+        data = binary.read_bytes()
+    except OSError as exc:
+        _fail(f"{binary}: {exc}")
+        return
+    names = {}
+    for name in functions:
+        try:
+            names[name] = fnv1a32(name)
+        except ValueError as exc:
+            _fail(f"--function {name!r}: {exc}")
+    try:
+        click.echo(disassemble(data, base=base, functions=names), nl=False)
+    except WireFormatError as exc:
+        _fail(f"{binary}: {exc}")
+
+
+@main.group("docs")
+def docs() -> None:
+    """Generate documentation from the definitions the gateware and the host share."""
+
+
+@docs.command("memory-map")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write to PATH (e.g. docs/memory_map.md) instead of standard output.")
+def memory_map_command(output: Path | None) -> None:
+    """The memory map and QP contract (docs/memory_map.md)."""
+    _write(output, render_markdown())
+
+
+@docs.command("isa-tables")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write to PATH instead of standard output.")
+def isa_tables_command(output: Path | None) -> None:
+    """The instruction field tables embedded in docs/isa.md."""
+    _write(output, render_isa_tables())

@@ -1,0 +1,84 @@
+"""Tests of the qlink command line (openqlink.cli) through click's CliRunner."""
+
+from pathlib import Path
+
+from click.testing import CliRunner
+from openqlink.cli import main
+from openqlink.isa import assemble, render_isa_tables
+from openqlink.memory_map import render_markdown
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_asm_and_disasm(tmp_path):
+    src = tmp_path / "p.s"
+    src.write_text(".envelope e, square, length=4, amp=0.5\n"
+                   "top: play 0, e, amp=1.0\ncall decide(r1:1) -> r2\njmp top\n")
+    runner = CliRunner()
+    res = runner.invoke(main, ["asm", str(src), "--envelopes", str(tmp_path / "env.bin")])
+    assert res.exit_code == 0, res.output
+    assert "3 instructions" in res.output and "decide" in res.output
+    binary = tmp_path / "p.bin"
+    assert binary.read_bytes() == assemble(src.read_text()).to_bytes()
+    assert (tmp_path / "env.bin").read_bytes() == (16384).to_bytes(2, "little") * 4
+    res = runner.invoke(main, ["disasm", str(binary), "--function", "decide"])
+    assert res.exit_code == 0, res.output
+    assert "call decide(r1:1) -> r2" in res.output and "jmp L0" in res.output
+    assert assemble(res.output).instructions == assemble(src.read_text()).instructions
+
+
+def test_asm_output_option_and_units(tmp_path):
+    src = tmp_path / "w.s"
+    src.write_text("wait 40ns\nend\n")
+    out = tmp_path / "o.bin"
+    res = CliRunner().invoke(main, ["asm", str(src), "-o", str(out), "--dtd-clk-hz", "100000000"])
+    assert res.exit_code == 0, res.output
+    assert out.read_bytes()[1] == 4
+
+
+def test_asm_error_is_file_line_message_exit_2(tmp_path):
+    src = tmp_path / "bad.s"
+    src.write_text("nop\nset r99, 1\n")
+    res = CliRunner().invoke(main, ["asm", str(src)])
+    assert res.exit_code == 2
+    assert res.output.strip() == f"{src}:2: bad register 'r99' for rd (r0..r15)"
+    assert not (tmp_path / "bad.bin").exists()
+
+
+def test_asm_missing_file_exit_2(tmp_path):
+    res = CliRunner().invoke(main, ["asm", str(tmp_path / "nope.s")])
+    assert res.exit_code == 2 and "nope.s" in res.output
+
+
+def test_disasm_bad_length_exit_2(tmp_path):
+    binary = tmp_path / "x.bin"
+    binary.write_bytes(bytes(20))
+    res = CliRunner().invoke(main, ["disasm", str(binary)])
+    assert res.exit_code == 2
+    assert "not a multiple of 16" in res.output
+
+
+def test_docs_memory_map(tmp_path):
+    runner = CliRunner()
+    res = runner.invoke(main, ["docs", "memory-map"])
+    assert res.exit_code == 0 and res.output == render_markdown()
+    out = tmp_path / "mm.md"
+    res = runner.invoke(main, ["docs", "memory-map", "-o", str(out)])
+    assert res.exit_code == 0 and out.read_text() == render_markdown()
+
+
+def test_committed_memory_map_is_generated():
+    committed = (ROOT / "docs" / "memory_map.md").read_text()
+    assert committed == render_markdown(), "regenerate: qlink docs memory-map -o docs/memory_map.md"
+
+
+def test_docs_isa_tables():
+    res = CliRunner().invoke(main, ["docs", "isa-tables"])
+    assert res.exit_code == 0 and res.output == render_isa_tables()
+
+
+def test_firmware_assembles_through_cli(tmp_path):
+    res = CliRunner().invoke(main, ["asm", str(ROOT / "firmware" / "active_reset.s"),
+                                    "-o", str(tmp_path / "ar.bin")])
+    assert res.exit_code == 0, res.output
+    assert "reset_decision" in res.output
