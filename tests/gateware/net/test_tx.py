@@ -1,0 +1,311 @@
+"""Tests of openqlink.gateware.net.tx.TxBuilder: frames checked byte for byte with the host codecs
+and with scapy's RoCE layer (an independent ICRC)."""
+
+import random
+from dataclasses import dataclass, field
+
+import pytest
+from amaranth.lib import data
+from amaranth.sim import Simulator
+from openqlink.gateware.bus import MAX_CALL_ARG_BYTES, CallRequest
+from openqlink.gateware.net.common import ControlReply, NetConfig, QPContext
+from openqlink.gateware.net.tx import (
+    CONTROL_FRAME_BYTES,
+    START_LATENCY_CYCLES,
+    TxBuilder,
+    rpc_frame_bytes,
+)
+from openqlink.memory_map import QSCParams
+from openqlink.wire.control import CONTROL_RESPONSE
+from openqlink.wire.ethernet import ETHERNET, MIN_FRAME_BYTES, EtherType
+from openqlink.wire.ipv4 import IPV4, IpProtocol, ipv4_checksum
+from openqlink.wire.roce import BTH, IMMDT, RETH, Opcode, icrc, slot_immediate
+from openqlink.wire.rpc import Request
+from openqlink.wire.udp import CONTROL_PORT, ROCEV2_PORT, UDP
+
+QSC_MAC = 0x024E56510002
+HOST_MAC = 0x0A0B0C0D0E0F
+QSC_IP = 0xC0A80002
+HOST_IP = 0xC0A80065
+UDP_SRC = 0xC123
+P_KEY = 0x8001
+
+
+def _config() -> dict:
+    return {"qsc_mac": QSC_MAC, "qsc_ip": QSC_IP, "host_mac": HOST_MAC, "host_ip": HOST_IP,
+            "udp_src_port": UDP_SRC, "p_key": P_KEY, "timestamp_format": 0, "rx_enable": 1}
+
+
+def _qp(n: int) -> dict:
+    return {"host_qpn": 0x11 + 0x1000 * n, "host_rkey": 0xA0B0C0D0 + n,
+            "ring_va": 0x1_0000_0000 * n + 0x4000, "num_slots": 3 + 2 * n,
+            "slot_size": 256 + 64 * n, "imem_rkey": 0, "env_rkey": 0, "regs_rkey": 0}
+
+
+@dataclass
+class Bench:
+    """Drives requests and replies, collects frames with a random (or steady) ready."""
+
+    num_ppus: int = 2
+    ready_prob: float = 0.6
+    seed: int = 0
+    frames: list[bytes] = field(default_factory=list)
+    frame_cycles: list[list[int]] = field(default_factory=list)   # cycle of each beat
+    taken: list[tuple[str, object, int, int]] = field(default_factory=list)  # kind, item, ts, cyc
+    sent_frame: int = 0
+    sent_rpc: int = 0
+    dropped: int = 0
+    psn_out: list[int] = field(default_factory=list)
+
+    def run(self, items: list[tuple[str, dict]], *, gap_prob: float = 0.3) -> None:
+        dut = TxBuilder(self.num_ppus, QSCParams(num_ppus=self.num_ppus))
+        rng = random.Random(self.seed)
+        cycle = [0]
+        producer_done = [False]
+        expected_frames = sum(1 for kind, item in items
+                              if kind == "ctrl" or _request_ok(item, self.num_ppus))
+
+        async def clock_counter(ctx):
+            async for _ in ctx.tick():
+                cycle[0] += 1
+
+        async def producer(ctx):
+            ctx.set(dut.config, NetConfig.const(_config()))
+            ctx.set(dut.qp, data.ArrayLayout(QPContext, self.num_ppus).const(
+                [_qp(n) for n in range(self.num_ppus)]))
+            for kind, item in items:
+                while rng.random() < gap_prob:
+                    await ctx.tick()
+                port = dut.ctrl_reply if kind == "ctrl" else dut.call_req
+                layout = ControlReply if kind == "ctrl" else CallRequest
+                ctx.set(port.payload, layout.const(item))
+                ctx.set(port.valid, 1)
+                while True:
+                    ts = rng.getrandbits(64)   # changes every cycle: sampled when taken
+                    ctx.set(dut.timestamp, ts)
+                    *_, ready = await ctx.tick().sample(port.ready)
+                    if ready:
+                        break
+                self.taken.append((kind, item, ts, cycle[0]))
+                ctx.set(port.valid, 0)
+                ctx.set(port.payload, layout.const({}))   # stale payload must not be reused
+            producer_done[0] = True
+
+        async def consumer(ctx):
+            beats: list[tuple[int, int]] = []
+            cycles: list[int] = []
+            stalled = None
+            while len(self.frames) < expected_frames or not producer_done[0]:
+                ready = rng.random() < self.ready_prob
+                ctx.set(dut.tx.ready, ready)
+                *_, valid, payload, sent_frame, sent_rpc, dropped = await ctx.tick().sample(
+                    dut.tx.valid, dut.tx.payload, dut.sent_frame, dut.sent_rpc,
+                    dut.call_dropped)
+                self.sent_frame += sent_frame
+                self.sent_rpc += sent_rpc
+                self.dropped += dropped
+                beat = (payload.data, payload.keep, payload.first, payload.last)
+                if stalled is not None:   # stream rule: held until taken
+                    assert valid and beat == stalled
+                stalled = beat if valid and not ready else None
+                if not (valid and ready):
+                    continue
+                assert payload.first == (not beats)
+                if not payload.last:
+                    assert payload.keep == 0xFF
+                beats.append((payload.data, payload.keep))
+                cycles.append(cycle[0])
+                if payload.last:
+                    self.frames.append(b"".join(
+                        d.to_bytes(8, "little")[:bin(k).count("1")] for d, k in beats))
+                    self.frame_cycles.append(cycles)
+                    beats, cycles = [], []
+            for _ in range(40):   # nothing more comes out
+                ctx.set(dut.tx.ready, 1)
+                *_, valid, dropped = await ctx.tick().sample(dut.tx.valid, dut.call_dropped)
+                self.dropped += dropped
+                assert not valid
+            self.psn_out = [ctx.get(dut.tx_psn[n]) for n in range(self.num_ppus)]
+
+        sim = Simulator(dut)
+        sim.add_clock(6.4e-9)
+        sim.add_testbench(clock_counter, background=True)
+        sim.add_testbench(producer)
+        sim.add_testbench(consumer)
+        sim.run()
+
+
+def _request_ok(item: dict, num_ppus: int) -> bool:
+    return item["ppu"] < num_ppus and item["arg_len"] <= MAX_CALL_ARG_BYTES
+
+
+def _call(ppu: int, i: int, arg_len: int) -> dict:
+    return {"ppu": ppu, "function_id": 0x9E3779B9 ^ i, "request_id": 1000 + i,
+            "arg_len": arg_len, "args": 0x44332211 + i}
+
+
+def _reply(i: int) -> dict:
+    return {"dst_mac": 0x020000000100 + i, "dst_ip": 0xC0A80100 + i, "dst_port": 40000 + i,
+            "cmd": 0x94, "flags": 0x03, "seq": 0x1200 + i, "status": i & 7,
+            "addr": 0x1000 + 4 * i, "value": 0xDEAD0000 + i, "latched_seq": 0x1100 + i}
+
+
+def _check_ip_udp(frame: bytes, *, src_ip, dst_ip, src_port, dst_port, payload_bytes) -> None:
+    ip = IPV4.unpack(frame, 14)
+    assert ip == {"version": 4, "ihl": 5, "tos": 0, "total_length": 20 + 8 + payload_bytes,
+                  "identification": 0, "flags": 0b010, "fragment_offset": 0, "ttl": 64,
+                  "protocol": IpProtocol.UDP, "checksum": ip["checksum"],
+                  "src": src_ip, "dst": dst_ip}
+    assert ipv4_checksum(frame[14:34]) == 0
+    assert ipv4_checksum(frame[14:24] + b"\0\0" + frame[26:34]) == ip["checksum"]
+    assert UDP.unpack(frame, 34) == {"src_port": src_port, "dst_port": dst_port,
+                                     "length": 8 + payload_bytes, "checksum": 0}
+
+
+def _check_rpc_frame(frame: bytes, item: dict, ts: int, psn: int, slot: int) -> None:
+    from scapy.contrib.roce import BTH as ScapyBTH
+    from scapy.layers.l2 import Ether
+
+    arg_len = item["arg_len"]
+    pad = -arg_len % 4
+    assert len(frame) == rpc_frame_bytes(arg_len) == 98 + arg_len + pad + 4
+    assert ETHERNET.unpack(frame) == {"dst": HOST_MAC, "src": QSC_MAC,
+                                      "ethertype": EtherType.IPV4}
+    _check_ip_udp(frame, src_ip=QSC_IP, dst_ip=HOST_IP, src_port=UDP_SRC, dst_port=ROCEV2_PORT,
+                  payload_bytes=len(frame) - 42)
+    assert BTH.unpack(frame, 42) == {
+        "opcode": Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE, "se": 0, "m": 0, "pad_cnt": pad,
+        "tver": 0, "p_key": P_KEY, "fecn": 0, "becn": 0, "resv6": 0,
+        "dest_qp": _qp(item["ppu"])["host_qpn"], "a": 0, "resv7": 0, "psn": psn}
+    qp = _qp(item["ppu"])
+    assert RETH.unpack(frame, 54) == {"va": qp["ring_va"] + slot * qp["slot_size"],
+                                      "r_key": qp["host_rkey"], "dma_len": 24 + arg_len}
+    assert IMMDT.unpack(frame, 70) == {"imm": slot_immediate(psn, slot)}
+    req = Request.unpack(frame[74:98 + arg_len])
+    args = item["args"].to_bytes(4, "little")[:arg_len]
+    assert req == Request(item["function_id"], item["request_id"], ts, args)
+    assert frame[98 + arg_len:98 + arg_len + pad] == bytes(pad)
+    assert frame[-4:] == icrc(frame[14:-4])
+    # scapy recomputes the ICRC itself (independent of openqlink.wire.roce)
+    pkt = Ether(frame)
+    assert pkt.haslayer(ScapyBTH)
+    assert pkt[ScapyBTH].dqpn == qp["host_qpn"] and pkt[ScapyBTH].psn == psn
+    pkt[ScapyBTH].icrc = None
+    assert bytes(pkt) == frame
+
+
+def _check_ctrl_frame(frame: bytes, item: dict) -> None:
+    assert len(frame) == CONTROL_FRAME_BYTES == MIN_FRAME_BYTES
+    assert ETHERNET.unpack(frame) == {"dst": item["dst_mac"], "src": QSC_MAC,
+                                      "ethertype": EtherType.IPV4}
+    _check_ip_udp(frame, src_ip=QSC_IP, dst_ip=item["dst_ip"], src_port=CONTROL_PORT,
+                  dst_port=item["dst_port"], payload_bytes=CONTROL_RESPONSE.length_bytes)
+    fields = {k: v for k, v in item.items() if k not in ("dst_mac", "dst_ip", "dst_port")}
+    assert CONTROL_RESPONSE.unpack(frame, 42) == {**fields, "reserved": 0}
+    assert frame[58:] == b"\0\0"
+
+
+def _check_all(bench: Bench, items: list[tuple[str, dict]]) -> None:
+    """Frames leave in the order the items were taken; slots and PSNs per PPU."""
+    sent = [t for t in bench.taken if t[0] == "ctrl" or _request_ok(t[1], bench.num_ppus)]
+    assert len(bench.frames) == len(sent)
+    count = [0] * bench.num_ppus
+    for frame, (kind, item, ts, _) in zip(bench.frames, sent, strict=True):
+        if kind == "ctrl":
+            _check_ctrl_frame(frame, item)
+        else:
+            n = item["ppu"]
+            _check_rpc_frame(frame, item, ts, psn=count[n], slot=count[n] % _qp(n)["num_slots"])
+            count[n] += 1
+    assert bench.psn_out == count
+    assert bench.sent_frame == len(sent)
+    assert bench.sent_rpc == sum(count)
+
+
+def test_rpc_requests_slots_psn_random_backpressure():
+    rng = random.Random(5)
+    items = [("call", _call(rng.randrange(2), i, rng.randrange(MAX_CALL_ARG_BYTES + 1)))
+             for i in range(14)]
+    bench = Bench(num_ppus=2, ready_prob=0.5, seed=11)
+    bench.run(items)
+    _check_all(bench, items)
+    # slots wrapped on both PPUs (3 and 5 slots)
+    assert sum(1 for k, it in items if it["ppu"] == 0) > 3
+    assert {it["arg_len"] for _, it in items} == set(range(MAX_CALL_ARG_BYTES + 1))
+
+
+def test_control_replies_padded_and_mixed_traffic():
+    items = []
+    for i in range(12):
+        items.append(("ctrl", _reply(i)) if i % 3 else ("call", _call(0, i, i % 5)))
+    bench = Bench(num_ppus=1, ready_prob=0.7, seed=3)
+    bench.run(items)
+    _check_all(bench, items)
+
+
+def test_control_reply_has_priority():
+    # a request and a reply offered in the same cycle: the reply is taken first
+    dut = TxBuilder(1, QSCParams())
+    order = []
+
+    async def producer(ctx):
+        ctx.set(dut.config, NetConfig.const(_config()))
+        ctx.set(dut.qp, data.ArrayLayout(QPContext, 1).const([_qp(0)]))
+        ctx.set(dut.call_req.payload, CallRequest.const(_call(0, 7, 1)))
+        ctx.set(dut.call_req.valid, 1)
+        ctx.set(dut.ctrl_reply.payload, ControlReply.const(_reply(2)))
+        ctx.set(dut.ctrl_reply.valid, 1)
+        ctx.set(dut.tx.ready, 1)
+        req_taken = rep_taken = False
+        while not (req_taken and rep_taken):
+            *_, rq, rp = await ctx.tick().sample(dut.call_req.valid & dut.call_req.ready,
+                                                 dut.ctrl_reply.valid & dut.ctrl_reply.ready)
+            assert not (rq and rp)
+            if rq:
+                order.append("call")
+                req_taken = True
+                ctx.set(dut.call_req.valid, 0)
+            if rp:
+                order.append("ctrl")
+                rep_taken = True
+                ctx.set(dut.ctrl_reply.valid, 0)
+
+    sim = Simulator(dut)
+    sim.add_clock(6.4e-9)
+    sim.add_testbench(producer)
+    sim.run()
+    assert order == ["ctrl", "call"]
+
+
+def test_latency_and_no_gaps_with_steady_ready():
+    items = [("call", _call(0, i, i % 5)) for i in range(5)] + [("ctrl", _reply(0))]
+    bench = Bench(num_ppus=1, ready_prob=1.0, seed=1)
+    bench.run(items, gap_prob=0.0)
+    _check_all(bench, items)
+    for (_, _, _, taken_cycle), cycles in zip(bench.taken, bench.frame_cycles, strict=True):
+        assert cycles[0] - taken_cycle == START_LATENCY_CYCLES
+        assert cycles == list(range(cycles[0], cycles[0] + len(cycles)))
+
+
+def test_malformed_requests_are_dropped():
+    items = [("call", _call(0, 0, 3)), ("call", _call(1, 1, 2)),    # PPU 1 does not exist
+             ("call", {**_call(0, 2, 0), "arg_len": MAX_CALL_ARG_BYTES + 1}),
+             ("call", _call(0, 3, 1))]
+    bench = Bench(num_ppus=1, ready_prob=0.8, seed=2)
+    bench.run(items)
+    _check_all(bench, items)
+    assert bench.dropped == 2
+
+
+def test_parameter_validation():
+    import gc
+    import warnings
+
+    from amaranth.hdl import UnusedElaboratable
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnusedElaboratable)
+        with pytest.raises(ValueError, match=r"^num_ppus must be an int in 1\.\.16, not 0$"):
+            TxBuilder(0, QSCParams())
+        gc.collect()
+    with pytest.raises(ValueError, match=r"^arg_len must be 0\.\.4, not 5$"):
+        rpc_frame_bytes(5)
