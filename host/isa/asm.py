@@ -54,6 +54,8 @@ from .layout import (
     Instruction,
     Op,
     Operands,
+    PPUState,
+    PPUStatus,
 )
 
 __all__ = [
@@ -530,10 +532,13 @@ class _Assembler:
         if m == "acquire":
             a = self.bind(text, [("channel", R), ("rd", R), ("window", R), ("threshold", "0"),
                                  ("offset", "0")])
+            window = self.cycles(a["window"], "window")
+            if window == 0:
+                raise self.error("window must be at least 1 cycle", a["window"])
             return self.encode(Op.ACQUIRE, {
                 "channel": (self.integer(a["channel"], "channel"), a["channel"]),
                 "rd": (self.register(a["rd"], "rd"), a["rd"]),
-                "window_cycles": (self.cycles(a["window"], "window"), a["window"]),
+                "window_cycles": (window, a["window"]),
                 "threshold": (self.integer(a["threshold"], "threshold"), a["threshold"]),
                 "offset_cycles": (self.cycles(a["offset"], "offset"), a["offset"]),
             })
@@ -776,7 +781,8 @@ def disassemble(words: Iterable[int] | bytes | bytearray | memoryview, *, base: 
     Branch targets inside the program get labels ``L<index>``; CALLs print the handler name
     when ``functions`` (name -> function_id, e.g. :attr:`Program.functions`) holds it, else the
     hexadecimal function_id. A word that is not a canonical instruction (unknown opcode or
-    condition, reserved bits set, more than 32 CALL argument bits) becomes ``.word 0x...``.
+    condition, reserved bits set, more than 32 CALL argument bits, an ACQUIRE window of 0)
+    becomes ``.word 0x...``.
     ``assemble(disassemble(ws, base=b), base=b).instructions == ws`` for every list of words.
 
     Raises :class:`openqlink.errors.TruncatedError` for a byte string whose length is not a
@@ -795,8 +801,9 @@ def disassemble(words: Iterable[int] | bytes | bytearray | memoryview, *, base: 
         except FieldRangeError:
             decoded.append(None)
             continue
-        if op == Op.CALL and int(f["arg_bits"]) > MAX_CALL_ARG_BITS:
-            decoded.append(None)
+        if (op == Op.CALL and f["arg_bits"] > MAX_CALL_ARG_BITS) or \
+                (op == Op.ACQUIRE and f["window_cycles"] == 0):
+            decoded.append(None)  # illegal instructions: the assembler refuses them
             continue
         decoded.append((op, f))
     label_of: dict[int, str] = {}
@@ -845,4 +852,15 @@ def render_isa_tables() -> str:
                 kind = f"{'signed' if s.signed else 'unsigned'}({s.width})"
             shown = "(reserved, 0)" if name.startswith("_") else f"`{name}`"
             parts.append(f"| {shown} | [{hi}:{lo}] | {fld.width} | {kind} |")
+    parts += ["", "### STATUS register (`PPUStatus`, 32 bits)", "",
+              "| field | bits | width | values |", "|---|---|---|---|"]
+    for name, fld in PPUStatus.as_shape():
+        lo, hi = fld.offset, fld.offset + fld.width - 1
+        shape = fld.shape
+        if isinstance(shape, type) and issubclass(shape, PPUState):
+            kind = ", ".join(f"{s.name}={s.value}" for s in PPUState)
+        else:
+            kind = "sticky bit" if fld.width == 1 else ""
+        shown = "(reserved, 0)" if name.startswith("_") else f"`{name}`"
+        parts.append(f"| {shown} | [{hi}:{lo}] | {fld.width} | {kind} |")
     return "\n".join(parts) + "\n"

@@ -198,6 +198,7 @@ ERRORS = [
     ("set r1, FOO", 1, "FOO", "unknown symbol"),
     ("set r1, 0x100000000", 1, "0x100000000", "out of range"),
     ("add r1, r1, 0x80000000", 1, "0x80000000", "out of range"),
+    ("acquire 0, r1, window=0ns", 1, "0ns", "window must be at least 1 cycle"),
     ("marker 16, duration=1", 1, "16", "channel = 16 is out of range"),
     ("wait -1", 1, "-1", "cycles = -1 is out of range"),
     ("wait 0x100000000", 1, "0x100000000", "out of range"),
@@ -278,9 +279,9 @@ def test_disassemble_text_and_names():
 
 def test_disassemble_noncanonical_words_as_word():
     words = [0x77, Op.WAIT.value | (1 << 100), Op.BRANCH.value | (9 << 8),
-             encode(Op.CALL, {"arg_bits": 40})]
+             encode(Op.CALL, {"arg_bits": 40}), encode(Op.ACQUIRE, {"window_cycles": 0})]
     text = disassemble(words)
-    assert text.count(".word") == 4
+    assert text.count(".word") == 5
     assert assemble(text).instructions == words
 
 
@@ -316,6 +317,8 @@ def instructions(draw) -> int:
                 continue
             if fname == "arg_bits":
                 fields[fname] = draw(st.integers(0, 32))
+            elif fname == "window_cycles":
+                fields[fname] = draw(st.integers(1, 0xFFFF))
             else:
                 fields[fname] = draw(_field_strategy(fld.shape))
     return encode(op, fields)
