@@ -41,7 +41,10 @@ def _read_text(path: Path) -> str:
 
 def _write(path: Path | None, data: bytes | str) -> None:
     if path is None:
-        click.echo(data if isinstance(data, str) else data.hex(), nl=False)
+        if isinstance(data, str):
+            click.echo(data, nl=False)
+        else:
+            click.get_binary_stream("stdout").write(data)
         return
     try:
         if isinstance(data, str):

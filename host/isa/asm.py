@@ -104,7 +104,7 @@ _IDENT_RE = re.compile(rf"^{_IDENT}$")
 _LABEL_RE = re.compile(rf"^({_IDENT})\s*:(.*)$")
 _REG_RE = re.compile(r"^[rR]([0-9]+)$")
 _TIME_RE = re.compile(
-    r"^(?P<num>[-+]?(?:0[xX][0-9a-fA-F_]+|[0-9][0-9_]*(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?"
+    r"^(?P<num>[-+]?(?:0[xX][0-9a-fA-F_]+|0[bB][01_]+|0[oO][0-7_]+|[0-9][0-9_]*(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?"
     r"|\.[0-9]+(?:[eE][-+]?[0-9]+)?))\s*(?P<unit>[A-Za-z]*)$")
 _CALL_RE = re.compile(r"^(?P<fn>[^\s(]+)\s*\((?P<args>[^()]*)\)\s*(?:->\s*(?P<rd>\S+))?$")
 _MNEMONIC_RE = re.compile(r"^(\S+)\s*(.*)$")
@@ -367,8 +367,10 @@ class _Assembler:
             raise self.error(f"bad time {text!r} for {what}", token)
         num, unit = m["num"], m["unit"]
         try:
-            value = Fraction(int(num, 0)) if num.lstrip("+-")[:2] in ("0x", "0X") \
-                else Fraction(num.replace("_", ""))
+            if num.lstrip("+-")[:2].lower() in ("0x", "0b", "0o"):
+                value = Fraction(int(num, 0))
+            else:
+                value = Fraction(num.replace("_", ""))
         except (ValueError, ZeroDivisionError):
             raise self.error(f"bad time {text!r} for {what}", token) from None
         if unit == "":

@@ -46,6 +46,9 @@ def test_wait_sync_times():
     assert one("wait 400ns") == (Op.WAIT, {"cycles": 100})  # 250 MHz default
     assert one("wait 1.5us") == (Op.WAIT, {"cycles": 375})
     assert one("wait 0x10") == (Op.WAIT, {"cycles": 16})
+    assert one("wait 0b101") == (Op.WAIT, {"cycles": 5})
+    assert one("wait 1_000") == (Op.WAIT, {"cycles": 1000})
+    assert one("wait 0.004us") == (Op.WAIT, {"cycles": 1})
     assert one("wait 10 ns", dtd_clk_hz=100_000_000) == (Op.WAIT, {"cycles": 1})
     assert one("sync 16") == (Op.SYNC, {"slack_cycles": 16})
     assert one("SYNC 64ns") == (Op.SYNC, {"slack_cycles": 16})
