@@ -376,6 +376,10 @@ class FunctionTable:
     def __len__(self) -> int:
         return len(self._by_id)
 
+    def entries(self) -> list[FunctionEntry]:
+        """Every entry, in the order they were added."""
+        return list(self._by_id.values())
+
     @property
     def names(self) -> dict[str, int]:
         """Name -> function_id of every entry (e.g. for :func:`openqlink.isa.disassemble`)."""

@@ -219,6 +219,7 @@ def test_function_table_rules():
     assert entry.mode == DispatchMode.HOST_CALL == 2
     assert "decode" in table and entry.function_id in table and len(table) == 1
     assert table.names == {"decode": fnv1a32("decode")}
+    assert table.entries() == [entry] == list(table)
     assert callable(f)
     schema = entry.schema_bytes()
     assert len(schema) == 4 + 12 * 12 and schema[:2] == b"\x02\x01"
