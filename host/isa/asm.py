@@ -388,7 +388,7 @@ class _Assembler:
         return int(cycles)
 
     def register(self, token: str, what: str) -> int:
-        text = token.strip()
+        text = self.equs.get(token.strip(), token.strip())
         m = _REG_RE.match(text)
         if not m or int(m[1]) >= NUM_REGISTERS:
             raise self.error(f"bad register {text!r} for {what} (r0..r{NUM_REGISTERS - 1})",

@@ -85,6 +85,7 @@ def test_set_add():
     assert one("set r1, -5") == (Op.SET, {"rd": 1, "imm": -5})
     assert one("set r15, 0xFFFFFFFF") == (Op.SET, {"rd": 15, "imm": -1})
     assert one("add r2, r3, 7") == (Op.ADD, {"rd": 2, "rs": 3, "imm": 7})
+    assert one(".equ ACC, r4\nadd ACC, ACC, 1") == (Op.ADD, {"rd": 4, "rs": 4, "imm": 1})
 
 
 def test_branches_and_labels():
