@@ -1,18 +1,17 @@
 """The QSC memory map and QP contract: one definition for the gateware, the host and the docs.
 
-One 32-bit byte address space serves both the control plane (WR_DWORD/RD_DWORD, 32-bit registers)
-and RDMA (the RETH virtual address *is* this address; VA bits [63:32] must be zero):
+One 32-bit byte address space serves both the control plane (WR_DWORD/RD_DWORD, 32-bit
+registers) and RDMA (the RETH virtual address *is* this address; VA bits [63:32] must be zero):
 
-========================  =====================================================================
-``0x0000_0000``           global registers, ``rti`` domain (version, network configuration,
-                          counters)
-``0x0000_1000 + 0x100n``  QP context of PPU ``n``, ``rti`` domain (QPNs, R_Keys, host ring)
-``0x1000_0000 + n<<24``   window of PPU ``n``, ``dtd`` domain, reached through the internal bus:
-  ``+0x00_0000``          instruction ring, ``imem_depth`` x 16 bytes (RDMA: IMEM_RKEY)
-  ``+0x40_0000``          envelope memory, ``env_depth`` x 2 bytes, signed Q1.15 (RDMA: ENV_RKEY)
-  ``+0x80_0000``          response mailbox, 64 bytes; written only by a SEND to the PPU's QP
-  ``+0xC0_0000``          PPU registers (RDMA: REGS_RKEY covers TAIL .. TRIGGER only)
-========================  =====================================================================
+| address | what |
+|---|---|
+| `0x0000_0000` | global registers, `rti` domain (version, network configuration, counters) |
+| `0x0000_1000 + 0x100*n` | QP context of PPU `n`, `rti` domain (QPNs, R_Keys, host ring) |
+| `0x1000_0000 + n<<24` | window of PPU `n`, `dtd` domain, reached through the internal bus: |
+| `  +0x00_0000` | instruction ring, `imem_depth` x 16 bytes (RDMA: IMEM_RKEY) |
+| `  +0x40_0000` | envelope memory, `env_depth` x 2 bytes, signed Q1.15 (RDMA: ENV_RKEY) |
+| `  +0x80_0000` | response mailbox, 64 bytes; written only by a SEND to the PPU's QP |
+| `  +0xC0_0000` | PPU registers (RDMA: REGS_RKEY covers TAIL .. TRIGGER only) |
 
 Generate ``docs/memory_map.md`` with ``qlink docs memory-map``; a test keeps it in step.
 """
