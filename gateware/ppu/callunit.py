@@ -1,0 +1,207 @@
+"""The CALL unit of a PPU: RPC requests out, responses in through the response mailbox.
+
+A CALL is NVQLink's ``device_call`` seen from the PPU. The unit sends a
+:class:`~openqlink.gateware.bus.CallRequest` (the network core turns it into a CUDA-Q realtime
+RPC request), then waits for the response, which the host SENDs into the PPU's 64-byte response
+mailbox: the network core writes it with bus WRITEs and then issues one ``BusOp.MAILBOX_COMMIT``
+whose ``data[15:0]`` is the byte count. The mailbox then holds an ``RPCResponse`` header (24
+bytes, little-endian) followed by ``result_len`` result bytes.
+
+A response is taken only if a call is waiting (its request already handed over), the magic is
+CUQS, the request_id is the awaited one, the byte count is 24..64 and ``result_len`` fits in it.
+Anything else is dropped and counted in ``stale`` (STALE_RESPONSES): a late answer to a call that
+timed out can never be taken as a later call's result, because every call has a new request_id.
+
+# Ref: cuda-quantum realtime/docs/cudaq_realtime_message_protocol.md (RPCResponse);
+# openqlink docs/architecture.md (CALL); openqlink.memory_map (CALL registers).
+"""
+
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ...wire.rpc import HEADER_BYTES, RESPONSE_MAGIC, RPCResponse
+from ..bus import MAX_CALL_ARG_BYTES, CallRequest
+
+__all__ = ["CallUnit", "MAILBOX_WORDS", "CALL_SEQ_BITS"]
+
+#: 64-bit words in the response mailbox (64 bytes).
+MAILBOX_WORDS = 8
+#: Bits of the per-PPU call sequence number in ``request_id = (ppu << 24) | seq``.
+CALL_SEQ_BITS = 24
+
+
+class CallUnit(wiring.Component):
+    """CALL request/response engine and response mailbox of one PPU (``sync`` = dtd).
+
+    Parameters
+    ----------
+    ppu : int
+        Index of the PPU (0..15): ``CallRequest.ppu`` and the top byte of ``request_id``.
+
+    Members
+    -------
+    issue : ``In(1)``
+        Start a call this cycle (only when ``busy`` is low; ignored otherwise) with
+        ``function_id : In(32)``, ``arg : In(32)`` (the argument register) and
+        ``arg_bits : In(6)`` (0..32; ``arg_len = ceil(arg_bits / 8)`` bytes,
+        ``args = arg`` masked to ``arg_bits``).
+    busy : ``Out(1)``
+        A request is waiting to be handed over, or a response is awaited.
+    abort : ``In(1)``
+        Stop waiting (the PPU stopped on an error). A request already offered on ``call_req``
+        stays offered until it is taken (stream rule); its response will count as stale.
+    done : ``Out(1)``; ``result : Out(32)``
+        One-cycle pulse: the awaited response arrived with status 0; ``result`` is its first 4
+        result bytes, little-endian, zero-extended when ``result_len < 4``.
+    failed : ``Out(1)``
+        One-cycle pulse: the awaited response arrived with a status != 0.
+    timeout : ``Out(1)``
+        One-cycle pulse: ``timeout_cycles`` (``In(32)``, 0 = never) cycles have passed since the
+        issue cycle with no response; the unit stops waiting.
+    call_req : ``Out(stream.Signature(CallRequest))``
+        The request; valid from the cycle after ``issue`` until taken.
+    mb_we : ``In(1)``; ``mb_addr : In(3)``; ``mb_be : In(8)``; ``mb_data : In(64)``
+        Mailbox word write with byte enables.
+    mb_raddr : ``In(3)``; ``mb_rdata : Out(64)``
+        Mailbox read (combinational).
+    commit : ``In(1)``; ``commit_bytes : In(16)``
+        MAILBOX_COMMIT: parse the mailbox now (after all its writes).
+    last_status : ``Out(32)``
+        ``status`` of the last response taken (LAST_CALL_STATUS).
+    call_count : ``Out(32)``
+        Requests handed over since reset (CALL_COUNT), wrapping.
+    stale : ``Out(32)``
+        Responses dropped (STALE_RESPONSES), wrapping.
+    last_rtt_cycles : ``Out(32)``
+        Cycles from the ``call_req`` handshake to the cycle the response was taken.
+
+    Latency: ``call_req`` is valid one cycle after ``issue``; a commit is parsed in its cycle and
+    ``done``/``failed`` pulse in that same cycle.
+    """
+
+    def __init__(self, ppu: int):
+        if not 0 <= ppu < 16:
+            raise ValueError(f"ppu must be 0..15, not {ppu}")
+        self._ppu = ppu
+        super().__init__({
+            "issue": In(1),
+            "function_id": In(32),
+            "arg": In(32),
+            "arg_bits": In(6),
+            "busy": Out(1),
+            "abort": In(1),
+            "done": Out(1),
+            "result": Out(32),
+            "failed": Out(1),
+            "timeout": Out(1),
+            "timeout_cycles": In(32),
+            "call_req": Out(stream.Signature(CallRequest)),
+            "mb_we": In(1),
+            "mb_addr": In(3),
+            "mb_be": In(8),
+            "mb_data": In(64),
+            "mb_raddr": In(3),
+            "mb_rdata": Out(64),
+            "commit": In(1),
+            "commit_bytes": In(16),
+            "last_status": Out(32),
+            "call_count": Out(32),
+            "stale": Out(32),
+            "last_rtt_cycles": Out(32),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+
+        # Response mailbox: 8 x 64-bit registers, byte-writable.
+        mailbox = Array(Signal(64, name=f"mailbox{i}") for i in range(MAILBOX_WORDS))
+        with m.If(self.mb_we):
+            word = mailbox[self.mb_addr]
+            for b in range(8):
+                with m.If(self.mb_be[b]):
+                    m.d.sync += word[8 * b:8 * b + 8].eq(self.mb_data[8 * b:8 * b + 8])
+        m.d.comb += self.mb_rdata.eq(mailbox[self.mb_raddr])
+
+        seq = Signal(CALL_SEQ_BITS)
+        req_valid = Signal()
+        waiting = Signal()      # a response is awaited
+        sent = Signal()         # ... and its request has been handed over
+        awaited = Signal(32)
+        elapsed = Signal(32)    # cycles since the issue cycle
+        rtt = Signal(32)        # cycles since the handshake cycle
+        m.d.comb += [
+            self.busy.eq(req_valid | waiting),
+            self.call_req.valid.eq(req_valid),
+        ]
+
+        # Issue.
+        with m.If(self.issue & ~self.busy):
+            request_id = Cat(seq, Const(self._ppu, 8))
+            arg_bits = Mux(self.arg_bits > 32, 32, self.arg_bits)
+            mask = Signal(32)
+            m.d.comb += mask.eq(Array(Const((1 << i) - 1, 32) for i in range(33))[arg_bits])
+            m.d.sync += [
+                self.call_req.payload.ppu.eq(self._ppu),
+                self.call_req.payload.function_id.eq(self.function_id),
+                self.call_req.payload.request_id.eq(request_id),
+                self.call_req.payload.arg_len.eq((arg_bits + 7) >> 3),
+                self.call_req.payload.args.eq(self.arg & mask),
+                req_valid.eq(1),
+                waiting.eq(1),
+                sent.eq(0),
+                awaited.eq(request_id),
+                elapsed.eq(1),
+                seq.eq(seq + 1),
+            ]
+        assert MAX_CALL_ARG_BYTES == 4
+
+        # Handshake.
+        with m.If(self.call_req.valid & self.call_req.ready):
+            m.d.sync += [
+                req_valid.eq(0),
+                sent.eq(1),
+                rtt.eq(1),
+                self.call_count.eq(self.call_count + 1),
+            ]
+        with m.Elif(sent):
+            m.d.sync += rtt.eq(rtt + 1)
+        with m.If(waiting):
+            m.d.sync += elapsed.eq(elapsed + 1)
+
+        # Response parsing.
+        header = RPCResponse(Cat(mailbox[0], mailbox[1], mailbox[2]))
+        nbytes = self.commit_bytes
+        length_ok = ((nbytes >= HEADER_BYTES) & (nbytes <= 8 * MAILBOX_WORDS) &
+                     (header.result_len + HEADER_BYTES <= nbytes))
+        match = (waiting & sent & length_ok & (header.magic == RESPONSE_MAGIC) &
+                 (header.request_id == awaited))
+        result_len = Mux(header.result_len > 4, 4, header.result_len[:3])
+        byte_mask = Array(Const((1 << (8 * i)) - 1, 32) for i in range(5))[result_len]
+        m.d.comb += self.result.eq(mailbox[3][:32] & byte_mask)
+        taken = Signal()
+        m.d.comb += taken.eq(self.commit & match)
+        with m.If(self.commit):
+            with m.If(match):
+                m.d.sync += [
+                    self.last_status.eq(header.status),
+                    self.last_rtt_cycles.eq(rtt),
+                    waiting.eq(0),
+                    sent.eq(0),
+                ]
+                with m.If(header.status == 0):
+                    m.d.comb += self.done.eq(1)
+                with m.Else():
+                    m.d.comb += self.failed.eq(1)
+            with m.Else():
+                m.d.sync += self.stale.eq(self.stale + 1)
+
+        # Time-out (a response taken in the same cycle wins).
+        with m.If(waiting & ~taken & (self.timeout_cycles != 0) &
+                  (elapsed >= self.timeout_cycles)):
+            m.d.comb += self.timeout.eq(1)
+            m.d.sync += [waiting.eq(0), sent.eq(0)]
+
+        with m.If(self.abort):
+            m.d.sync += [waiting.eq(0), sent.eq(0)]
+        return m

@@ -1,0 +1,382 @@
+"""Timed channels of a PPU and its PTD (physical) interface.
+
+Each channel owns a timed event FIFO (``amaranth.lib.fifo.SyncFIFO``, :data:`FIFO_DEPTH`
+entries) filled by the PPU core, which runs ahead of the timeline. The channel pops its head
+event and fires it on *exactly* the DTD cycle its timestamp names, so that the effect appears on
+the PTD port on the cycle in which the shared timeline counter ``now`` equals the event's
+``time``. An event that reaches the head of its FIFO too late to fire on time is never played
+late (QICK would play it late silently): the channel pulses ``late`` and the PPU stops with a LATE
+error.
+
+Timing contract. A channel compares the head's ``time`` with ``now + LEAD_CYCLES`` (its
+pipeline depth); an event is fired when they are equal and is late when ``time`` is smaller.
+So an event must be at the head of its FIFO at least ``LEAD_CYCLES`` cycles before its time
+(:class:`DriveChannel`: 4, :class:`ReadoutChannel` and :class:`MarkerChannel`: 1).
+
+All channels are written in ``sync`` (renamed to ``dtd`` by the top). Asserting ``flush`` resets
+a channel synchronously: its FIFO empties and its outputs are 0 from the next cycle (the PPU
+asserts it on the cycle an error is detected and while it is in ERROR; a push that is offered
+in a flushed cycle is discarded).
+
+# Ref: ARTIQ RTIO (timestamped event FIFOs, LATE/UNDERFLOW, ``artiq/gateware/rtio/sed``);
+# QICK tProcessor timed queues; openqlink docs/architecture.md (PTD interface).
+"""
+
+# No ``from __future__ import annotations``: data.Struct reads its annotations as shapes.
+from amaranth.hdl import Module, ResetInserter, Signal, signed, unsigned
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.wiring import In, Out
+
+__all__ = [
+    "FIFO_DEPTH", "SAMPLE_BITS", "PTDSignature",
+    "DriveEvent", "ReadoutEvent", "MarkerEvent",
+    "DriveChannel", "ReadoutChannel", "MarkerChannel",
+]
+
+#: Entries of each channel's event FIFO; the core stalls when the FIFO is full.
+FIFO_DEPTH = 16
+#: Width of one DAC or ADC sample (signed, Q1.15 of full scale).
+SAMPLE_BITS = 16
+#: Envelope samples per 64-bit envelope-memory word.
+_SAMPLES_PER_WORD = 4
+
+
+class PTDSignature(wiring.Signature):
+    """The physical-time-domain interface of one PPU (seen from the PPU: ``Out``).
+
+    Parameters
+    ----------
+    n_drive : int
+        Drive (DAC) channels, 1..16.
+    n_readout : int
+        Readout (ADC) channels, 1..16.
+    n_marker : int
+        Digital marker outputs, 1..16.
+    samples_per_cycle : int
+        PTD samples per DTD cycle and channel. Only 1 is implemented; the parameter is the seam
+        for a wider converter interface (``dac`` then becomes an array of lanes per channel).
+
+    Members
+    -------
+    dac : ``Out(ArrayLayout(signed(16), n_drive))``
+        One DAC sample per drive channel per DTD cycle, signed Q1.15; 0 when not playing.
+    dac_active : ``Out(n_drive)``
+        Bit ``i`` is high on the cycles a pulse is playing on drive channel ``i``.
+    ro_window : ``Out(n_readout)``
+        Bit ``i`` is high on the cycles of an ACQUIRE window of readout channel ``i``.
+    adc : ``In(ArrayLayout(signed(16), n_readout))``
+        One ADC (I) sample per readout channel per DTD cycle; integrated while ``ro_window``.
+    marker : ``Out(n_marker)``
+        Digital marker outputs.
+    """
+
+    def __init__(self, n_drive: int = 1, n_readout: int = 1, n_marker: int = 4,
+                 samples_per_cycle: int = 1):
+        for name, value in (("n_drive", n_drive), ("n_readout", n_readout),
+                            ("n_marker", n_marker)):
+            if not isinstance(value, int) or not 1 <= value <= 16:
+                raise ValueError(f"{name} must be an integer in 1..16, not {value!r}")
+        if samples_per_cycle != 1:
+            raise ValueError(f"samples_per_cycle must be 1 for now, not {samples_per_cycle!r}")
+        self.n_drive = n_drive
+        self.n_readout = n_readout
+        self.n_marker = n_marker
+        self.samples_per_cycle = samples_per_cycle
+        super().__init__({
+            "dac": Out(data.ArrayLayout(signed(SAMPLE_BITS), n_drive)),
+            "dac_active": Out(n_drive),
+            "ro_window": Out(n_readout),
+            "adc": In(data.ArrayLayout(signed(SAMPLE_BITS), n_readout)),
+            "marker": Out(n_marker),
+        })
+
+    def __eq__(self, other: object) -> bool:
+        return (type(other) is type(self) and
+                (other.n_drive, other.n_readout, other.n_marker, other.samples_per_cycle) ==
+                (self.n_drive, self.n_readout, self.n_marker, self.samples_per_cycle))
+
+    def __hash__(self) -> int:
+        return hash((type(self), self.n_drive, self.n_readout, self.n_marker,
+                     self.samples_per_cycle))
+
+    def __repr__(self) -> str:
+        return (f"PTDSignature(n_drive={self.n_drive}, n_readout={self.n_readout}, "
+                f"n_marker={self.n_marker})")
+
+
+class DriveEvent(data.Struct):
+    """A queued PLAY (152 bits).
+
+    ``phase`` and ``freq_word`` are carried through the FIFO for the NCO of a later issue and are
+    ignored by the channel now (the DAC gets the envelope times the amplitude, no carrier).
+    """
+
+    time: unsigned(64)            #: DTD cycle of the first sample
+    env_addr: unsigned(16)        #: first envelope sample (taken mod env_depth)
+    env_len: unsigned(16)         #: samples to play, one per cycle
+    amplitude: signed(16)         #: Q1.15
+    phase: unsigned(16)           #: NCO phase (not used yet)
+    freq_word: unsigned(32)       #: NCO frequency word (not used yet)
+
+
+class ReadoutEvent(data.Struct):
+    """A queued ACQUIRE (116 bits)."""
+
+    time: unsigned(64)            #: DTD cycle of the first integrated sample
+    window_cycles: unsigned(16)   #: 1..65535 samples integrated
+    threshold: signed(32)         #: result bit = (sum > threshold)
+    rd: unsigned(4)               #: register that receives the result bit
+
+
+class MarkerEvent(data.Struct):
+    """A queued MARKER (80 bits)."""
+
+    time: unsigned(64)            #: first DTD cycle the marker is high
+    duration_cycles: unsigned(16)  #: cycles high (0: drive it low)
+
+
+def _event_fifo(m: Module, event: stream.Interface, layout: type[data.Struct]):
+    """Add the event FIFO to ``m``; returns ``(fifo, head view)``."""
+    fifo = m.submodules.fifo = SyncFIFO(width=layout.as_shape().size, depth=FIFO_DEPTH)
+    m.d.comb += [
+        fifo.w_data.eq(event.payload),
+        fifo.w_en.eq(event.valid),
+        event.ready.eq(fifo.w_rdy),
+    ]
+    return fifo, layout(fifo.r_data)
+
+
+class DriveChannel(wiring.Component):
+    """One drive (DAC) channel: plays ``env[env_addr .. env_addr+env_len-1] * amplitude``.
+
+    Output sample ``k`` of a pulse whose event has time ``T`` is on ``dac`` on the cycle with
+    ``now == T + k``: ``dac = sat16((env * amplitude) >> 15)`` (arithmetic shift, floor; the only
+    saturating product is ``-1 * -1``, which gives 32767). ``active`` is high on exactly those
+    cycles. Envelope addresses wrap mod ``env_depth``. A new event whose time comes while a pulse
+    is still playing takes over from that cycle on (the later event wins, as on an RTIO output);
+    a PLAY with ``env_len == 0`` thus stops a playing pulse.
+
+    Parameters
+    ----------
+    env_depth : int
+        Samples in the PPU's envelope memory (power of two, at least 4).
+
+    Members
+    -------
+    event : ``In(stream.Signature(DriveEvent))``
+        Events from the core; ``ready`` is low while the FIFO is full (the core stalls).
+    now : ``In(64)``
+        The shared timeline counter.
+    flush : ``In(1)``
+        Synchronous reset of the channel (FIFO and outputs).
+    env_rd_addr : ``Out(range(env_depth // 4))``
+        Word address for a synchronous (1-cycle latency) read port of the envelope memory,
+        64-bit words of 4 samples, sample ``i`` at bits ``[16i+15:16i]``.
+    env_rd_data : ``In(64)``
+        Data of that read port.
+    dac : ``Out(signed(16))``; ``active`` : ``Out(1)``
+        The output sample and "a pulse is playing".
+    late : ``Out(1)``
+        Pulses when the head event's time is less than ``now + LEAD_CYCLES`` (it is dropped).
+    idle : ``Out(1)``
+        High when the FIFO is empty and nothing is playing or in the pipeline.
+    """
+
+    #: Cycles between the fire decision and the first sample on ``dac``.
+    LEAD_CYCLES = 4
+
+    def __init__(self, env_depth: int):
+        if env_depth < _SAMPLES_PER_WORD or env_depth & (env_depth - 1):
+            raise ValueError(f"env_depth must be a power of two >= 4, not {env_depth}")
+        self._env_depth = env_depth
+        super().__init__({
+            "event": In(stream.Signature(DriveEvent)),
+            "now": In(64),
+            "flush": In(1),
+            "env_rd_addr": Out(range(env_depth // _SAMPLES_PER_WORD)),
+            "env_rd_data": In(64),
+            "dac": Out(signed(SAMPLE_BITS)),
+            "active": Out(1),
+            "late": Out(1),
+            "idle": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        fifo, head = _event_fifo(m, self.event, DriveEvent)
+        due = self.now + self.LEAD_CYCLES
+        fire = fifo.r_rdy & (head.time == due)
+        late = fifo.r_rdy & (head.time < due)
+        m.d.comb += [fifo.r_en.eq(fire | late), self.late.eq(late)]
+
+        # Stage 0: sample address generator (one sample per cycle).
+        addr = Signal(range(self._env_depth))
+        rem = Signal(16)
+        amp = Signal(signed(SAMPLE_BITS))
+        with m.If(fire):
+            m.d.sync += [
+                addr.eq(head.env_addr[:len(addr)]),
+                rem.eq(head.env_len),
+                amp.eq(head.amplitude),
+            ]
+        with m.Elif(rem != 0):
+            m.d.sync += [addr.eq(addr + 1), rem.eq(rem - 1)]
+        m.d.comb += self.env_rd_addr.eq(addr >> 2)
+
+        # Stage 1: envelope read in flight.
+        s1_valid = Signal()
+        s1_lane = Signal(2)
+        s1_amp = Signal(signed(SAMPLE_BITS))
+        m.d.sync += [s1_valid.eq(rem != 0), s1_lane.eq(addr[:2]), s1_amp.eq(amp)]
+
+        # Stage 2: multiply.
+        sample = self.env_rd_data.word_select(s1_lane, SAMPLE_BITS).as_signed()
+        s2_valid = Signal()
+        s2_prod = Signal(signed(2 * SAMPLE_BITS))
+        m.d.sync += [s2_valid.eq(s1_valid), s2_prod.eq(sample * s1_amp)]
+
+        # Stage 3: scale, saturate, register the output.
+        shifted = s2_prod >> (SAMPLE_BITS - 1)
+        hi, lo = (1 << (SAMPLE_BITS - 1)) - 1, -(1 << (SAMPLE_BITS - 1))
+        sat = Signal(signed(SAMPLE_BITS))
+        with m.If(shifted > hi):
+            m.d.comb += sat.eq(hi)
+        with m.Elif(shifted < lo):
+            m.d.comb += sat.eq(lo)
+        with m.Else():
+            m.d.comb += sat.eq(shifted)
+        with m.If(s2_valid):
+            m.d.sync += [self.dac.eq(sat), self.active.eq(1)]
+        with m.Else():
+            m.d.sync += [self.dac.eq(0), self.active.eq(0)]
+
+        m.d.comb += self.idle.eq(~fifo.r_rdy & (rem == 0) & ~s1_valid & ~s2_valid)
+        return ResetInserter(self.flush)(m)
+
+
+class ReadoutChannel(wiring.Component):
+    """One readout (ADC) channel: integrate over a window, compare with a threshold.
+
+    For an event with time ``T`` and ``W = window_cycles`` (1..65535), ``window`` is high on the
+    cycles ``now = T .. T+W-1``; the signed ``adc`` samples present on exactly those cycles are
+    summed (32-bit signed; no overflow is possible for W <= 65535) and on the last cycle of the
+    window the result ``sum > threshold`` is presented on ``result_*`` (``result_valid`` high for
+    that one cycle), so the register file holds it from ``now = T+W``. Windows may follow back to
+    back (the next starting at ``T+W``); a window whose time falls inside an open window cannot
+    fire on time and is LATE, like an event whose time has passed. The core must not queue a
+    window of 0 cycles (it is an illegal instruction).
+
+    Members
+    -------
+    event : ``In(stream.Signature(ReadoutEvent))``; now : ``In(64)``; flush : ``In(1)``
+        As :class:`DriveChannel`.
+    adc : ``In(signed(16))``
+        The ADC sample of this cycle.
+    window : ``Out(1)``
+        High during the integration window.
+    result_valid : ``Out(1)``; result_rd : ``Out(4)``; result_bit : ``Out(1)``
+        The measurement result, for one cycle, and its destination register.
+    late : ``Out(1)``; idle : ``Out(1)``
+        As :class:`DriveChannel`.
+    """
+
+    #: Cycles between the fire decision and the first cycle of the window.
+    LEAD_CYCLES = 1
+
+    def __init__(self):
+        super().__init__({
+            "event": In(stream.Signature(ReadoutEvent)),
+            "now": In(64),
+            "flush": In(1),
+            "adc": In(signed(SAMPLE_BITS)),
+            "window": Out(1),
+            "result_valid": Out(1),
+            "result_rd": Out(4),
+            "result_bit": Out(1),
+            "late": Out(1),
+            "idle": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        fifo, head = _event_fifo(m, self.event, ReadoutEvent)
+        rem = Signal(16)
+        acc = Signal(signed(32))
+        threshold = Signal(signed(32))
+        rd = Signal(4)
+
+        due = self.now + self.LEAD_CYCLES
+        free = rem <= 1          # no window, or its last cycle: a new one may start next cycle
+        fire = fifo.r_rdy & (head.time == due) & free
+        late = fifo.r_rdy & ((head.time < due) | ((head.time == due) & ~free))
+        m.d.comb += [fifo.r_en.eq(fire | late), self.late.eq(late)]
+
+        total = Signal(signed(32))
+        m.d.comb += [
+            total.eq(acc + self.adc),
+            self.window.eq(rem != 0),
+            self.result_valid.eq(rem == 1),
+            self.result_rd.eq(rd),
+            self.result_bit.eq(total > threshold),
+        ]
+        with m.If(fire):
+            m.d.sync += [
+                rem.eq(head.window_cycles),
+                acc.eq(0),
+                threshold.eq(head.threshold),
+                rd.eq(head.rd),
+            ]
+        with m.Elif(rem != 0):
+            m.d.sync += [rem.eq(rem - 1), acc.eq(total)]
+
+        m.d.comb += self.idle.eq(~fifo.r_rdy & (rem == 0))
+        return ResetInserter(self.flush)(m)
+
+
+class MarkerChannel(wiring.Component):
+    """One digital marker: high on the cycles ``now = T .. T+duration_cycles-1``.
+
+    A new event whose time comes while the marker is high takes over (its duration counts from
+    its own time); ``duration_cycles == 0`` drives the marker low from its time.
+
+    Members
+    -------
+    event : ``In(stream.Signature(MarkerEvent))``; now : ``In(64)``; flush : ``In(1)``
+        As :class:`DriveChannel`.
+    marker : ``Out(1)``
+        The marker output.
+    late : ``Out(1)``; idle : ``Out(1)``
+        As :class:`DriveChannel`.
+    """
+
+    #: Cycles between the fire decision and the first cycle the marker is high.
+    LEAD_CYCLES = 1
+
+    def __init__(self):
+        super().__init__({
+            "event": In(stream.Signature(MarkerEvent)),
+            "now": In(64),
+            "flush": In(1),
+            "marker": Out(1),
+            "late": Out(1),
+            "idle": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        fifo, head = _event_fifo(m, self.event, MarkerEvent)
+        rem = Signal(16)
+        due = self.now + self.LEAD_CYCLES
+        fire = fifo.r_rdy & (head.time == due)
+        late = fifo.r_rdy & (head.time < due)
+        m.d.comb += [fifo.r_en.eq(fire | late), self.late.eq(late)]
+        with m.If(fire):
+            m.d.sync += rem.eq(head.duration_cycles)
+        with m.Elif(rem != 0):
+            m.d.sync += rem.eq(rem - 1)
+        m.d.comb += [
+            self.marker.eq(rem != 0),
+            self.idle.eq(~fifo.r_rdy & (rem == 0)),
+        ]
+        return ResetInserter(self.flush)(m)

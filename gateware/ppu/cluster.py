@@ -1,0 +1,137 @@
+"""The PPU cluster: bus decoder, shared timeline counter, CALL arbiter and the PPUs (dtd).
+
+# Ref: openqlink docs/architecture.md (PPUCluster); openqlink.memory_map (PPU windows);
+# openqlink.gateware.bus (BusCommand, BusReadData, CallRequest).
+"""
+
+from amaranth.hdl import Array, Module, Mux, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ...memory_map import PPU_BASE, PPU_STRIDE, QSCParams
+from ..bus import BusCommand, BusOp, BusReadData, CallRequest
+from .channels import PTDSignature
+from .core import LOCAL_ADDR_BITS, PPU
+
+__all__ = ["PPUCluster"]
+
+#: ``word_addr`` bits above the window offset: byte address bits [31:24].
+_WINDOW_BITS = 29 - LOCAL_ADDR_BITS
+assert PPU_STRIDE == 8 << LOCAL_ADDR_BITS and PPU_BASE % PPU_STRIDE == 0
+
+
+class PPUCluster(wiring.Component):
+    """All PPUs of a QSC, written in ``sync`` (the top renames it to ``dtd``).
+
+    Parameters
+    ----------
+    params : QSCParams
+        ``num_ppus``, ``imem_depth`` and ``env_depth`` are used.
+    n_drive, n_readout, n_marker : int
+        Channels of each kind per PPU (see :class:`~.channels.PTDSignature`).
+
+    Members
+    -------
+    bus_cmd : ``In(stream.Signature(BusCommand))``
+        Commands from the network core. ``word_addr`` is decoded into PPU windows
+        (``PPU_BASE + n * PPU_STRIDE``, ``n < num_ppus``); a command outside them is unmapped: a
+        WRITE or MAILBOX_COMMIT is ignored, a READ answered with ``error = 1``. A WRITE or
+        MAILBOX_COMMIT is taken in one cycle; a READ holds ``ready`` low until its answer has
+        been taken from ``bus_rdata`` (at most one read in flight; an answer is valid two
+        cycles after its READ was taken).
+    bus_rdata : ``Out(stream.Signature(BusReadData))``
+        Exactly one answer per READ, in order.
+    call_req : ``Out(stream.Signature(CallRequest))``
+        The PPUs' CALL requests, arbitrated round robin (a request offered is held until taken).
+    ptd : ``Out(PTDSignature(n_drive, n_readout, n_marker)).array(num_ppus)``
+        The physical interface of each PPU.
+    now : ``Out(64)``
+        The timeline counter shared by all PPUs: 0 after reset, +1 every cycle. Every timed
+        effect of a PPU appears on its ``ptd`` outputs on the cycle ``now`` equals its time.
+    """
+
+    def __init__(self, params: QSCParams, *, n_drive: int = 1, n_readout: int = 1,
+                 n_marker: int = 4):
+        self._params = params
+        self._channels = dict(n_drive=n_drive, n_readout=n_readout, n_marker=n_marker)
+        super().__init__({
+            "bus_cmd": In(stream.Signature(BusCommand)),
+            "bus_rdata": Out(stream.Signature(BusReadData)),
+            "call_req": Out(stream.Signature(CallRequest)),
+            "ptd": Out(PTDSignature(n_drive, n_readout, n_marker)).array(params.num_ppus),
+            "now": Out(64),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        n_ppus = self._params.num_ppus
+        m.d.sync += self.now.eq(self.now + 1)
+
+        ppus = []
+        for n in range(n_ppus):
+            ppu = PPU(self._params, n, **self._channels)
+            m.submodules[f"ppu{n}"] = ppu
+            ppus.append(ppu)
+            m.d.comb += ppu.now.eq(self.now)
+            wiring.connect(m, wiring.flipped(self.ptd[n]), ppu.ptd)
+
+        # ---- Bus decoder -------------------------------------------------------------------
+        cmd = self.bus_cmd.payload
+        window = cmd.word_addr[LOCAL_ADDR_BITS:]
+        first = PPU_BASE // PPU_STRIDE
+        sel = Signal(range(n_ppus))
+        m.d.comb += sel.eq(window - first)
+        hit = (window >= first) & (window < first + n_ppus)
+        assert len(window) == _WINDOW_BITS
+
+        rd_wait = Signal()        # a READ was forwarded last cycle; its answer is due now
+        rd_sel = Signal(range(n_ppus))
+        rd_hit = Signal()
+        resp_valid = Signal()
+        resp = Signal(BusReadData)
+        m.d.comb += [
+            self.bus_cmd.ready.eq(~rd_wait & ~resp_valid),
+            self.bus_rdata.valid.eq(resp_valid),
+            self.bus_rdata.payload.eq(resp),
+        ]
+        accept = self.bus_cmd.valid & self.bus_cmd.ready
+        for n, ppu in enumerate(ppus):
+            m.d.comb += [
+                ppu.bus_valid.eq(accept & hit & (sel == n)),
+                ppu.bus_cmd.eq(cmd),
+            ]
+        with m.If(accept & (cmd.op == BusOp.READ)):
+            m.d.sync += [rd_wait.eq(1), rd_sel.eq(sel), rd_hit.eq(hit)]
+        with m.If(rd_wait):
+            answer = BusReadData(Array(ppu.bus_rdata.as_value() for ppu in ppus)[rd_sel])
+            m.d.sync += [
+                rd_wait.eq(0),
+                resp_valid.eq(1),
+                resp.data.eq(Mux(rd_hit, answer.data, 0)),
+                resp.error.eq(~rd_hit | answer.error),
+            ]
+        with m.If(self.bus_rdata.valid & self.bus_rdata.ready):
+            m.d.sync += resp_valid.eq(0)
+
+        # ---- CALL arbiter (round robin) -----------------------------------------------------
+        if n_ppus == 1:
+            wiring.connect(m, wiring.flipped(self.call_req), ppus[0].call_req)
+        else:
+            grant = Signal(range(n_ppus))
+            valids = Array(ppu.call_req.valid for ppu in ppus)
+            payloads = Array(ppu.call_req.payload.as_value() for ppu in ppus)
+            m.d.comb += [
+                self.call_req.valid.eq(valids[grant]),
+                self.call_req.payload.eq(payloads[grant]),
+            ]
+            for n, ppu in enumerate(ppus):
+                m.d.comb += ppu.call_req.ready.eq(self.call_req.ready & (grant == n))
+            # Move on when the granted PPU offers nothing or its request is taken: the next PPU
+            # after it (cyclically) that offers one gets the grant.
+            with m.If(~valids[grant] | self.call_req.ready):
+                for k in reversed(range(1, n_ppus + 1)):
+                    cand = Signal(range(n_ppus), name=f"rr_cand{k}")
+                    m.d.comb += cand.eq(Mux(grant + k >= n_ppus, grant + k - n_ppus, grant + k))
+                    with m.If(valids[cand]):
+                        m.d.sync += grant.eq(cand)
+        return m

@@ -1,0 +1,680 @@
+"""PPUCluster in amaranth.sim: trigger, timing, channels, scoreboard, CALL, errors, bus map."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from amaranth.back import verilog
+from openqlink.gateware.ppu.channels import DriveChannel
+from openqlink.gateware.ppu.cluster import PPUCluster
+from openqlink.isa.layout import Cond, PPUState
+from openqlink.memory_map import (
+    ENV_OFFSET,
+    GLOBAL_BASE,
+    IMEM_OFFSET,
+    MAILBOX_OFFSET,
+    PPU_REGISTERS,
+    REGS_OFFSET,
+    QSCParams,
+    ppu_base,
+    ppu_reg,
+)
+from openqlink.wire.rpc import RESPONSE_MAGIC, Response, fnv1a32
+from ppu_bench import (
+    PARAMS,
+    Monitor,
+    acquire,
+    add,
+    branch,
+    bus_read,
+    bus_write,
+    call,
+    end,
+    make_sim,
+    marker,
+    nop,
+    play,
+    read_reg,
+    send_response,
+    set_,
+    status,
+    sync,
+    trigger,
+    upload,
+    upload_env,
+    wait,
+    wait_state,
+    write_reg,
+)
+
+#: START_TIME used by the tests, relative to the cycle the trigger is written.
+LEAD = 60
+
+
+def run(tb, *, params: QSCParams = PARAMS, adc=None, ppu: int = 0, **channels) -> Monitor:
+    """Run ``tb(ctx, dut)`` on a fresh cluster; returns the PTD monitor of PPU ``ppu``."""
+    dut, sim = make_sim(params, **channels)
+    mon = Monitor(dut, ppu, adc)
+    mon.add_to(sim)
+
+    async def testbench(ctx):
+        await tb(ctx, dut)
+
+    sim.add_testbench(testbench)
+    sim.run()
+    return mon
+
+
+async def start(ctx, dut, prog: list[int], ppu: int = 0, lead: int = LEAD) -> int:
+    """Upload ``prog`` and trigger it ``lead`` cycles from now; returns START_TIME."""
+    await upload(ctx, dut, ppu, prog)
+    s = ctx.get(dut.now) + lead
+    await trigger(ctx, dut, ppu, s, len(prog))
+    return s
+
+
+def rel(cycles: list[int], s: int) -> list[int]:
+    return [c - s for c in cycles]
+
+
+# ---- Trigger and timing -----------------------------------------------------------------
+
+def test_event_cycles_exact_and_done():
+    out = {}
+
+    async def tb(ctx, dut):
+        prog = [marker(0, 5, 3), play(0, 7, 0, 4, 0x7FFF), acquire(0, 1, 2, 6, -1),
+                wait(20), marker(3, 0, 1), play(0, 1, 0, 2, 0x7FFF), end()]
+        await upload_env(ctx, dut, 0, [100, 200, 300, 400])
+        s = out["s"] = await start(ctx, dut, prog)
+        st = await status(ctx, dut, 0)
+        assert st.state == PPUState.ARMED
+        assert ctx.get(dut.now) < s
+        await ctx.tick().until(dut.now == s)
+        st = await status(ctx, dut, 0)   # read issued at now == s
+        assert st.state == PPUState.RUNNING
+        st = await wait_state(ctx, dut, 0, PPUState.DONE)
+        assert not st.late and not st.underflow
+        assert await read_reg(ctx, dut, 0, "PC") == len(prog) - 1
+
+    mon = run(tb)
+    s = out["s"]
+    assert rel(mon.cycles("marker", 0), s) == [5, 6, 7]
+    assert rel(mon.cycles("marker", 3), s) == [20]
+    assert rel(mon.cycles("active"), s) == [7, 8, 9, 10, 21, 22]
+    assert rel(mon.cycles("window"), s) == [2, 3, 4, 5, 6, 7]
+    assert [mon.value_at("dac", s + k) for k in (7, 8, 9, 10)] == [99, 199, 299, 399]
+
+
+def test_determinism_two_runs_identical():
+    prog = [marker(0, 3, 2), acquire(0, 2, 4, 8, 0), play(0, 5, 4, 6, -20000),
+            wait(9), marker(1, 1, 4), play(0, 0, 0, 3, 12345), end()]
+    rng = random.Random(1)
+    env = [rng.randrange(-32768, 32768) for _ in range(16)]
+    traces = []
+    for lead in (LEAD, LEAD + 17):
+        out = {}
+
+        async def tb(ctx, dut, lead=lead, out=out):
+            await upload_env(ctx, dut, 0, env)
+            out["s"] = await start(ctx, dut, prog, lead=lead)
+            await wait_state(ctx, dut, 0, PPUState.DONE)
+            out["r2"] = await read_reg(ctx, dut, 0, "R2")
+            await ctx.tick().until(dut.now == out["s"] + 40)
+
+        mon = run(tb, adc=lambda n: 7)
+        s = out["s"]
+        traces.append(([(r["now"] - s, r["dac"], r["active"], r["window"], r["marker"])
+                        for r in mon.rows if r["now"] >= s and r["now"] < s + 40], out["r2"]))
+    assert traces[0] == traces[1]
+    assert traces[0][1] == 1          # 8 x 7 > 0
+
+
+def test_trigger_refused_busy_changes_nothing():
+    out = {}
+
+    async def tb(ctx, dut):
+        prog = [marker(0, 10, 2), end()]
+        s = out["s"] = await start(ctx, dut, prog)
+        # A second trigger while ARMED: different tail and start time.
+        await write_reg(ctx, dut, 0, "START_TIME_LO", s + 500)
+        await write_reg(ctx, dut, 0, "TRIGGER", 7)
+        st = await status(ctx, dut, 0)
+        assert st.trigger_busy and not st.trigger_late
+        assert st.state == PPUState.ARMED
+        assert await read_reg(ctx, dut, 0, "TAIL") == 2
+        await wait_state(ctx, dut, 0, PPUState.DONE)
+        st = await status(ctx, dut, 0)     # sticky until the next accepted trigger
+        assert st.trigger_busy
+        # An accepted trigger clears the sticky bits.
+        await trigger(ctx, dut, 0, ctx.get(dut.now) + LEAD, 2)
+        st = await status(ctx, dut, 0)
+        assert not st.trigger_busy and st.state == PPUState.ARMED
+        out["s2"] = ctx.get(dut.now)
+        await wait_state(ctx, dut, 0, PPUState.DONE)
+
+    mon = run(tb)
+    s = out["s"]
+    first = [c for c in mon.cycles("marker", 0) if c < out["s2"]]
+    assert rel(first, s) == [10, 11]
+
+
+def test_trigger_refused_busy_while_running():
+    async def tb(ctx, dut):
+        prog = [marker(0, 200, 2), end()]
+        s = await start(ctx, dut, prog, lead=20)
+        await ctx.tick().until(dut.now == s + 5)
+        assert (await status(ctx, dut, 0)).state == PPUState.RUNNING
+        await trigger(ctx, dut, 0, s + 100, 1)
+        st = await status(ctx, dut, 0)
+        assert st.trigger_busy and st.state == PPUState.RUNNING
+        assert await read_reg(ctx, dut, 0, "TAIL") == 2
+        await wait_state(ctx, dut, 0, PPUState.DONE)
+
+    run(tb)
+
+
+def test_trigger_refused_late_changes_nothing():
+    async def tb(ctx, dut):
+        await upload(ctx, dut, 0, [marker(0, 0, 5), end()])
+        await write_reg(ctx, dut, 0, "TAIL", 1)
+        now = ctx.get(dut.now)
+        await trigger(ctx, dut, 0, now, 2)      # START_TIME already passed when it lands
+        st = await status(ctx, dut, 0)
+        assert st.trigger_late and not st.trigger_busy
+        assert st.state == PPUState.IDLE
+        assert await read_reg(ctx, dut, 0, "TAIL") == 1
+        assert await read_reg(ctx, dut, 0, "PC") == 0
+        await ctx.tick().repeat(50)
+        assert (await status(ctx, dut, 0)).state == PPUState.IDLE
+
+    mon = run(tb)
+    assert mon.cycles("marker") == []
+
+
+def test_trigger_partial_write_ignored():
+    async def tb(ctx, dut):
+        await upload(ctx, dut, 0, [end()])
+        await write_reg(ctx, dut, 0, "START_TIME_LO", ctx.get(dut.now) + 100)
+        await bus_write(ctx, dut, ppu_reg(0, "TRIGGER"), 1, be=0x3)
+        assert (await status(ctx, dut, 0)).state == PPUState.IDLE
+
+    run(tb)
+
+
+# ---- Channels -----------------------------------------------------------------------------
+
+def _dac_model(env: int, amp: int) -> int:
+    return max(-32768, min(32767, (env * amp) >> 15))
+
+
+def test_envelope_times_amplitude():
+    rng = random.Random(7)
+    env = [rng.randrange(-32768, 32768) for _ in range(60)] + [-32768, 32767, -32768, 0]
+    pulses = [(0, 20, 0x7FFF), (16, 12, -32768), (60, 8, -32768), (61, 7, 12345), (3, 5, 0)]
+    out = {}
+
+    async def tb(ctx, dut):
+        await upload_env(ctx, dut, 0, env)
+        prog = []
+        for addr, length, amp in pulses:
+            prog += [play(0, 0, addr, length, amp), wait(length + 3)]
+        out["s"] = await start(ctx, dut, prog + [end()])
+        await wait_state(ctx, dut, 0, PPUState.DONE)
+
+    mon = run(tb)
+    s = out["s"]
+    expected = {}
+    t = 0
+    for addr, length, amp in pulses:
+        for k in range(length):
+            expected[s + t + k] = _dac_model(env[(addr + k) % 64], amp)
+        t += length + 3
+    got = {r["now"]: r["dac"] for r in mon.rows if r["active"]}
+    assert got == expected
+    assert all(r["dac"] == 0 for r in mon.rows if not r["active"])
+    assert _dac_model(-32768, -32768) == 32767 and got[s + 23 + 15] == 32767
+
+
+def test_acquire_threshold_with_driven_adc():
+    out = {}
+
+    def adc(now):
+        s = out.get("s")
+        if s is None:
+            return 0
+        return 300 if s + 10 <= now < s + 20 else -50
+
+    async def tb(ctx, dut):
+        prog = [
+            acquire(0, 1, 10, 10, 2999),   # sum 3000 > 2999 -> 1
+            acquire(0, 2, 20, 10, 2999),   # back to back: sum 10*-50 -> 0
+            acquire(0, 3, 30, 4, -201),    # -200 > -201 -> 1
+            acquire(0, 4, 34, 4, -200),    # -200 > -200 -> 0
+            acquire(0, 0, 40, 3, 0),       # r0 stays 0
+            end(),
+        ]
+        await upload(ctx, dut, 0, prog)
+        s = ctx.get(dut.now) + LEAD
+        out["s"] = s
+        await trigger(ctx, dut, 0, s, len(prog))
+        await wait_state(ctx, dut, 0, PPUState.DONE)
+        out["r"] = [await read_reg(ctx, dut, 0, f"R{i}") for i in range(5)]
+
+    mon = run(tb, adc=adc)
+    s = out["s"]
+    assert out["r"] == [0, 1, 0, 1, 0]
+    assert rel(mon.cycles("window"), s) == list(range(10, 38)) + [40, 41, 42]
+
+
+def test_scoreboard_stall_branch_uses_measurement():
+    out = {}
+
+    async def tb(ctx, dut):
+        prog = [
+            acquire(0, 1, 5, 50, 0),          # 0: r1 <- (sum > 0) at s + 55
+            branch(Cond.EQ, 1, 1, 4),         # 1: stalls until r1 lands
+            marker(1, 0, 1),                  # 2: not measured 1
+            end(),                            # 3
+            sync(20),                         # 4: measured 1: re-anchor and mark
+            marker(0, 0, 1),                  # 5
+            end(),                            # 6
+        ]
+        s = out["s"] = await start(ctx, dut, prog)
+        await ctx.tick().until(dut.now == s + 30)
+        assert await read_reg(ctx, dut, 0, "PC") == 1     # stalled on the BRANCH
+        st = await wait_state(ctx, dut, 0, PPUState.DONE)
+        assert not st.late
+        assert await read_reg(ctx, dut, 0, "R1") == 1
+        assert await read_reg(ctx, dut, 0, "PC") == 6
+
+    mon = run(tb, adc=lambda now: 1)
+    s = out["s"]
+    assert mon.cycles("marker", 1) == []
+    (m0,) = mon.cycles("marker", 0)
+    # The result lands at s + 55; the branch and SYNC follow within a few cycles.
+    assert s + 55 + 20 <= m0 <= s + 55 + 20 + 8
+
+
+def test_scoreboard_add_waits_for_result():
+    async def tb(ctx, dut):
+        prog = [set_(1, 41), acquire(0, 1, 3, 20, 0), add(2, 1, 10), end()]
+        await start(ctx, dut, prog)
+        await wait_state(ctx, dut, 0, PPUState.DONE)
+        assert await read_reg(ctx, dut, 0, "R2") == 11      # 1 + 10, not 41 + 10
+
+    run(tb, adc=lambda now: 5)
+
+
+# ---- Errors ---------------------------------------------------------------------------------
+
+def test_underflow():
+    async def tb(ctx, dut):
+        await start(ctx, dut, [nop(), marker(0, 40, 5), nop()])
+        st = await wait_state(ctx, dut, 0, PPUState.ERROR)
+        assert st.underflow and not st.late
+        assert await read_reg(ctx, dut, 0, "PC") == 3
+
+    mon = run(tb)
+    assert mon.cycles("marker") == []
+
+
+def test_late_event_quiets_outputs_at_once():
+    out = {}
+
+    async def tb(ctx, dut):
+        await upload_env(ctx, dut, 0, [1000] * 64)
+        prog = [play(0, 0, 0, 64, 0x7FFF), marker(2, 0, 60), acquire(0, 1, 0, 30, 0),
+                add(2, 1, 0),                 # stalls until s + 30
+                sync(0), marker(1, 0, 1),     # an event for "now": late when it reaches
+                end()]
+        out["s"] = await start(ctx, dut, prog)
+        st = await wait_state(ctx, dut, 0, PPUState.ERROR)
+        assert st.late and not st.underflow
+        assert await read_reg(ctx, dut, 0, "LATE_EVENTS") == 1
+
+    mon = run(tb)
+    s = out["s"]
+    (stop,) = [r["now"] for r in mon.rows
+               if r["now"] > s and r["active"] == 0 and mon.value_at("active", r["now"] - 1)]
+    assert s + 30 < stop < s + 40
+    assert mon.cycles("marker", 1) == []
+    for r in mon.rows:
+        if r["now"] >= stop:
+            assert (r["dac"], r["active"], r["window"], r["marker"]) == (0, 0, 0, 0)
+        elif r["now"] >= s:
+            assert (r["dac"], r["active"], r["marker"]) == (999, 1, 0b100)
+            assert r["window"] == (r["now"] < s + 30)
+
+
+def test_late_start_time_too_close():
+    async def tb(ctx, dut):
+        await upload(ctx, dut, 0, [play(0, 0, 0, 4, 100), end()])
+        s = ctx.get(dut.now) + 8
+        await trigger(ctx, dut, 0, s, 2)
+        st = await wait_state(ctx, dut, 0, PPUState.ERROR)
+        assert st.late
+
+    mon = run(tb)
+    assert mon.cycles("active") == []
+
+
+def test_illegal_instructions():
+    bad = [0x7F, play(3, 0, 0, 1, 1), marker(4, 0, 1), acquire(0, 1, 0, 0, 0),
+           call(1, 2, 33, 5), branch(Cond.ALWAYS, 0, 0, 0) | (9 << 8)]
+
+    async def tb(ctx, dut):
+        for word in bad:
+            await start(ctx, dut, [nop(), word, end()])
+            st = await wait_state(ctx, dut, 0, PPUState.ERROR)
+            assert st.illegal_instruction, hex(word)
+            assert await read_reg(ctx, dut, 0, "PC") == 1
+
+    run(tb)
+
+
+# ---- Queue, loops -----------------------------------------------------------------------
+
+def test_queue_append_while_running():
+    out = {}
+
+    async def tb(ctx, dut):
+        first = [acquire(0, 1, 10, 100, 0), add(2, 1, 0)]     # the ADD stalls ~110 cycles
+        s = out["s"] = await start(ctx, dut, first)
+        await ctx.tick().until(dut.now == s + 20)
+        await upload(ctx, dut, 0, [marker(0, 120, 2), end()], first=2)
+        assert (await status(ctx, dut, 0)).state == PPUState.RUNNING
+        assert await read_reg(ctx, dut, 0, "PC") == 1
+        await write_reg(ctx, dut, 0, "TAIL", 4)
+        st = await wait_state(ctx, dut, 0, PPUState.DONE)
+        assert not st.underflow
+        assert s + 110 < ctx.get(dut.now)
+
+    mon = run(tb)
+    assert rel(mon.cycles("marker", 0), out["s"]) == [120, 121]
+
+
+def test_branch_loop():
+    out = {}
+
+    async def tb(ctx, dut):
+        prog = [
+            set_(1, 5),                       # 0
+            marker(0, 0, 2),                  # 1: loop
+            wait(10),                         # 2
+            add(1, 1, -1),                    # 3
+            branch(Cond.NE, 1, 0, 1),         # 4
+            branch(Cond.ALWAYS, 0, 0, 7),     # 5
+            marker(1, 0, 1),                  # 6: skipped
+            marker(2, 0, 1),                  # 7
+            end(),                            # 8
+        ]
+        out["s"] = await start(ctx, dut, prog)
+        await wait_state(ctx, dut, 0, PPUState.DONE)
+        assert await read_reg(ctx, dut, 0, "R1") == 0
+
+    mon = run(tb)
+    s = out["s"]
+    assert rel(mon.cycles("marker", 0), s) == [k for i in range(5) for k in (10 * i, 10 * i + 1)]
+    assert mon.cycles("marker", 1) == []
+    assert rel(mon.cycles("marker", 2), s) == [50]
+
+
+def test_branch_conditions_signed():
+    async def tb(ctx, dut):
+        prog = [set_(1, -3)]
+        # r2 counts the taken branches; each BRANCH skips the ADD after it when taken.
+        cases = [(Cond.LT, -2, 1), (Cond.LT, -3, 0), (Cond.GE, -3, 1), (Cond.GE, 5, 0),
+                 (Cond.EQ, -3, 1), (Cond.NE, -3, 0)]
+        for cond, imm, _ in cases:
+            here = len(prog)
+            prog += [branch(cond, 1, imm, here + 2), add(3, 3, 1)]
+        prog += [end()]
+        await start(ctx, dut, prog)
+        await wait_state(ctx, dut, 0, PPUState.DONE)
+        not_taken = sum(1 for *_, taken in cases if not taken)
+        assert await read_reg(ctx, dut, 0, "R3") == not_taken
+
+    run(tb)
+
+
+# ---- CALL ------------------------------------------------------------------------------
+
+FID = fnv1a32("decode_syndrome")
+
+
+async def _take_request(ctx, dut):
+    ctx.set(dut.call_req.ready, 1)
+    req, now = await ctx.tick().sample(dut.call_req.payload, dut.now).until(dut.call_req.valid)
+    ctx.set(dut.call_req.ready, 0)
+    return req, now
+
+
+def test_call_round_trip_and_stale_responses():
+    async def tb(ctx, dut):
+        prog = [set_(1, 0x1234567), call(2, 1, 12, FID), call(3, 1, 32, FID + 1),
+                sync(10), marker(0, 0, 1), end()]
+        await start(ctx, dut, prog, lead=20)
+        req, h = await _take_request(ctx, dut)
+        assert (req.ppu, req.function_id, req.request_id) == (0, FID, 0)
+        assert (req.arg_len, req.args) == (2, 0x567)
+        # Wrong request_id, then wrong magic: dropped and counted, the call keeps waiting.
+        await send_response(ctx, dut, 0, Response(0, 1, 0, b"\x01\x00\x00\x00"))
+        bad = bytearray(Response(0, 0, 0, b"\x01\x00\x00\x00").pack())
+        bad[0] ^= 0xFF
+        await send_response(ctx, dut, 0, bytes(bad))
+        assert await read_reg(ctx, dut, 0, "STALE_RESPONSES") == 2
+        assert (await status(ctx, dut, 0)).state == PPUState.RUNNING
+        assert await read_reg(ctx, dut, 0, "PC") == 1
+        # The good one (5 result bytes: the first 4 are taken).
+        await send_response(ctx, dut, 0, Response(0, 0, 77, b"\x78\x56\x34\x12\x99"))
+        commit_now = ctx.get(dut.now) - 1
+        rtt = await read_reg(ctx, dut, 0, "LAST_RTT_CYCLES")
+        assert rtt == commit_now - h
+        req, _ = await _take_request(ctx, dut)
+        assert (req.function_id, req.request_id, req.arg_len, req.args) == \
+            (FID + 1, 1, 4, 0x1234567)
+        await send_response(ctx, dut, 0, Response(0, 1, 0, b"\xab\xcd"))   # zero-extended
+        st = await wait_state(ctx, dut, 0, PPUState.DONE)
+        assert not st.call_failed and not st.call_timeout
+        assert await read_reg(ctx, dut, 0, "R2") == 0x12345678
+        assert await read_reg(ctx, dut, 0, "R3") == 0xCDAB
+        assert await read_reg(ctx, dut, 0, "CALL_COUNT") == 2
+        assert await read_reg(ctx, dut, 0, "STALE_RESPONSES") == 2
+        assert await read_reg(ctx, dut, 0, "LAST_CALL_STATUS") == 0
+        # No call waiting: a response is stale.
+        await send_response(ctx, dut, 0, Response(0, 2, 0, b""))
+        assert await read_reg(ctx, dut, 0, "STALE_RESPONSES") == 3
+
+    mon = run(tb)
+    assert len(mon.cycles("marker", 0)) == 1
+
+
+def test_call_failed_status():
+    async def tb(ctx, dut):
+        await start(ctx, dut, [set_(2, 9), call(2, 0, 0, FID), end()], lead=20)
+        req, _ = await _take_request(ctx, dut)
+        assert (req.arg_len, req.args) == (0, 0)
+        await send_response(ctx, dut, 0, Response(-1, req.request_id, 0, b"\x05\x00\x00\x00"))
+        st = await wait_state(ctx, dut, 0, PPUState.ERROR)
+        assert st.call_failed and not st.call_timeout
+        assert await read_reg(ctx, dut, 0, "LAST_CALL_STATUS") == 0xFFFFFFFF
+        assert await read_reg(ctx, dut, 0, "R2") == 9
+
+    run(tb)
+
+
+def test_call_timeout_then_late_response_is_stale():
+    async def tb(ctx, dut):
+        await write_reg(ctx, dut, 0, "CALL_TIMEOUT_CYCLES", 40)
+        await start(ctx, dut, [call(1, 0, 0, FID), end()], lead=20)
+        req, h = await _take_request(ctx, dut)
+        st = await wait_state(ctx, dut, 0, PPUState.ERROR)
+        assert st.call_timeout and not st.call_failed
+        assert ctx.get(dut.now) - h >= 40
+        await send_response(ctx, dut, 0, Response(0, req.request_id, 0, b"\x01\x00\x00\x00"))
+        assert await read_reg(ctx, dut, 0, "STALE_RESPONSES") == 1
+        assert await read_reg(ctx, dut, 0, "R1") == 0
+        # The next run's call has a new request_id: the old answer can never be taken.
+        await start(ctx, dut, [call(1, 0, 0, FID), end()], lead=20)
+        req2, _ = await _take_request(ctx, dut)
+        assert req2.request_id == req.request_id + 1
+
+    run(tb)
+
+
+def test_call_round_robin_two_ppus():
+    async def tb(ctx, dut):
+        for ppu in (0, 1):
+            await upload(ctx, dut, ppu, [call(1, 0, 0, FID + ppu), end()])
+        s = ctx.get(dut.now) + 40
+        for ppu in (0, 1):
+            await trigger(ctx, dut, ppu, s, 2)
+        reqs = []
+        for _ in range(2):
+            req, _ = await _take_request(ctx, dut)
+            reqs.append((req.ppu, req.request_id))
+        assert sorted(reqs) == [(0, 0), (1, 1 << 24)]
+        for ppu, rid in reqs:
+            await send_response(ctx, dut, ppu, Response(0, rid, 0, bytes([ppu + 1, 0, 0, 0])))
+        for ppu in (0, 1):
+            await wait_state(ctx, dut, ppu, PPUState.DONE)
+            assert await read_reg(ctx, dut, ppu, "R1") == ppu + 1
+
+    run(tb)
+
+
+# ---- Bus map ------------------------------------------------------------------------------
+
+def test_bus_read_every_register_and_memory():
+    async def tb(ctx, dut):
+        base = ppu_base(1)
+        # IMEM: two half-instruction writes, then a byte-enabled write to one byte.
+        await bus_write(ctx, dut, base + IMEM_OFFSET + 16 * 5, 0x1111_2222_3333_4444)
+        await bus_write(ctx, dut, base + IMEM_OFFSET + 16 * 5 + 8, 0x5555_6666_7777_8888)
+        await bus_write(ctx, dut, base + IMEM_OFFSET + 16 * 5 + 8, 0xAB << 8, be=0b10)
+        assert await bus_read(ctx, dut, base + IMEM_OFFSET + 16 * 5) == (0x1111_2222_3333_4444, 0)
+        assert await bus_read(ctx, dut, base + IMEM_OFFSET + 16 * 5 + 8) == \
+            (0x5555_6666_7777_AB88, 0)
+        # ENV.
+        await upload_env(ctx, dut, 1, [1, -2, 3, -4], first=8)
+        assert await bus_read(ctx, dut, base + ENV_OFFSET + 16) == (0xFFFC_0003_FFFE_0001, 0)
+        # MAILBOX.
+        await bus_write(ctx, dut, base + MAILBOX_OFFSET + 56, 0xDEAD_BEEF_0000_0001)
+        assert await bus_read(ctx, dut, base + MAILBOX_OFFSET + 56) == (0xDEAD_BEEF_0000_0001, 0)
+        # Registers: reset values, RW registers, byte enables.
+        for r in PPU_REGISTERS:
+            value, err = await bus_read(ctx, dut, ppu_reg(1, r.name) & ~7)
+            assert not err
+            if r.name not in ("TIMELINE_LO", "TIMELINE_HI"):
+                assert (value >> (32 * ((r.offset >> 2) & 1))) & 0xFFFFFFFF == r.reset, r.name
+        await write_reg(ctx, dut, 1, "START_TIME_HI", 0x0102_0304)
+        await bus_write(ctx, dut, ppu_reg(1, "START_TIME_LO"), 0xAABB_CCDD, be=0b0101)
+        assert await bus_read(ctx, dut, ppu_reg(1, "START_TIME_LO")) == \
+            (0x0102_0304_00BB_00DD, 0)
+        await write_reg(ctx, dut, 1, "CALL_TIMEOUT_CYCLES", 1234)
+        await write_reg(ctx, dut, 1, "TAIL", 0xFFFF_FFFF)          # kept mod imem_depth
+        assert await read_reg(ctx, dut, 1, "CALL_TIMEOUT_CYCLES") == 1234
+        assert await read_reg(ctx, dut, 1, "TAIL") == 63
+        await write_reg(ctx, dut, 1, "STATUS", 0xFFFF_FFFF)        # RO: ignored
+        assert await read_reg(ctx, dut, 1, "STATUS") == 0
+        # TIMELINE: a read of LO latches HI; a whole-word read is coherent.
+        value, _ = await bus_read(ctx, dut, ppu_reg(1, "TIMELINE_LO"))
+        assert 0 < value < 10_000
+        lo = await read_reg(ctx, dut, 1, "TIMELINE_LO")
+        assert lo > value & 0xFFFFFFFF
+        assert await read_reg(ctx, dut, 1, "TIMELINE_HI") == 0
+        # R0..R15 after a run.
+        await write_reg(ctx, dut, 1, "TAIL", 0)
+        prog = [set_(i, 0x100 * i + 7) for i in range(16)] + [end()]
+        await start(ctx, dut, prog, ppu=1)
+        await wait_state(ctx, dut, 1, PPUState.DONE)
+        for i in range(16):
+            assert await read_reg(ctx, dut, 1, f"R{i}") == (0x100 * i + 7 if i else 0)
+        assert await read_reg(ctx, dut, 1, "PC") == 16
+        assert await read_reg(ctx, dut, 1, "TAIL") == 17
+
+    run(tb)
+
+
+def test_timeline_hi_latch():
+    params = QSCParams(num_ppus=1, imem_depth=16, env_depth=16)
+
+    async def tb(ctx, dut):
+        await ctx.tick().repeat(5)
+        lo = await read_reg(ctx, dut, 0, "TIMELINE_LO")
+        await ctx.tick().repeat(20)
+        assert await read_reg(ctx, dut, 0, "TIMELINE_HI") == 0
+        assert 5 <= lo < 10
+
+    run(tb, params=params)
+
+
+def test_unmapped_addresses():
+    async def tb(ctx, dut):
+        mapped = ppu_base(1) + REGS_OFFSET
+        unmapped = [
+            GLOBAL_BASE,                                   # not a PPU window
+            ppu_base(2),                                   # only 2 PPUs
+            0xFF00_0000,
+            ppu_base(0) + IMEM_OFFSET + 16 * 64,           # past the ring
+            ppu_base(0) + ENV_OFFSET + 2 * 64,             # past the envelopes
+            ppu_base(1) + MAILBOX_OFFSET + 64,             # past the mailbox
+            ppu_base(1) + REGS_OFFSET + 0x80,              # past the register block
+        ]
+        for addr in unmapped:
+            await bus_write(ctx, dut, addr, 0x1234)
+            assert await bus_read(ctx, dut, addr) == (0, 1), hex(addr)
+        # Mapped reads still work, unused register offsets read 0 without error.
+        assert await bus_read(ctx, dut, mapped) == (0, 0)
+        assert await bus_read(ctx, dut, ppu_base(0) + IMEM_OFFSET) == (0, 0)
+        # The wrapped-around address of the ignored ring write was not written.
+        assert await bus_read(ctx, dut, ppu_base(0) + IMEM_OFFSET + 16 * 0) == (0, 0)
+
+    run(tb)
+
+
+def test_two_ppus_share_the_timeline():
+    out = {}
+
+    async def tb(ctx, dut):
+        for ppu in (0, 1):
+            await upload(ctx, dut, ppu, [wait(3), marker(0, 2, 1), end()])
+        s = out["s"] = ctx.get(dut.now) + LEAD
+        for ppu in (1, 0):
+            await trigger(ctx, dut, ppu, s, 3)
+        for ppu in (0, 1):
+            await wait_state(ctx, dut, ppu, PPUState.DONE)
+
+    dut, sim = make_sim()
+    mons = [Monitor(dut, ppu) for ppu in (0, 1)]
+    for mon in mons:
+        mon.add_to(sim)
+
+    async def testbench(ctx):
+        await tb(ctx, dut)
+
+    sim.add_testbench(testbench)
+    sim.run()
+    assert [rel(mon.cycles("marker", 0), out["s"]) for mon in mons] == [[5], [5]]
+
+
+# ---- Elaboration ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("params", [QSCParams(), QSCParams(num_ppus=3, imem_depth=256)])
+def test_verilog_conversion(params):
+    dut = PPUCluster(params, n_drive=2, n_readout=2, n_marker=4)
+    text = verilog.convert(dut, name="ppu_cluster")
+    assert "module ppu_cluster" in text
+    for port in ("bus_cmd__valid", "bus_rdata__payload", "call_req__ready", "now",
+                 f"ptd__{params.num_ppus - 1}__dac", "ptd__0__adc", "ptd__0__marker"):
+        assert port in text, port
+
+
+def test_parameter_errors():
+    with pytest.raises(ValueError, match="n_drive must be an integer in 1..16, not 0"):
+        PPUCluster(PARAMS, n_drive=0)
+    with pytest.raises(ValueError, match="env_depth must be a power of two >= 4, not 2"):
+        DriveChannel(2)
+    assert RESPONSE_MAGIC == 0x43555153
