@@ -1,0 +1,279 @@
+"""A software QSC for host tests: control-plane register file and RDMA recorder (tests only).
+
+It answers control requests as Holoscan Sensor Bridge's control bus does (sequence check against
+the latched sequence number, ACK_REQUEST, BAD_ADDRESS for unmapped addresses), keeps a sparse byte
+memory of the PPU windows written by RDMA, records every RoCE packet it accepts, and can send RPC
+requests to the host as the gateware would (UC RDMA_WRITE_ONLY_WITH_IMMEDIATE into a ring slot).
+Faults can be injected: dropped responses, stale responses and unrelated frames before a response.
+"""
+
+from __future__ import annotations
+
+import collections
+import struct
+import threading
+from dataclasses import dataclass
+
+from openqlink.bridges.base import FrameTransport
+from openqlink.isa.layout import ISA_VERSION
+from openqlink.memory_map import (
+    COUNTERS,
+    GLOBAL_REGISTERS,
+    PPU_REGISTERS,
+    QP_REGISTERS,
+    REGS_OFFSET,
+    QSCParams,
+    counter_addr,
+    global_reg,
+    ppu_base,
+    ppu_reg,
+    qp_reg,
+    version_word,
+)
+from openqlink.wire.control import CONTROL_RESPONSE, RESPONSE_BIT, Command, Flags, Status
+from openqlink.wire.ethernet import mac_to_int
+from openqlink.wire.ipv4 import ip_to_int
+from openqlink.wire.packet import build_roce_frame, build_udp_frame, parse_frame
+from openqlink.wire.roce import Opcode, slot_immediate
+
+
+@dataclass
+class RoceRecord:
+    opcode: int
+    dest_qp: int
+    psn: int
+    va: int | None
+    r_key: int | None
+    imm: int | None
+    payload: bytes
+
+
+class QSCPeer:
+    """Serves one end of a transport pair in a thread (``start``/``stop``) or by ``step()``."""
+
+    def __init__(self, transport: FrameTransport, params: QSCParams | None = None):
+        self.t = transport
+        self.params = params or QSCParams()
+        self.mac = mac_to_int(self.params.mac)
+        self.ip = ip_to_int(self.params.ip)
+        self.regs: dict[int, int] = {}
+        self.read_only: set[int] = set()
+        for r in GLOBAL_REGISTERS:
+            self.regs[global_reg(r.name)] = r.reset
+        self.regs[global_reg("VERSION")] = version_word(ISA_VERSION)
+        self.regs[global_reg("NUM_PPUS")] = self.params.num_ppus
+        self.read_only |= {global_reg("VERSION"), global_reg("NUM_PPUS")}
+        for i, (name, _) in enumerate(COUNTERS):
+            self.regs[counter_addr(name)] = 1000 + i
+            self.read_only.add(counter_addr(name))
+        for n in range(self.params.num_ppus):
+            for r in QP_REGISTERS:
+                self.regs[qp_reg(n, r.name)] = r.reset
+            self.regs[qp_reg(n, "QSC_QPN")] = self.params.qpn_base + n
+            self.read_only.add(qp_reg(n, "QSC_QPN"))
+            for r in PPU_REGISTERS:
+                self.regs[ppu_reg(n, r.name)] = r.reset
+        self.latched_seq = 0
+        self.memory: dict[int, int] = {}        # byte address -> byte (PPU windows)
+        self.rdma: list[RoceRecord] = []
+        self.mailbox: list[tuple[int, bytes]] = []   # (ppu, SEND payload)
+        self.control_log: list[dict[str, int]] = []
+        self.drop_responses = 0                 # responses to swallow (requests still executed)
+        self.ignore_requests = 0                # requests to swallow without executing
+        self.stale_before_response = False      # send a response with an old seq first
+        self.noise_before_response: list[bytes] = []  # frames to send before the next response
+        self.tx_psn = [0] * self.params.num_ppus
+        self.next_slot = [0] * self.params.num_ppus
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    # --- running ------------------------------------------------------------------------------
+
+    def start(self) -> QSCPeer:
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _serve(self) -> None:
+        while not self._stop.is_set():
+            frame = self.t.recv_frame(0.01)
+            if frame is not None:
+                self.handle(frame)
+
+    def step(self) -> int:
+        n = 0
+        while (frame := self.t.recv_frame(0)) is not None:
+            self.handle(frame)
+            n += 1
+        return n
+
+    # --- receive ------------------------------------------------------------------------------
+
+    def handle(self, frame: bytes) -> None:
+        f = parse_frame(frame)
+        if f.ip is None or f.udp is None or f.ip["dst"] != self.ip:
+            return
+        if f.udp["dst_port"] == 8192 and f.control is not None:
+            self._control(f)
+        elif f.is_roce and f.icrc_ok:
+            self._roce(f)
+
+    def _ppu_of_qpn(self, qpn: int) -> int | None:
+        n = qpn - self.params.qpn_base
+        return n if 0 <= n < self.params.num_ppus else None
+
+    def _roce(self, f) -> None:
+        bth = f.bth
+        ppu = self._ppu_of_qpn(bth["dest_qp"])
+        if ppu is None:
+            return
+        rec = RoceRecord(bth["opcode"], bth["dest_qp"], bth["psn"],
+                         f.reth["va"] if f.reth else None, f.reth["r_key"] if f.reth else None,
+                         f.immdt["imm"] if f.immdt else None, f.payload)
+        self.rdma.append(rec)
+        if bth["opcode"] == Opcode.SEND_ONLY:
+            self.mailbox.append((ppu, f.payload))
+            return
+        if rec.va is None:
+            return
+        for i, b in enumerate(f.payload):
+            self.memory[rec.va + i] = b
+        regs = ppu_base(ppu) + REGS_OFFSET
+        for off in range(0, len(f.payload) - 3, 4):
+            addr = rec.va + off
+            if regs <= addr < regs + 0x18:
+                self.regs[addr] = struct.unpack_from("<I", f.payload, off)[0]
+
+    def _control(self, f) -> None:
+        req = f.control
+        self.control_log.append(req)
+        if self.ignore_requests:
+            self.ignore_requests -= 1
+            return
+        cmd, seq, addr = req["cmd"], req["seq"], req["addr"]
+        value = 0
+        if req["flags"] & Flags.SEQUENCE_CHECK and seq != (self.latched_seq + 1) & 0xFFFF:
+            status = Status.SEQUENCE_ERROR
+        else:
+            self.latched_seq = seq
+            if cmd == Command.WR_DWORD:
+                if addr not in self.regs:
+                    status = Status.BAD_ADDRESS
+                else:
+                    if addr not in self.read_only:
+                        self.regs[addr] = req["data"]
+                    status = Status.OK
+            elif cmd == Command.RD_DWORD:
+                status = Status.OK if addr in self.regs else Status.BAD_ADDRESS
+                value = self.regs.get(addr, 0)
+            else:
+                status = Status.BAD_COMMAND
+            if cmd == Command.WR_DWORD and not req["flags"] & Flags.ACK_REQUEST:
+                return
+        if self.drop_responses:
+            self.drop_responses -= 1
+            return
+        for noise in self.noise_before_response:
+            self.t.send_frame(noise)
+        self.noise_before_response = []
+        if self.stale_before_response:
+            self.stale_before_response = False
+            self._reply(f, cmd, (seq - 5) & 0xFFFF, Status.OK, addr, 0xBAD)
+        self._reply(f, cmd, seq, status, addr, value)
+
+    def _reply(self, f, cmd: int, seq: int, status: int, addr: int, value: int) -> None:
+        payload = CONTROL_RESPONSE.pack(cmd=cmd | RESPONSE_BIT, flags=f.control["flags"],
+                                        seq=seq, status=status, addr=addr, value=value,
+                                        latched_seq=self.latched_seq)
+        self.t.send_frame(build_udp_frame(
+            dst_mac=f.eth["src"], src_mac=self.mac, src_ip=self.ip, dst_ip=f.ip["src"],
+            src_port=8192, dst_port=f.udp["src_port"], payload=payload))
+
+    # --- transmit: RPC requests to the host ---------------------------------------------------
+
+    def rpc_request_frame(self, ppu: int, request: bytes, *, slot: int | None = None,
+                          dest_qp: int | None = None) -> bytes:
+        """A request as the gateware sends it, from the QP context the host configured."""
+        host_mac = self.regs[global_reg("HOST_MAC_HI")] << 32 | self.regs[global_reg("HOST_MAC_LO")]
+        slot_size = self.regs[qp_reg(ppu, "SLOT_SIZE")]
+        num_slots = self.regs[qp_reg(ppu, "NUM_SLOTS")]
+        if slot is None:
+            slot = self.next_slot[ppu]
+            self.next_slot[ppu] = (slot + 1) % num_slots
+        psn = self.tx_psn[ppu]
+        self.tx_psn[ppu] = (psn + 1) % (1 << 24)
+        ring_va = self.regs[qp_reg(ppu, "RING_VA_HI")] << 32 | self.regs[qp_reg(ppu, "RING_VA_LO")]
+        return build_roce_frame(
+            dst_mac=host_mac, src_mac=self.mac, src_ip=self.ip,
+            dst_ip=self.regs[global_reg("HOST_IP")],
+            src_port=self.regs[global_reg("UDP_SRC_PORT")],
+            opcode=Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+            dest_qp=self.regs[qp_reg(ppu, "HOST_QPN")] if dest_qp is None else dest_qp,
+            psn=psn, va=ring_va + slot * slot_size, r_key=self.regs[qp_reg(ppu, "HOST_RKEY")],
+            imm=slot_immediate(psn, slot), payload=request)
+
+    def send_rpc_request(self, ppu: int, request: bytes, **kw) -> None:
+        self.t.send_frame(self.rpc_request_frame(ppu, request, **kw))
+
+    def read_memory(self, addr: int, n: int) -> bytes:
+        return bytes(self.memory.get(addr + i, 0) for i in range(n))
+
+
+class VirtualLink(FrameTransport):
+    """Host end of a single-threaded link to a :class:`QSCPeer` with virtual time.
+
+    ``send_frame`` runs the peer at once; its answers queue here. ``recv_frame`` on an empty queue
+    cannot ever get a frame (nothing else runs), so it advances the virtual clock by the time-out
+    and returns ``None``: time-outs cost no wall time and every run is the same.
+    """
+
+    def __init__(self) -> None:
+        self.inbox: collections.deque[bytes] = collections.deque()
+        self.peer: QSCPeer | None = None
+        self.time_s = 0.0
+        self.sent: list[bytes] = []
+        self.closed = False
+
+    def send_frame(self, frame: bytes) -> None:
+        self.sent.append(frame)
+        assert self.peer is not None
+        self.peer.handle(frame)
+
+    def recv_frame(self, timeout_s: float | None = None) -> bytes | None:
+        if self.inbox:
+            return self.inbox.popleft()
+        self.time_s += 1.0 if timeout_s is None else max(0.0, timeout_s)
+        return None
+
+    def now_s(self) -> float:
+        return self.time_s
+
+    def close(self) -> None:
+        self.closed = True
+
+
+class _PeerEnd(FrameTransport):
+    def __init__(self, link: VirtualLink):
+        self.link = link
+
+    def send_frame(self, frame: bytes) -> None:
+        self.link.inbox.append(frame)
+
+    def recv_frame(self, timeout_s: float | None = None) -> bytes | None:
+        return None
+
+    def close(self) -> None:
+        pass
+
+
+def virtual_peer(params: QSCParams | None = None) -> tuple[VirtualLink, QSCPeer]:
+    """A :class:`VirtualLink` and the :class:`QSCPeer` it drives."""
+    link = VirtualLink()
+    peer = QSCPeer(_PeerEnd(link), params)
+    link.peer = peer
+    return link, peer

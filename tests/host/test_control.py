@@ -1,0 +1,125 @@
+"""openqlink.control.ControlClient against a software QSC peer (tests/host/qsc_peer.py)."""
+
+import pytest
+from openqlink.bridges import transport_pair
+from openqlink.control import ControlClient
+from openqlink.errors import ControlPlaneError, FieldRangeError
+from openqlink.memory_map import global_reg, version_word
+from openqlink.wire.control import Command, Flags, Status
+from openqlink.wire.packet import build_udp_frame
+from qsc_peer import QSCPeer, virtual_peer
+
+HOST_MAC, HOST_IP = "02:00:00:00:00:0a", "192.168.0.1"
+SCRATCH = global_reg("SCRATCH")
+
+
+@pytest.fixture
+def link():
+    host_end, peer = virtual_peer()
+    client = ControlClient(host_end, local_mac=HOST_MAC, local_ip=HOST_IP,
+                           qsc_mac=peer.params.mac, qsc_ip=peer.params.ip, timeout_s=0.05,
+                           retries=2)
+    return client, peer
+
+
+def test_works_over_a_threaded_peer():
+    host_end, peer_end = transport_pair()
+    peer = QSCPeer(peer_end).start()
+    try:
+        client = ControlClient(host_end, local_mac=HOST_MAC, local_ip=HOST_IP,
+                               qsc_mac=peer.params.mac, qsc_ip=peer.params.ip, timeout_s=1.0)
+        for i in range(20):
+            client.write(SCRATCH, i)
+            assert client.read(SCRATCH) == i
+    finally:
+        peer.stop()
+
+
+def test_read_write_and_sequence_numbers(link):
+    client, peer = link
+    assert client.read(global_reg("VERSION")) == version_word(1)
+    client.write(SCRATCH, 0xCAFEF00D)
+    assert client.read(SCRATCH) == 0xCAFEF00D
+    log = peer.control_log
+    assert [r["seq"] for r in log] == [0, 1, 2]
+    assert [r["cmd"] for r in log] == [Command.RD_DWORD, Command.WR_DWORD, Command.RD_DWORD]
+    # the first request latches the numbering; later ones ask for the sequence check
+    assert log[0]["flags"] == Flags.ACK_REQUEST
+    assert all(r["flags"] == Flags.ACK_REQUEST | Flags.SEQUENCE_CHECK for r in log[1:])
+    assert log[1]["data"] == 0xCAFEF00D and log[1]["addr"] == SCRATCH
+    assert client.counters["responses"] == 3 and client.counters["retries"] == 0
+
+
+def test_sequence_error_resynchronises(link):
+    client, peer = link
+    client.read(SCRATCH)
+    peer.latched_seq = 700          # another host talked to the QSC meanwhile
+    client.write(SCRATCH, 5)
+    assert peer.regs[SCRATCH] == 5
+    assert client.counters["sequence_resyncs"] == 1
+    assert peer.control_log[-1]["seq"] == 701
+
+
+def test_bad_address_raises_naming_address_and_status(link):
+    client, _ = link
+    with pytest.raises(ControlPlaneError) as e:
+        client.read(0x0000_0FFC)
+    assert e.value.status == Status.BAD_ADDRESS and e.value.addr == 0xFFC
+    assert "0x00000ffc" in str(e.value) and "BAD_ADDRESS" in str(e.value)
+
+
+def test_lost_responses_are_retried_and_give_up_after_the_limit(link):
+    client, peer = link
+    client.write(SCRATCH, 1)
+    peer.drop_responses = 2         # two attempts get no answer, the third does
+    assert client.read(SCRATCH) == 1
+    assert client.counters["retries"] == 2 and client.counters["timeouts"] == 2
+    peer.ignore_requests = 3        # every attempt is lost
+    with pytest.raises(ControlPlaneError) as e:
+        client.write(SCRATCH, 2)
+    assert e.value.status is None and e.value.addr == SCRATCH
+    assert "3 attempts" in str(e.value)
+    # the client goes on working afterwards
+    client.write(SCRATCH, 3)
+    assert peer.regs[SCRATCH] == 3
+
+
+def test_stale_responses_are_dropped_and_other_frames_are_routed(link):
+    client, peer = link
+    client.read(SCRATCH)
+    other = build_udp_frame(dst_mac=HOST_MAC, src_mac=peer.params.mac, src_ip=peer.params.ip,
+                            dst_ip=HOST_IP, src_port=4791, dst_port=1234, payload=b"rpc?")
+    peer.noise_before_response = [other]
+    peer.stale_before_response = True
+    client.write(SCRATCH, 9)
+    assert client.counters["stale_responses"] == 1
+    assert list(client.other_frames) == [other]
+    routed = []
+    client.on_frame = routed.append
+    peer.noise_before_response = [other, other]
+    assert client.read(SCRATCH) == 9
+    assert routed == [other, other] and client.counters["routed_frames"] == 3
+
+
+def test_write_without_ack_and_argument_checks(link):
+    client, peer = link
+    client.write(SCRATCH, 0x77, ack=False)
+    assert client.read(SCRATCH) == 0x77
+    assert peer.control_log[0]["flags"] == 0
+    for bad in (2, -4, 1 << 32):
+        with pytest.raises(FieldRangeError) as e:
+            client.read(bad)
+        assert (e.value.header, e.value.field) == ("ControlRequest", "addr")
+    with pytest.raises(FieldRangeError) as e:
+        client.write(SCRATCH, 1 << 32)
+    assert e.value.field == "data"
+    with pytest.raises(ValueError):
+        ControlClient(client.transport, local_mac=HOST_MAC, local_ip=HOST_IP, qsc_mac=0,
+                      qsc_ip=0, timeout_s=0)
+
+
+def test_bad_command_status(link):
+    client, _ = link
+    with pytest.raises(ControlPlaneError) as e:
+        client.transact(Command.RD_BLOCK, SCRATCH)
+    assert e.value.status == Status.BAD_COMMAND and "RD_BLOCK" in str(e.value)
