@@ -1,0 +1,468 @@
+"""Tests of openqlink.gateware.net.rx: RoCEReceiver checks, drops, commit engine."""
+
+import random
+
+import pytest
+from amaranth.hdl import Module
+from amaranth.lib import wiring
+from amaranth.sim import Simulator
+from netbench import (
+    HOST_IP,
+    HOST_MAC,
+    HOST_PORT,
+    PARAMS,
+    QSC_IP,
+    StreamSink,
+    beats,
+    control_frame,
+    drive_frames,
+    eth_header,
+    expected_writes,
+    ip_udp,
+    mailbox_commit,
+    pad60,
+    roce_frame,
+    send_frame,
+    tail_write,
+    write_frame,
+)
+from openqlink.gateware.net.regs import NetRegisters
+from openqlink.gateware.net.rx import RoCEReceiver
+from openqlink.memory_map import (
+    ENV_OFFSET,
+    IMEM_OFFSET,
+    MAILBOX_OFFSET,
+    REGS_OFFSET,
+    QSCParams,
+    counter_addr,
+    ppu_base,
+    ppu_reg,
+    qp_reg,
+)
+from openqlink.wire.control import Command
+from openqlink.wire.ethernet import EtherType
+from openqlink.wire.roce import Opcode
+
+IMEM_RKEY, ENV_RKEY, REGS_RKEY = 0x1111_0001, 0x2222_0002, 0x3333_0003
+
+
+class RxHarness(wiring.Component):
+    """RoCEReceiver with its register block: counters are read back as the host would."""
+
+    def __init__(self, params: QSCParams, **kw):
+        self.dut = RoCEReceiver(params, **kw)
+        self.regs = NetRegisters(params, num_inc_sources=1)
+        super().__init__({})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.dut = dut = self.dut
+        m.submodules.regs = regs = self.regs
+        m.d.comb += [
+            dut.config.eq(regs.config),
+            dut.qp.eq(regs.qp),
+            regs.inc[0].eq(dut.count),
+            regs.rx_epsn.eq(dut.epsn),
+        ]
+        return m
+
+
+async def reg_write(ctx, regs, addr: int, value: int) -> None:
+    ctx.set(regs.port.addr, addr)
+    ctx.set(regs.port.w_data, value)
+    ctx.set(regs.port.w_en, 1)
+    await ctx.tick()
+    ctx.set(regs.port.w_en, 0)
+
+
+def reg_read(ctx, regs, addr: int) -> int:
+    ctx.set(regs.port.addr, addr)
+    assert ctx.get(regs.port.hit)
+    return ctx.get(regs.port.r_data)
+
+
+COUNTER_NAMES = ["RX_FRAMES", "RX_ROCE_ACCEPTED", "DROP_ETH", "DROP_IP", "DROP_UDP",
+                 "DROP_ICRC", "DROP_OPCODE", "DROP_PKEY", "DROP_QPN", "DROP_RKEY", "DROP_VA",
+                 "DROP_LENGTH", "DROP_PSN", "PSN_GAP", "DROP_OVERFLOW", "RX_RPC_RESPONSES"]
+
+
+def run_rx(frames, *, params=PARAMS, ready=lambda c: True, gap=0, rng=None, setup=None,
+           settle=80, **kw):
+    """Drive ``frames``; return (bus commands, control requests, counters, epsn list)."""
+    h = RxHarness(params, **kw)
+    dut, regs = h.dut, h.regs
+    sink = StreamSink(dut.bus_cmd, ready)
+    ctrl = StreamSink(dut.ctrl_req, lambda c: True, convert=lambda p: {
+        f: int(getattr(p, f)) for f in
+        ("src_mac", "src_ip", "src_port", "cmd", "flags", "seq", "addr", "data")})
+    result = {}
+
+    async def testbench(ctx):
+        for n in range(params.num_ppus):
+            await reg_write(ctx, regs, qp_reg(n, "IMEM_RKEY"), IMEM_RKEY + n)
+            await reg_write(ctx, regs, qp_reg(n, "ENV_RKEY"), ENV_RKEY + n)
+            await reg_write(ctx, regs, qp_reg(n, "REGS_RKEY"), REGS_RKEY + n)
+        if setup is not None:
+            await setup(ctx, regs)
+        await drive_frames(ctx, dut.rx, frames, gap=gap, rng=rng)
+        for _ in range(settle):
+            await ctx.tick()
+        while ctx.get(dut.busy):
+            await ctx.tick()
+        result["counters"] = {n: reg_read(ctx, regs, counter_addr(n)) for n in COUNTER_NAMES}
+        result["epsn"] = [reg_read(ctx, regs, qp_reg(n, "RX_EPSN"))
+                          for n in range(params.num_ppus)]
+
+    sim = Simulator(h)
+    sim.add_clock(6.4e-9)
+    sim.add_testbench(testbench)
+    sim.add_testbench(sink.run, background=True)
+    sim.add_testbench(ctrl.run, background=True)
+    sim.run()
+    return sink.items, ctrl.items, result["counters"], result["epsn"]
+
+
+def nonzero(counters):
+    return {k: v for k, v in counters.items() if v}
+
+
+IMEM0 = ppu_base(0) + IMEM_OFFSET
+ENV0 = ppu_base(0) + ENV_OFFSET
+
+
+def payload_bytes(n: int, seed: int = 1) -> bytes:
+    rng = random.Random(seed)
+    return bytes(rng.randrange(256) for _ in range(n))
+
+
+# ---- accepted packets --------------------------------------------------------------------------
+
+@pytest.mark.parametrize("offset,length", [(0, 32), (4, 32), (0, 13), (4, 1), (8, 7), (12, 64),
+                                           (0, 0), (4, 0), (0, 8), (4, 4)])
+def test_write_only_realigns(offset, length):
+    data = payload_bytes(length, offset * 100 + length)
+    va = IMEM0 + 0x40 + offset
+    cmds, _, counters, epsn = run_rx([write_frame(va, data, IMEM_RKEY, psn=0)])
+    assert cmds == expected_writes(va, data)
+    assert nonzero(counters) == {"RX_FRAMES": 1, "RX_ROCE_ACCEPTED": 1}
+    assert epsn == [1]
+
+
+def test_write_with_immediate_commits_tail():
+    data = payload_bytes(48)
+    va = IMEM0 + 16 * 5
+    cmds, _, counters, _ = run_rx([write_frame(va, data, IMEM_RKEY, imm=8)])
+    assert cmds == expected_writes(va, data) + [tail_write(ppu_reg(0, "TAIL"), 8)]
+    assert nonzero(counters) == {"RX_FRAMES": 1, "RX_ROCE_ACCEPTED": 1}
+
+
+def test_zero_length_write_with_immediate_commits_tail_only():
+    cmds, _, _, _ = run_rx([write_frame(IMEM0 + 0x100, b"", IMEM_RKEY, imm=0x10)])
+    assert cmds == [tail_write(ppu_reg(0, "TAIL"), 0x10)]
+
+
+def test_write_with_immediate_elsewhere_ignores_immediate():
+    data = payload_bytes(20)
+    cmds, _, _, _ = run_rx([write_frame(ENV0 + 4, data, ENV_RKEY, imm=0xDEAD)])
+    assert cmds == expected_writes(ENV0 + 4, data)
+
+
+def test_write_to_ppu_registers_region():
+    va = ppu_reg(0, "START_TIME_LO")
+    data = (1234).to_bytes(4, "little") + (0).to_bytes(4, "little")
+    cmds, _, _, _ = run_rx([write_frame(va, data, REGS_RKEY)])
+    assert cmds == expected_writes(va, data)
+
+
+def test_send_only_to_mailbox():
+    data = payload_bytes(37)
+    mailbox = ppu_base(0) + MAILBOX_OFFSET
+    cmds, _, counters, _ = run_rx([send_frame(data, psn=0)])
+    assert cmds == expected_writes(mailbox, data) + [mailbox_commit(mailbox, 37)]
+    assert nonzero(counters) == {"RX_FRAMES": 1, "RX_ROCE_ACCEPTED": 1, "RX_RPC_RESPONSES": 1}
+
+
+def test_send_only_full_mailbox_and_second_ppu():
+    params = QSCParams(num_ppus=3)
+    data = payload_bytes(64)
+    mailbox = ppu_base(2) + MAILBOX_OFFSET
+    cmds, _, _, epsn = run_rx([send_frame(data, dest_qp=params.qpn_base + 2, psn=77)],
+                              params=params)
+    assert cmds == expected_writes(mailbox, data) + [mailbox_commit(mailbox, 64)]
+    assert epsn == [0, 0, 78]
+
+
+def test_write_to_second_ppu_uses_its_rkey_and_tail():
+    params = QSCParams(num_ppus=2)
+    va = ppu_base(1) + IMEM_OFFSET + 32
+    data = payload_bytes(16)
+    ok = write_frame(va, data, IMEM_RKEY + 1, dest_qp=params.qpn_base + 1, imm=3)
+    wrong = write_frame(va, data, IMEM_RKEY, dest_qp=params.qpn_base + 1, imm=3)
+    cmds, _, counters, _ = run_rx([ok, wrong], params=params)
+    assert cmds == expected_writes(va, data) + [tail_write(ppu_reg(1, "TAIL"), 3)]
+    assert counters["DROP_RKEY"] == 1
+
+
+def test_psn_gap_counted_and_kept():
+    d = payload_bytes(8)
+    frames = [write_frame(IMEM0, d, IMEM_RKEY, psn=0xFFFFFF),
+              write_frame(IMEM0 + 8, d, IMEM_RKEY, psn=0),
+              write_frame(IMEM0 + 16, d, IMEM_RKEY, psn=5)]
+    cmds, _, counters, epsn = run_rx(frames)
+    assert len(cmds) == 3
+    # epsn starts at 0: 0xFFFFFF jumps, 0 follows it (24-bit wrap), 5 jumps again.
+    assert counters["PSN_GAP"] == 2
+    assert counters["RX_ROCE_ACCEPTED"] == 3
+    assert epsn == [6]
+
+
+def test_broadcast_mac_and_padding_accepted():
+    data = payload_bytes(4)
+    frame = write_frame(IMEM0, data, IMEM_RKEY, eth={"dst": (1 << 48) - 1}, extra=bytes(11))
+    cmds, _, _, _ = run_rx([frame])
+    assert cmds == expected_writes(IMEM0, data)
+
+
+def test_ip_checksum_zero_forms():
+    # RFC 1624: a header whose other words sum to 0xFFFF may carry checksum 0x0000 or 0xFFFF.
+    # Choose the identification so the sum of the other words is 0xFFFF, then send both forms.
+    from openqlink.wire.ipv4 import IPV4, IpProtocol
+
+    fields = dict(total_length=20 + 8 + 12 + 16 + 8 + 4, identification=0, ttl=64,
+                  protocol=IpProtocol.UDP, src=HOST_IP, dst=QSC_IP)
+    base = IPV4.pack(**fields)
+    total = sum(int.from_bytes(base[i:i + 2], "big") for i in range(0, 20, 2))
+    while total >> 16:
+        total = (total & 0xFFFF) + (total >> 16)
+    fields["identification"] = 0xFFFF - total
+    data = payload_bytes(8)
+    frames = [write_frame(IMEM0, data, IMEM_RKEY, ip=dict(fields, checksum=c))
+              for c in (0x0000, 0xFFFF)]
+    cmds, _, counters, _ = run_rx(frames)
+    assert counters["RX_ROCE_ACCEPTED"] == 2
+    assert cmds == expected_writes(IMEM0, data) * 2
+
+
+def test_control_request_extracted():
+    frame = control_frame(Command.RD_DWORD, 0x0000_0008, 0x55AA, flags=3, seq=0x1234)
+    cmds, reqs, counters, _ = run_rx([frame])
+    assert cmds == []
+    assert reqs == [dict(src_mac=HOST_MAC, src_ip=HOST_IP, src_port=HOST_PORT,
+                         cmd=Command.RD_DWORD, flags=3, seq=0x1234, addr=8, data=0x55AA)]
+    assert nonzero(counters) == {"RX_FRAMES": 1}
+
+
+# ---- drops -------------------------------------------------------------------------------------
+
+GOOD_VA = IMEM0 + 0x80
+D16 = payload_bytes(16)
+
+
+def _w(**kw):
+    kw.setdefault("payload", D16)
+    kw.setdefault("va", GOOD_VA)
+    kw.setdefault("r_key", IMEM_RKEY)
+    return roce_frame(kw.pop("opcode", Opcode.RDMA_WRITE_ONLY), **kw)
+
+
+def _not_ipv4():
+    return pad60(eth_header(ethertype=EtherType.ARP) + bytes(28))
+
+
+def _tcp():
+    return pad60(eth_header() + ip_udp(bytes(20), dst_port=80, ip={"protocol": 6}))
+
+
+DROPS = {
+    "eth_dst": (_w(eth={"dst": 0x02_00_00_00_00_99}), "DROP_ETH"),
+    "ethertype": (_not_ipv4(), "DROP_ETH"),
+    "ip_checksum": (_w(ip={"checksum": 0x1234}), "DROP_IP"),
+    "ip_version": (_w(ip={"version": 6}), "DROP_IP"),
+    "ip_ihl": (_w(ip={"ihl": 6}), "DROP_IP"),
+    "ip_dst": (_w(ip={"dst": QSC_IP + 1}), "DROP_IP"),
+    "ip_fragment_mf": (_w(ip={"flags": 0b001}), "DROP_IP"),
+    "ip_fragment_offset": (_w(ip={"fragment_offset": 8}), "DROP_IP"),
+    "ip_total_length_long": (_w(ip={"total_length": 20 + 8 + 12 + 16 + 16 + 4 + 40}), "DROP_IP"),
+    "ip_protocol": (_tcp(), "DROP_IP"),
+    "udp_port": (_w(udp={"dst_port": 4792}), "DROP_UDP"),
+    "udp_length": (_w(udp={"length": 8 + 12 + 16 + 16}), "DROP_UDP"),
+    "icrc": (_w(bad_icrc=True), "DROP_ICRC"),
+    "opcode_rc": (_w(opcode=0x0A), "DROP_OPCODE"),
+    "opcode_write_first": (_w(opcode=Opcode.RDMA_WRITE_FIRST), "DROP_OPCODE"),
+    "opcode_send_imm": (roce_frame(Opcode.SEND_ONLY_WITH_IMMEDIATE, imm=1, payload=D16),
+                        "DROP_OPCODE"),
+    "tver": (_w(bth={"tver": 1}), "DROP_OPCODE"),
+    "pkey": (_w(bth={"p_key": 0x8001}), "DROP_PKEY"),
+    "pkey_limited": (_w(bth={"p_key": 0x7FFF}), None),  # accepted: we are a full member
+    "qpn_low": (_w(dest_qp=PARAMS.qpn_base - 1), "DROP_QPN"),
+    "qpn_high": (_w(dest_qp=PARAMS.qpn_base + 1), "DROP_QPN"),
+    "header_too_short": (roce_frame(Opcode.RDMA_WRITE_ONLY, payload=bytes(8)), "DROP_LENGTH"),
+    "rkey": (_w(r_key=IMEM_RKEY ^ 0x100), "DROP_RKEY"),
+    "rkey_of_other_region": (_w(r_key=ENV_RKEY), "DROP_RKEY"),
+    "va_out_of_range": (_w(va=IMEM0 + PARAMS.imem_depth * 16 - 8), "DROP_VA"),
+    "va_past_region": (_w(va=IMEM0 + PARAMS.imem_depth * 16), "DROP_VA"),
+    "va_unaligned": (_w(va=GOOD_VA + 2), "DROP_VA"),
+    "va_high_bits": (_w(va=GOOD_VA | 1 << 32), "DROP_VA"),
+    "va_mailbox": (_w(va=ppu_base(0) + MAILBOX_OFFSET), "DROP_VA"),
+    "va_other_ppu": (_w(va=ppu_base(1) + IMEM_OFFSET), "DROP_VA"),
+    "va_global_regs": (_w(va=0x100), "DROP_VA"),
+    "va_regs_readonly": (_w(va=ppu_base(0) + REGS_OFFSET + 0x10, r_key=REGS_RKEY), "DROP_VA"),
+    "dma_len": (_w(dma_len=20), "DROP_LENGTH"),
+    "pad_cnt": (_w(pad_cnt=2), "DROP_LENGTH"),
+    "send_too_long": (send_frame(bytes(68)), "DROP_LENGTH"),
+}
+
+
+@pytest.mark.parametrize("name", list(DROPS))
+def test_drop_reasons(name):
+    frame, reason = DROPS[name]
+    good = write_frame(IMEM0 + 8, D16, IMEM_RKEY, psn=0)
+    cmds, reqs, counters, _ = run_rx([frame, good])
+    if reason is None:
+        assert counters["RX_ROCE_ACCEPTED"] == 2
+        return
+    # the dropped frame emits nothing; the next frame still goes through
+    assert cmds == expected_writes(IMEM0 + 8, D16)
+    assert reqs == []
+    expected = {"RX_FRAMES": 2, "RX_ROCE_ACCEPTED": 1, reason: 1}
+    assert nonzero(counters) == expected
+
+
+def test_rx_disable_drops_roce_but_not_control():
+    async def setup(ctx, regs):
+        from openqlink.memory_map import global_reg
+        await reg_write(ctx, regs, global_reg("RX_ENABLE"), 0)
+
+    frames = [_w(), control_frame(Command.RD_DWORD, 0)]
+    cmds, reqs, counters, _ = run_rx(frames, setup=setup)
+    assert cmds == [] and len(reqs) == 1
+    assert counters["DROP_UDP"] == 1
+
+
+def test_pkey_configured():
+    async def setup(ctx, regs):
+        from openqlink.memory_map import global_reg
+        await reg_write(ctx, regs, global_reg("P_KEY"), 0x0005)   # limited member of 5
+
+    frames = [_w(bth={"p_key": 0x8005}), _w(bth={"p_key": 0x0005}), _w(bth={"p_key": 0xFFFF})]
+    cmds, _, counters, _ = run_rx(frames, setup=setup)
+    assert counters["RX_ROCE_ACCEPTED"] == 1
+    assert counters["DROP_PKEY"] == 2
+    assert cmds == expected_writes(GOOD_VA, D16)
+
+
+def test_truncated_and_runt_frames():
+    good = _w()
+    frames = [good[:40], good[:70], b"\x01" * 10, good]
+    cmds, _, counters, _ = run_rx(frames)
+    assert cmds == expected_writes(GOOD_VA, D16)
+    assert counters["DROP_ETH"] == 1 and counters["DROP_IP"] == 2
+
+
+# ---- flow: back-to-back, back-pressure, overflow -----------------------------------------------
+
+def _random_packets(rng: random.Random, count: int):
+    frames, expected = [], []
+    for i in range(count):
+        kind = rng.choice(["write", "write_imm", "send", "bad"])
+        length = rng.choice([0, 1, 4, 7, 8, 12, 13, 31, 32, 60, 64, 100, 257])
+        data = payload_bytes(length, rng.randrange(1 << 30))
+        va = IMEM0 + 4 * rng.randrange(0, 64)
+        if kind == "write":
+            frames.append(write_frame(va, data, IMEM_RKEY, psn=i))
+            expected += expected_writes(va, data)
+        elif kind == "write_imm":
+            frames.append(write_frame(va, data, IMEM_RKEY, imm=i, psn=i))
+            expected += expected_writes(va, data) + [tail_write(ppu_reg(0, "TAIL"), i)]
+        elif kind == "send":
+            data = data[:64]
+            mailbox = ppu_base(0) + MAILBOX_OFFSET
+            frames.append(send_frame(data, psn=i))
+            expected += expected_writes(mailbox, data) + [mailbox_commit(mailbox, len(data))]
+        else:
+            frames.append(write_frame(va, data, IMEM_RKEY, psn=i, bad_icrc=True))
+    return frames, expected
+
+
+def test_back_to_back_frames():
+    rng = random.Random(7)
+    frames, expected = _random_packets(rng, 12)
+    cmds, _, counters, _ = run_rx(frames, gap=0)
+    assert cmds == expected
+    assert counters["RX_FRAMES"] == 12
+
+
+def test_bus_back_pressure_and_gaps():
+    rng = random.Random(11)
+    frames, expected = _random_packets(rng, 12)
+    ready_rng = random.Random(3)
+    pattern = [ready_rng.random() < 0.4 for _ in range(1 << 12)]
+    cmds, _, counters, _ = run_rx(frames, ready=lambda c: pattern[c % len(pattern)],
+                                  rng=random.Random(5), settle=200)
+    assert cmds == expected
+    assert counters["DROP_OVERFLOW"] == 0
+
+
+def test_buffer_overflow_drops_and_recovers():
+    big = payload_bytes(1000)
+    frames = [write_frame(IMEM0 + 0x1000 * i, big, IMEM_RKEY) for i in range(4)]
+    # 4 KiB buffer: three 1070-byte frames fit, the fourth does not while the bus is stalled.
+    h_cmds, _, counters, _ = run_rx(frames, ready=lambda c: c > 700, settle=900)
+    assert counters["DROP_OVERFLOW"] == 1
+    assert counters["RX_ROCE_ACCEPTED"] == 3
+    exp = []
+    for i in range(3):
+        exp += expected_writes(IMEM0 + 0x1000 * i, big)
+    assert h_cmds == exp
+
+
+def test_descriptor_queue_overflow():
+    d = payload_bytes(4)
+    frames = [write_frame(IMEM0 + 8 * i, d, IMEM_RKEY) for i in range(12)]
+    cmds, _, counters, _ = run_rx(frames, ready=lambda c: c > 400, desc_depth=4)
+    # one waiting in the bus_cmd register, one stalled in the commit engine, four queued
+    assert counters["RX_ROCE_ACCEPTED"] == 6
+    assert counters["DROP_OVERFLOW"] == 6
+    exp = []
+    for i in range(6):
+        exp += expected_writes(IMEM0 + 8 * i, d)
+    assert cmds == exp
+
+
+def test_beats_helper():
+    b = beats(bytes(range(13)))
+    assert [x["keep"] for x in b] == [0xFF, 0x1F]
+    assert b[0]["first"] and b[1]["last"]
+
+
+def test_scapy_built_packets_accepted():
+    """Frames built by scapy's RoCE layer (an independent ICRC, GPL: tests only), with TOS, TTL,
+    FECN/BECN and pad bytes that the ICRC masks or covers."""
+    from openqlink.wire.roce import IMMDT, RETH
+    from scapy.contrib.roce import BTH as ScapyBTH
+    from scapy.layers import inet
+    from scapy.layers.l2 import Ether
+    from scapy.packet import Raw
+
+    def frame(opcode, ext: bytes, data: bytes, psn: int) -> bytes:
+        pad = (-len(data)) % 4
+        p = (Ether(dst=PARAMS.mac, src="02:00:00:00:00:65") /
+             inet.IP(src="192.168.0.101", dst=PARAMS.ip, tos=0x2E, ttl=17, flags="DF") /
+             inet.UDP(sport=0xD000, dport=4791, chksum=0) /
+             ScapyBTH(opcode=opcode, dqpn=PARAMS.qpn_base, psn=psn, padcount=pad, fecn=1,
+                      becn=1) /
+             Raw(ext + data + bytes(pad)))
+        return pad60(bytes(p))
+
+    d1, d2 = payload_bytes(13, 5), payload_bytes(21, 6)
+    va = IMEM0 + 0x204
+    frames = [
+        frame(Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+              RETH.pack(va=va, r_key=IMEM_RKEY, dma_len=13) + IMMDT.pack(imm=42), d1, 9),
+        frame(Opcode.SEND_ONLY, b"", d2, 10),
+    ]
+    mailbox = ppu_base(0) + MAILBOX_OFFSET
+    cmds, _, counters, _ = run_rx(frames)
+    assert cmds == (expected_writes(va, d1) + [tail_write(ppu_reg(0, "TAIL"), 42)] +
+                    expected_writes(mailbox, d2) + [mailbox_commit(mailbox, 21)])
+    assert counters["PSN_GAP"] == 1
