@@ -1,0 +1,276 @@
+"""openqlink.qsc.QSC against a software QSC peer (tests/host/qsc_peer.py)."""
+
+import struct
+import threading
+import time
+
+import pytest
+from openqlink.bridges import transport_pair
+from openqlink.errors import FieldRangeError, QlinkError, VersionMismatchError
+from openqlink.isa import INSTRUCTION_BYTES, PPUState
+from openqlink.memory_map import (
+    COUNTERS,
+    ENV_OFFSET,
+    IMEM_OFFSET,
+    REGS_OFFSET,
+    QSCParams,
+    global_reg,
+    ppu_base,
+    ppu_reg,
+    qp_reg,
+    version_word,
+)
+from openqlink.qsc import QSC, RKeys
+from openqlink.wire.packet import build_udp_frame
+from openqlink.wire.roce import Opcode
+from openqlink.wire.rpc import Request, Response
+from qsc_peer import QSCPeer, virtual_peer
+
+HOST_MAC, HOST_IP = "02:00:00:00:00:0a", "192.168.0.1"
+
+
+class Ring:
+    def __init__(self, num_slots=4, slot_size=256):
+        self.num_slots = num_slots
+        self.slot_size = slot_size
+        self.memory = bytearray(num_slots * slot_size)
+        self.published: list[tuple[int, int]] = []
+
+    def publish(self, slot: int, length: int) -> None:
+        self.published.append((slot, length))
+
+
+def make(params=None, **kw):
+    link, peer = virtual_peer(params or QSCParams(num_ppus=2))
+    qsc = QSC(link, host_mac=HOST_MAC, host_ip=HOST_IP, params=params, timeout_s=0.05, **kw)
+    return qsc, peer, link
+
+
+@pytest.fixture
+def ready():
+    qsc, peer, link = make()
+    qsc.connect()
+    ring = Ring()
+    qsc.configure(0, ring)
+    return qsc, peer, ring
+
+
+def test_connect_reads_version_and_ppus():
+    qsc, peer, _ = make()
+    assert qsc.connect() == version_word(1)
+    assert qsc.num_ppus == 2
+
+
+@pytest.mark.parametrize(("version", "match"), [
+    (version_word(1) ^ (1 << 24), "major"),
+    (version_word(1) ^ (3 << 8), "ISA version"),
+    (version_word(1) & ~0xFF, "tag byte"),
+])
+def test_connect_refuses_other_versions(version, match):
+    qsc, peer, _ = make()
+    peer.regs[global_reg("VERSION")] = version
+    with pytest.raises(VersionMismatchError, match=match):
+        qsc.connect()
+
+
+def test_connect_accepts_other_minor_and_checks_num_ppus():
+    qsc, peer, _ = make()
+    peer.regs[global_reg("VERSION")] = version_word(1) ^ (5 << 16)
+    qsc.connect()
+    qsc2, peer2, _ = make(QSCParams(num_ppus=1))
+    peer2.regs[global_reg("NUM_PPUS")] = 3
+    with pytest.raises(VersionMismatchError, match="NUM_PPUS"):
+        qsc2.connect()
+
+
+def test_configure_writes_the_qp_contract(ready):
+    qsc, peer, ring = ready
+    r = peer.regs
+    assert r[global_reg("HOST_MAC_HI")] == 0x0200 and r[global_reg("HOST_MAC_LO")] == 0x0A
+    assert r[global_reg("HOST_IP")] == 0xC0A80001
+    keys = RKeys.default(0)
+    assert r[qp_reg(0, "HOST_QPN")] == 0x200 and r[qp_reg(0, "HOST_RKEY")] == keys.ring
+    assert (r[qp_reg(0, "NUM_SLOTS")], r[qp_reg(0, "SLOT_SIZE")]) == (4, 256)
+    assert (r[qp_reg(0, "IMEM_RKEY")], r[qp_reg(0, "ENV_RKEY")], r[qp_reg(0, "REGS_RKEY")]) == \
+        (keys.imem, keys.env, keys.regs)
+    assert r[qp_reg(0, "RING_VA_LO")] == 0 and r[qp_reg(0, "RING_VA_HI")] == 0
+    assert len({keys.ring, keys.imem, keys.env, keys.regs, 0}) == 5
+    qp = qsc.qp(0)
+    assert qp.qpn == 0x200 and qp.remote_qpn == 0x100
+    assert qsc.read_qp_context(0)["HOST_QPN"] == 0x200
+    qp1 = qsc.configure(1, None, host_qpn=0x321, imem_rkey=7)
+    assert qp1.remote_qpn == 0x101 and r[qp_reg(1, "IMEM_RKEY")] == 7
+    assert r[qp_reg(1, "HOST_QPN")] == 0x321 and qsc.rkeys(1).imem == 7
+    with pytest.raises(FieldRangeError):
+        qsc.configure(2)
+    with pytest.raises(FieldRangeError):
+        qsc.configure(0, Ring(num_slots=0))
+
+
+def test_upload_program_in_pmtu_packets(ready):
+    qsc, peer, _ = ready
+    words = bytes((i * 7) % 256 for i in range(200 * INSTRUCTION_BYTES))
+    assert qsc.upload_program(0, words) == 4
+    writes = peer.rdma
+    assert [w.opcode for w in writes] == [Opcode.RDMA_WRITE_ONLY] * 4
+    assert [len(w.payload) for w in writes] == [1024, 1024, 1024, 128]
+    assert all(w.r_key == RKeys.default(0).imem and w.dest_qp == 0x100 for w in writes)
+    base = ppu_base(0) + IMEM_OFFSET
+    assert [w.va for w in writes] == [base, base + 1024, base + 2048, base + 3072]
+    assert peer.read_memory(base, len(words)) == words
+    assert [w.psn for w in writes] == [0, 1, 2, 3]
+    # appending with a committed tail: the last packet carries ImmDt = new tail
+    more = bytes(range(16)) * 3
+    assert qsc.upload_program(0, more, start_index=200, commit_tail=True) == 1
+    last = peer.rdma[-1]
+    assert last.opcode == Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE and last.imm == 203
+    assert last.va == base + 200 * 16
+
+
+def test_upload_program_checks(ready):
+    qsc, _, _ = ready
+    for bad in (b"", bytes(17)):
+        with pytest.raises(FieldRangeError) as e:
+            qsc.upload_program(0, bad)
+        assert e.value.field == "words"
+    with pytest.raises(FieldRangeError):
+        qsc.upload_program(0, bytes(16), start_index=qsc.params.imem_depth)
+    with pytest.raises(QlinkError, match="not configured"):
+        qsc.upload_program(1, bytes(16))
+
+
+def test_write_envelope(ready):
+    qsc, peer, _ = ready
+    samples = [(-1) ** i * (i * 97 % 32768) for i in range(700)]
+    assert qsc.write_envelope(0, 100, samples) == 2
+    base = ppu_base(0) + ENV_OFFSET
+    assert [w.va for w in peer.rdma] == [base + 200, base + 200 + 1024]
+    assert all(w.r_key == RKeys.default(0).env for w in peer.rdma)
+    assert peer.read_memory(base + 200, 1400) == struct.pack("<700h", *samples)
+    with pytest.raises(FieldRangeError, match="even"):
+        qsc.write_envelope(0, 3, [0])
+    with pytest.raises(FieldRangeError) as e:
+        qsc.write_envelope(0, 0, [40000])
+    assert e.value.field == "samples"
+    with pytest.raises(FieldRangeError):
+        qsc.write_envelope(0, qsc.params.env_depth - 2, [1, 2, 3])
+
+
+def test_trigger_is_one_write_of_start_time_and_tail(ready):
+    qsc, peer, _ = ready
+    qsc.trigger(0, 0x1_2345_6789, tail=42)
+    assert len(peer.rdma) == 1
+    w = peer.rdma[0]
+    assert w.opcode == Opcode.RDMA_WRITE_ONLY and w.r_key == RKeys.default(0).regs
+    assert w.va == ppu_reg(0, "START_TIME_LO")
+    assert w.payload == struct.pack("<III", 0x2345_6789, 1, 42)
+    assert peer.regs[ppu_reg(0, "TRIGGER")] == 42
+    assert peer.regs[ppu_reg(0, "START_TIME_HI")] == 1
+    assert w.va + 12 <= ppu_base(0) + REGS_OFFSET + 0x18
+    with pytest.raises(FieldRangeError):
+        qsc.trigger(0, 1 << 64, 1)
+    with pytest.raises(FieldRangeError):
+        qsc.trigger(0, 0, qsc.params.imem_depth + 1)
+
+
+def test_reads(ready):
+    qsc, peer, _ = ready
+    peer.regs[ppu_reg(0, "TIMELINE_LO")] = 0x89AB_CDEF
+    peer.regs[ppu_reg(0, "TIMELINE_HI")] = 0x0123_4567
+    assert qsc.timeline(0) == 0x0123_4567_89AB_CDEF
+    peer.regs[ppu_reg(0, "STATUS")] = int(PPUState.ERROR.value) | 1 << 8 | 1 << 13
+    st = qsc.status(0)
+    assert st.state == PPUState.ERROR and st.underflow == 1 and st.trigger_busy == 1
+    assert st.late == 0
+    c = qsc.counters()
+    assert list(c) == [n for n, _ in COUNTERS] and c["RX_FRAMES"] == 1000
+    regs = qsc.read_registers(0)
+    assert "TRIGGER" not in regs and regs["TIMELINE_HI"] == 0x0123_4567 and "R15" in regs
+    assert qsc.read_register(0, "CALL_TIMEOUT_CYCLES") == 250_000
+
+
+def test_poll_rx_routes_requests_to_the_ring_and_counts_the_rest(ready):
+    qsc, peer, ring = ready
+    req = Request(function_id=0x1234, request_id=7, ptp_timestamp=99, payload=b"\x01").pack()
+    peer.send_rpc_request(0, req)
+    peer.send_rpc_request(0, req)
+    peer.send_rpc_request(0, req, dest_qp=0x999)            # no such host QP
+    peer.t.send_frame(build_udp_frame(dst_mac=HOST_MAC, src_mac=peer.params.mac,
+                                      src_ip=peer.params.ip, dst_ip=HOST_IP, src_port=5,
+                                      dst_port=6, payload=b"x"))
+    peer.t.send_frame(b"\x00" * 8)                            # malformed
+    assert qsc.poll_rx() == 5
+    assert ring.published == [(0, len(req)), (1, len(req))]
+    assert Request.unpack(ring.memory[256:512]).request_id == 7
+    assert qsc.rx_counts == {"roce": 2, "roce_unknown_qpn": 1, "control_unexpected": 0,
+                             "malformed": 1, "other": 1}
+    assert qsc.poll_rx() == 0
+    # a request arriving while a control transaction waits is routed by the transaction
+    peer.noise_before_response = [peer.rpc_request_frame(0, req)]
+    qsc.read_register(0, "PC")
+    assert ring.published[-1] == (3, len(req))   # slot 2 went to the unknown QP
+
+
+def test_poll_rx_yields_to_a_running_transaction(ready):
+    qsc, peer, _ = ready
+    peer.t.send_frame(b"\x00" * 60)
+    held = threading.Event()
+    release = threading.Event()
+
+    def hold():
+        with qsc.control.lock:
+            held.set()
+            release.wait(10)
+
+    t = threading.Thread(target=hold)
+    t.start()
+    held.wait(10)
+    try:
+        assert qsc.poll_rx() == 0
+    finally:
+        release.set()
+        t.join(10)
+    assert qsc.poll_rx() == 1
+
+
+def test_send_response_is_a_send_only_to_the_ppu_qp(ready):
+    qsc, peer, _ = ready
+    resp = Response(status=0, request_id=7, ptp_timestamp=99, result=b"\x02\x00\x00\x00").pack()
+    qsc.send_response(0, 3, resp)
+    w = peer.rdma[-1]
+    assert w.opcode == Opcode.SEND_ONLY and w.dest_qp == 0x100 and peer.mailbox == [(0, resp)]
+    with pytest.raises(FieldRangeError) as e:
+        qsc.send_response(0, 4, resp)
+    assert e.value.field == "slot"
+    with pytest.raises(FieldRangeError):
+        qsc.send_response(0, 0, bytes(65))
+
+
+def test_psns_are_shared_by_writes_and_sends_of_one_qp(ready):
+    qsc, peer, _ = ready
+    qsc.upload_program(0, bytes(32))
+    qsc.send_response(0, 0, bytes(24))
+    qsc.trigger(0, 0, 2)
+    assert [w.psn for w in peer.rdma] == [0, 1, 2]
+
+
+def test_full_flow_over_a_threaded_peer():
+    host_end, peer_end = transport_pair()
+    peer = QSCPeer(peer_end, QSCParams()).start()
+    try:
+        qsc = QSC(host_end, host_mac=HOST_MAC, host_ip=HOST_IP, timeout_s=1.0)
+        qsc.connect()
+        ring = Ring()
+        qsc.configure(0, ring)
+        qsc.upload_program(0, bytes(range(16)) * 4)
+        qsc.trigger(0, 1000, 4)
+        assert qsc.read_register(0, "TRIGGER") == 4   # the peer applied the RDMA first
+        peer.send_rpc_request(0, Request(1, 2, 3, b"").pack())
+        for _ in range(1000):
+            if qsc.poll_rx():
+                break
+            time.sleep(0.001)
+        assert ring.published == [(0, 24)]
+    finally:
+        peer.stop()
+        qsc.close()
