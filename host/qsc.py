@@ -24,7 +24,8 @@ import sys
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+
+from amaranth.lib import data
 
 from .bridges.base import FrameTransport
 from .control import DEFAULT_LOCAL_PORT, ControlClient
@@ -389,7 +390,7 @@ class QSC:
         hi = self.read_register(ppu, "TIMELINE_HI")
         return hi << 32 | lo
 
-    def status(self, ppu: int) -> Any:
+    def status(self, ppu: int) -> data.Const:
         """PPU STATUS decoded as an :class:`openqlink.isa.PPUStatus` constant view (fields
         ``state``, ``underflow``, ``late``, ``call_timeout``, ...)."""
         return PPUStatus.from_bits(self.read_register(ppu, "STATUS"))

@@ -5,6 +5,8 @@ code (:mod:`openqlink.qsc`, :mod:`openqlink.roce`, :mod:`openqlink.control`) run
 any of them: the in-process pair (:func:`~openqlink.bridges.base.transport_pair`), raw Ethernet
 (:class:`~openqlink.bridges.rawsock.RawSocketTransport`, imported from its module: it needs Linux
 ``AF_PACKET``), and the cocotb bench's ``openqlink.sim.transport.SimTransport``.
+
+# Ref: IEEE 802.3-2018 3.2 (the frames carried); Linux packet(7) (raw sockets).
 """
 
 from .base import FrameTransport, QueueTransport, TransportClosedError, transport_pair
