@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import gc
 import random
+import warnings
 
 import pytest
 from amaranth.back import verilog
 from openqlink.gateware.ppu.channels import DriveChannel
 from openqlink.gateware.ppu.cluster import PPUCluster
+from openqlink.gateware.ppu.core import PPU
 from openqlink.isa.layout import Cond, PPUState
 from openqlink.memory_map import (
     ENV_OFFSET,
@@ -672,9 +675,19 @@ def test_verilog_conversion(params):
         assert port in text, port
 
 
+def _raises(exc: type[Exception], match: str, build) -> None:
+    """``build()`` raises ``exc``; the half-built component's "never used" warning is muted."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*created but never used")
+        with pytest.raises(exc, match=match):
+            build()
+        gc.collect()
+
+
 def test_parameter_errors():
-    with pytest.raises(ValueError, match="n_drive must be an integer in 1..16, not 0"):
-        PPUCluster(PARAMS, n_drive=0)
-    with pytest.raises(ValueError, match="env_depth must be a power of two >= 4, not 2"):
-        DriveChannel(2)
+    _raises(ValueError, "n_drive must be an integer in 1..16, not 0",
+            lambda: PPUCluster(PARAMS, n_drive=0))
+    _raises(ValueError, "env_depth must be a power of two >= 4, not 2", lambda: DriveChannel(2))
+    _raises(ValueError, "imem_depth must be at least 2, not 1",
+            lambda: PPU(QSCParams(imem_depth=1)))
     assert RESPONSE_MAGIC == 0x43555153

@@ -1,0 +1,160 @@
+"""Timed channels alone: fire cycle, late detection, overlap rules, flush."""
+
+from __future__ import annotations
+
+import gc
+import warnings
+
+import pytest
+from amaranth.hdl import Module
+from amaranth.sim import Simulator
+from openqlink.gateware.ppu.channels import (
+    FIFO_DEPTH,
+    DriveChannel,
+    MarkerChannel,
+    PTDSignature,
+    ReadoutChannel,
+)
+
+
+def _run(dut, bench, *, drive_now: bool = True):
+    """Simulate ``dut`` with ``now`` counting from 0; ``bench(ctx, rows)`` gets the samples."""
+    m = Module()
+    m.submodules.dut = dut
+    if drive_now:
+        m.d.sync += dut.now.eq(dut.now + 1)
+    sim = Simulator(m)
+    sim.add_clock(4e-9)
+
+    async def testbench(ctx):
+        await bench(ctx)
+
+    sim.add_testbench(testbench)
+    sim.run()
+
+
+async def _push(ctx, dut, **payload):
+    ctx.set(dut.event.payload, payload)
+    ctx.set(dut.event.valid, 1)
+    await ctx.tick().until(dut.event.ready)
+    ctx.set(dut.event.valid, 0)
+
+
+async def _collect(ctx, dut, signal, until_now: int) -> list[tuple[int, int, int]]:
+    rows = []
+    while True:
+        _, _, now, value, late = await ctx.tick().sample(dut.now, signal, dut.late)
+        rows.append((now, value, late))
+        if now >= until_now:
+            return rows
+
+
+def test_marker_fires_exactly_and_later_event_wins():
+    dut = MarkerChannel()
+
+    async def bench(ctx):
+        await _push(ctx, dut, time=20, duration_cycles=5)
+        await _push(ctx, dut, time=22, duration_cycles=2)     # takes over at 22
+        await _push(ctx, dut, time=30, duration_cycles=0)
+        rows = await _collect(ctx, dut, dut.marker, 40)
+        assert [n for n, v, _ in rows if v] == [20, 21, 22, 23]
+        assert not any(late for *_, late in rows)
+        assert ctx.get(dut.idle)
+
+    _run(dut, bench)
+
+
+def test_marker_late_event_is_dropped_not_played():
+    dut = MarkerChannel()
+
+    async def bench(ctx):
+        await ctx.tick().repeat(10)
+        await _push(ctx, dut, time=10, duration_cycles=3)     # pushed at now 10: too late
+        rows = await _collect(ctx, dut, dut.marker, 20)
+        assert [n for n, v, _ in rows if v] == []
+        assert [n for n, _, late in rows if late] == [11]
+
+    _run(dut, bench)
+
+
+def test_flush_empties_the_fifo_and_quiets_outputs():
+    dut = MarkerChannel()
+
+    async def bench(ctx):
+        for k in range(FIFO_DEPTH):
+            await _push(ctx, dut, time=30 + 4 * k, duration_cycles=2)
+        assert not ctx.get(dut.event.ready)                   # full: the core would stall
+        await ctx.tick().until(dut.now == 30)   # now reads 31
+        assert ctx.get(dut.marker)
+        ctx.set(dut.flush, 1)
+        await ctx.tick()
+        ctx.set(dut.flush, 0)
+        assert ctx.get(dut.idle) and not ctx.get(dut.marker)
+        rows = await _collect(ctx, dut, dut.marker, 120)
+        assert [n for n, v, _ in rows if v] == []
+
+    _run(dut, bench)
+
+
+def test_readout_back_to_back_and_overlap_is_late():
+    dut = ReadoutChannel()
+
+    async def bench(ctx):
+        ctx.set(dut.adc, 3)
+        await _push(ctx, dut, time=20, window_cycles=4, threshold=11, rd=5)
+        await _push(ctx, dut, time=24, window_cycles=2, threshold=5, rd=6)
+        await _push(ctx, dut, time=25, window_cycles=2, threshold=0, rd=7)  # overlaps
+        results, windows, lates = [], [], []
+        while ctx.get(dut.now) < 40:
+            _, _, now, win, valid, rd, bit, late = await ctx.tick().sample(
+                dut.now, dut.window, dut.result_valid, dut.result_rd, dut.result_bit, dut.late)
+            if win:
+                windows.append(now)
+            if valid:
+                results.append((now, rd, bit))
+            if late:
+                lates.append(now)
+        assert windows == [20, 21, 22, 23, 24, 25]
+        assert results == [(23, 5, 1), (25, 6, 1)]           # 12 > 11, 6 > 5
+        assert lates == [24]
+
+    _run(dut, bench)
+
+
+def test_drive_preemption_and_lead():
+    dut = DriveChannel(16)
+    env = [1000 * (i + 1) for i in range(16)]
+
+    async def bench(ctx):
+        await _push(ctx, dut, time=20, env_addr=0, env_len=6, amplitude=0x4000)
+        await _push(ctx, dut, time=23, env_addr=8, env_len=2, amplitude=-0x8000)
+        rows = []
+        while ctx.get(dut.now) < 40:
+            addr = ctx.get(dut.env_rd_addr)
+            word = sum((env[4 * addr + k] & 0xFFFF) << (16 * k) for k in range(4))
+            _, _, now, dac, active = await ctx.tick().sample(dut.now, dut.dac, dut.active)
+            ctx.set(dut.env_rd_data, word)        # a 1-cycle-latency read port model
+            if active:
+                rows.append((now, dac))
+        assert rows == [(20, 500), (21, 1000), (22, 1500), (23, -9000), (24, -10000)]
+        assert DriveChannel.LEAD_CYCLES == 4
+
+    _run(dut, bench)
+
+
+def _raises(exc: type[Exception], match: str, build) -> None:
+    """``build()`` raises ``exc``; the half-built component's "never used" warning is muted."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*created but never used")
+        with pytest.raises(exc, match=match):
+            build()
+        gc.collect()
+
+
+def test_parameter_errors():
+    _raises(ValueError, r"n_marker must be an integer in 1\.\.16, not 17",
+            lambda: PTDSignature(n_marker=17))
+    _raises(ValueError, "samples_per_cycle must be 1 for now, not 2",
+            lambda: PTDSignature(samples_per_cycle=2))
+    _raises(ValueError, "env_depth must be a power of two >= 4, not 12", lambda: DriveChannel(12))
+    assert PTDSignature(2, 1, 4) == PTDSignature(2, 1, 4) != PTDSignature(1, 1, 4)
