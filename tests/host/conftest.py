@@ -1,4 +1,7 @@
-"""A software QSC for host tests: control-plane register file and RDMA recorder (tests only).
+"""Fixtures of the host tests: a software QSC (control-plane register file, RDMA recorder).
+
+The peer lives in this conftest and is handed out by fixtures (``virtual_qsc``,
+``threaded_qsc``), so the tests need no import path to it whatever pytest's import mode.
 
 It answers control requests as Holoscan Sensor Bridge's control bus does (sequence check against
 the latched sequence number, ACK_REQUEST, BAD_ADDRESS for unmapped addresses), keeps a sparse byte
@@ -14,7 +17,8 @@ import struct
 import threading
 from dataclasses import dataclass
 
-from openqlink.bridges.base import FrameTransport
+import pytest
+from openqlink.bridges.base import FrameTransport, transport_pair
 from openqlink.isa.layout import ISA_VERSION
 from openqlink.memory_map import (
     COUNTERS,
@@ -277,3 +281,26 @@ def virtual_peer(params: QSCParams | None = None) -> tuple[VirtualLink, QSCPeer]
     peer = QSCPeer(_PeerEnd(link), params)
     link.peer = peer
     return link, peer
+
+
+@pytest.fixture
+def virtual_qsc():
+    """Factory: ``virtual_qsc(params=None) -> (VirtualLink, QSCPeer)``."""
+    return virtual_peer
+
+
+@pytest.fixture
+def threaded_qsc():
+    """Factory: ``threaded_qsc(params=None) -> (QueueTransport, QSCPeer)``, the peer serving the
+    other end of the pair in a thread until the test ends."""
+    peers: list[QSCPeer] = []
+
+    def make(params: QSCParams | None = None):
+        host_end, peer_end = transport_pair()
+        peer = QSCPeer(peer_end, params).start()
+        peers.append(peer)
+        return host_end, peer
+
+    yield make
+    for p in peers:
+        p.stop()

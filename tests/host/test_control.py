@@ -1,38 +1,32 @@
 """openqlink.control.ControlClient against a software QSC peer (tests/host/qsc_peer.py)."""
 
 import pytest
-from openqlink.bridges import transport_pair
 from openqlink.control import ControlClient
 from openqlink.errors import ControlPlaneError, FieldRangeError
 from openqlink.memory_map import global_reg, version_word
 from openqlink.wire.control import Command, Flags, Status
 from openqlink.wire.packet import build_udp_frame
-from qsc_peer import QSCPeer, virtual_peer
 
 HOST_MAC, HOST_IP = "02:00:00:00:00:0a", "192.168.0.1"
 SCRATCH = global_reg("SCRATCH")
 
 
 @pytest.fixture
-def link():
-    host_end, peer = virtual_peer()
+def link(virtual_qsc):
+    host_end, peer = virtual_qsc()
     client = ControlClient(host_end, local_mac=HOST_MAC, local_ip=HOST_IP,
                            qsc_mac=peer.params.mac, qsc_ip=peer.params.ip, timeout_s=0.05,
                            retries=2)
     return client, peer
 
 
-def test_works_over_a_threaded_peer():
-    host_end, peer_end = transport_pair()
-    peer = QSCPeer(peer_end).start()
-    try:
-        client = ControlClient(host_end, local_mac=HOST_MAC, local_ip=HOST_IP,
-                               qsc_mac=peer.params.mac, qsc_ip=peer.params.ip, timeout_s=1.0)
-        for i in range(20):
-            client.write(SCRATCH, i)
-            assert client.read(SCRATCH) == i
-    finally:
-        peer.stop()
+def test_works_over_a_threaded_peer(threaded_qsc):
+    host_end, peer = threaded_qsc()
+    client = ControlClient(host_end, local_mac=HOST_MAC, local_ip=HOST_IP,
+                           qsc_mac=peer.params.mac, qsc_ip=peer.params.ip, timeout_s=1.0)
+    for i in range(20):
+        client.write(SCRATCH, i)
+        assert client.read(SCRATCH) == i
 
 
 def test_read_write_and_sequence_numbers(link):

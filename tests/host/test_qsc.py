@@ -5,7 +5,6 @@ import threading
 import time
 
 import pytest
-from openqlink.bridges import transport_pair
 from openqlink.errors import FieldRangeError, QlinkError, VersionMismatchError
 from openqlink.isa import INSTRUCTION_BYTES, PPUState
 from openqlink.memory_map import (
@@ -24,7 +23,6 @@ from openqlink.qsc import QSC, RKeys
 from openqlink.wire.packet import build_udp_frame
 from openqlink.wire.roce import Opcode
 from openqlink.wire.rpc import Request, Response
-from qsc_peer import QSCPeer, virtual_peer
 
 HOST_MAC, HOST_IP = "02:00:00:00:00:0a", "192.168.0.1"
 
@@ -40,14 +38,18 @@ class Ring:
         self.published.append((slot, length))
 
 
-def make(params=None, **kw):
-    link, peer = virtual_peer(params or QSCParams(num_ppus=2))
-    qsc = QSC(link, host_mac=HOST_MAC, host_ip=HOST_IP, params=params, timeout_s=0.05, **kw)
-    return qsc, peer, link
+@pytest.fixture
+def make(virtual_qsc):
+    def make(params=None, **kw):
+        link, peer = virtual_qsc(params or QSCParams(num_ppus=2))
+        qsc = QSC(link, host_mac=HOST_MAC, host_ip=HOST_IP, params=params, timeout_s=0.05,
+                  **kw)
+        return qsc, peer, link
+    return make
 
 
 @pytest.fixture
-def ready():
+def ready(make):
     qsc, peer, link = make()
     qsc.connect()
     ring = Ring()
@@ -55,7 +57,7 @@ def ready():
     return qsc, peer, ring
 
 
-def test_connect_reads_version_and_ppus():
+def test_connect_reads_version_and_ppus(make):
     qsc, peer, _ = make()
     assert qsc.connect() == version_word(1)
     assert qsc.num_ppus == 2
@@ -66,14 +68,14 @@ def test_connect_reads_version_and_ppus():
     (version_word(1) ^ (3 << 8), "ISA version"),
     (version_word(1) & ~0xFF, "tag byte"),
 ])
-def test_connect_refuses_other_versions(version, match):
+def test_connect_refuses_other_versions(make, version, match):
     qsc, peer, _ = make()
     peer.regs[global_reg("VERSION")] = version
     with pytest.raises(VersionMismatchError, match=match):
         qsc.connect()
 
 
-def test_connect_accepts_other_minor_and_checks_num_ppus():
+def test_connect_accepts_other_minor_and_checks_num_ppus(make):
     qsc, peer, _ = make()
     peer.regs[global_reg("VERSION")] = version_word(1) ^ (5 << 16)
     qsc.connect()
@@ -254,9 +256,8 @@ def test_psns_are_shared_by_writes_and_sends_of_one_qp(ready):
     assert [w.psn for w in peer.rdma] == [0, 1, 2]
 
 
-def test_full_flow_over_a_threaded_peer():
-    host_end, peer_end = transport_pair()
-    peer = QSCPeer(peer_end, QSCParams()).start()
+def test_full_flow_over_a_threaded_peer(threaded_qsc):
+    host_end, peer = threaded_qsc(QSCParams())
     try:
         qsc = QSC(host_end, host_mac=HOST_MAC, host_ip=HOST_IP, timeout_s=1.0)
         qsc.connect()
@@ -272,5 +273,4 @@ def test_full_flow_over_a_threaded_peer():
             time.sleep(0.001)
         assert ring.published == [(0, 24)]
     finally:
-        peer.stop()
         qsc.close()
