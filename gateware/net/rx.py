@@ -88,6 +88,10 @@ _L4_AT = _UDP_AT + UDP.length_bytes          # BTH, or the control request
 _RETH_AT = _L4_AT + BTH.length_bytes
 _IMM_AT = _RETH_AT + RETH.length_bytes
 
+#: The IPv4 header seen as ten big-endian 16-bit words, for its checksum (RFC 1071).
+_IPV4_WORDS = Header("IPv4Words", [(f"w{i}", 16) for i in range(IPV4.length_bytes // 2)],
+                     ref="RFC 1071")
+
 #: Bytes of each frame captured in registers: Ethernet + IPv4 + UDP + BTH + RETH + ImmDt, rounded
 #: up to whole 64-bit beats.
 HEADER_BYTES = -(-(_IMM_AT + IMMDT.length_bytes) // 8) * 8
@@ -469,9 +473,7 @@ class RoCEReceiver(wiring.Component):
             (eth["ethertype"] != EtherType.IPV4))
 
         # RFC 1071 sum over the ten 16-bit words of the header, end-around carry folded twice.
-        ip_words = [Cat(hdr[8 * (_IP_AT + 2 * i + 1):8 * (_IP_AT + 2 * i + 2)],
-                        hdr[8 * (_IP_AT + 2 * i):8 * (_IP_AT + 2 * i + 1)])
-                    for i in range(IPV4.length_bytes // 2)]
+        ip_words = list(_IPV4_WORDS.view(hbytes(_IP_AT, IPV4)).values())
         csum_sum = Signal(20)
         csum_fold1 = Signal(17)
         csum_fold2 = Signal(16)

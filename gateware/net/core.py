@@ -1,0 +1,145 @@
+"""NetworkCore: the QSC network side in one ``rti`` domain (receive, control, registers, transmit).
+
+# Ref: docs/architecture.md (NetworkCore); IBTA Vol 1 9.8 / Annex A17 (RoCEv2 UC) through
+# openqlink.gateware.net.rx and .tx; Holoscan Sensor Bridge control bus through .control.
+
+Written in ``sync``; the top places it in ``rti`` with ``DomainRenamer``.
+"""
+
+from amaranth.hdl import Module, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.wiring import In, Out
+
+from ...memory_map import QSCParams
+from ..bus import BusCommand, BusReadData, CallRequest
+from ..packet import packet_signature
+from .common import COUNTER_INDEX
+from .control import ControlPlane
+from .regs import NUM_COUNTERS, NetRegisters
+from .rx import RoCEReceiver
+from .timebase import Timebase
+from .tx import TxBuilder
+
+__all__ = ["BusArbiter", "NetworkCore"]
+
+
+class BusArbiter(wiring.Component):
+    """Merges the receive path's and the control plane's bus commands without interleaving.
+
+    The grant moves only while its holder is not ``busy``, so the commands of one packet (the
+    receive path holds ``rx_busy`` from its first command to its last) and the single command of
+    a control request reach ``bus_cmd`` contiguously. When both wait, the grant alternates.
+
+    Members
+    -------
+    rx_cmd, ctrl_cmd : In(stream.Signature(BusCommand))
+        The two sources. A source's ``valid`` may only be high while its ``busy`` is high.
+    rx_busy, ctrl_busy : In(1)
+        The source is inside a packet or has a command pending.
+    bus_cmd : Out(stream.Signature(BusCommand))
+        The granted source, passed through combinationally (no latency, no buffering).
+    """
+
+    rx_cmd: In(stream.Signature(BusCommand))
+    rx_busy: In(1)
+    ctrl_cmd: In(stream.Signature(BusCommand))
+    ctrl_busy: In(1)
+    bus_cmd: Out(stream.Signature(BusCommand))
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        grant_ctrl = Signal()
+        with m.If(grant_ctrl):
+            wiring.connect(m, wiring.flipped(self.ctrl_cmd), wiring.flipped(self.bus_cmd))
+            with m.If(~self.ctrl_busy & self.rx_busy):
+                m.d.sync += grant_ctrl.eq(0)
+        with m.Else():
+            wiring.connect(m, wiring.flipped(self.rx_cmd), wiring.flipped(self.bus_cmd))
+            with m.If(~self.rx_busy & self.ctrl_busy):
+                m.d.sync += grant_ctrl.eq(1)
+        return m
+
+
+class NetworkCore(wiring.Component):
+    """The network core: :class:`~openqlink.gateware.net.rx.RoCEReceiver`,
+    :class:`~openqlink.gateware.net.control.ControlPlane`,
+    :class:`~openqlink.gateware.net.regs.NetRegisters`,
+    :class:`~openqlink.gateware.net.timebase.Timebase` and
+    :class:`~openqlink.gateware.net.tx.TxBuilder`, joined.
+
+    Parameters
+    ----------
+    params : QSCParams
+        Build parameters (PPU count, QPN base, reset MAC/IP, ``rti_clk_hz`` for the timebase).
+    rx_buffer_bytes : int
+        Receive buffer size (see :class:`~openqlink.gateware.net.rx.RoCEReceiver`).
+
+    Members
+    -------
+    rx : In(packet_signature())
+        Frames from the MAC, FCS stripped; ``ready`` is always 1 (full buffer: frames dropped
+        and counted as DROP_OVERFLOW).
+    tx : Out(packet_signature())
+        Frames to the MAC (RPC requests, control replies), no FCS, padded to 60 bytes.
+    bus_cmd : Out(stream.Signature(BusCommand))
+        Commands to the PPU cluster: a packet's commands and a control request's command are
+        never interleaved (:class:`BusArbiter`); honours ``ready`` (the receive buffer absorbs
+        the stall).
+    bus_rdata : In(stream.Signature(BusReadData))
+        Answers to the control plane's READs, in order.
+    call_req : In(stream.Signature(CallRequest))
+        CALLs of the PPUs, sent as RPC requests.
+    """
+
+    def __init__(self, params: QSCParams, *, rx_buffer_bytes: int = 4096):
+        self.params = params
+        self.rx_buffer_bytes = rx_buffer_bytes
+        super().__init__({
+            "rx": In(packet_signature(params.data_width_bits)),
+            "tx": Out(packet_signature(params.data_width_bits)),
+            "bus_cmd": Out(stream.Signature(BusCommand)),
+            "bus_rdata": In(stream.Signature(BusReadData)),
+            "call_req": In(stream.Signature(CallRequest)),
+        })
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        params = self.params
+
+        m.submodules.rx = rx = RoCEReceiver(params, buffer_bytes=self.rx_buffer_bytes)
+        m.submodules.control = ctrl = ControlPlane(params)
+        m.submodules.regs = regs = NetRegisters(params, num_inc_sources=3)
+        m.submodules.timebase = timebase = Timebase(params.rti_clk_hz)
+        m.submodules.tx = tx = TxBuilder(params.num_ppus, params)
+        m.submodules.arbiter = arbiter = BusArbiter()
+
+        wiring.connect(m, wiring.flipped(self.rx), rx.rx)
+        wiring.connect(m, tx.tx, wiring.flipped(self.tx))
+        wiring.connect(m, wiring.flipped(self.call_req), tx.call_req)
+        wiring.connect(m, wiring.flipped(self.bus_rdata), ctrl.bus_rdata)
+        wiring.connect(m, rx.ctrl_req, ctrl.req)
+        wiring.connect(m, ctrl.reply, tx.ctrl_reply)
+        wiring.connect(m, ctrl.regs, regs.port)
+        wiring.connect(m, rx.bus_cmd, arbiter.rx_cmd)
+        wiring.connect(m, ctrl.bus_cmd, arbiter.ctrl_cmd)
+        wiring.connect(m, arbiter.bus_cmd, wiring.flipped(self.bus_cmd))
+
+        tx_count = Signal(NUM_COUNTERS)
+        m.d.comb += [
+            arbiter.rx_busy.eq(rx.busy),
+            arbiter.ctrl_busy.eq(ctrl.busy),
+            rx.config.eq(regs.config),
+            rx.qp.eq(regs.qp),
+            tx.config.eq(regs.config),
+            tx.qp.eq(regs.qp),
+            timebase.format.eq(regs.config.timestamp_format),
+            tx.timestamp.eq(timebase.timestamp),
+            regs.rx_epsn.eq(rx.epsn),
+            regs.tx_psn.eq(tx.tx_psn),
+            tx_count[COUNTER_INDEX["TX_FRAMES"]].eq(tx.sent_frame),
+            tx_count[COUNTER_INDEX["TX_RPC_REQUESTS"]].eq(tx.sent_rpc),
+            regs.inc[0].eq(rx.count),
+            regs.inc[1].eq(ctrl.count),
+            regs.inc[2].eq(tx_count),
+        ]
+        return m
