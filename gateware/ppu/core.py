@@ -72,7 +72,7 @@ from .channels import (
     ReadoutChannel,
 )
 
-__all__ = ["PPU", "Region", "LOCAL_ADDR_BITS", "REGION_WORD_BITS", "REGS_WORDS"]
+__all__ = ["PPU", "WindowRegion", "LOCAL_ADDR_BITS", "REGION_WORD_BITS", "REGS_WORDS"]
 
 #: Bits of a bus word address inside one PPU window (16 MiB window = 2**21 words).
 LOCAL_ADDR_BITS = 21
@@ -82,7 +82,7 @@ REGION_WORD_BITS = 19
 REGS_WORDS = max(r.offset for r in PPU_REGISTERS) // 8 + 1
 
 
-class Region(enum.Enum, shape=2):
+class WindowRegion(enum.Enum, shape=2):
     """Window regions: bits [23:22] of the byte offset (``memory_map.*_OFFSET``)."""
 
     IMEM = 0
@@ -414,17 +414,17 @@ class PPU(wiring.Component):
         # ---- Bus: decode ------------------------------------------------------------------
         cmd = self.bus_cmd
         local = cmd.word_addr[:LOCAL_ADDR_BITS]
-        region = Region(local[REGION_WORD_BITS:LOCAL_ADDR_BITS])
+        region = WindowRegion(local[REGION_WORD_BITS:LOCAL_ADDR_BITS])
         off = local[:REGION_WORD_BITS]
         mapped = Signal()
         with m.Switch(region):
-            with m.Case(Region.IMEM):
+            with m.Case(WindowRegion.IMEM):
                 m.d.comb += mapped.eq(off < 2 * imem_depth)
-            with m.Case(Region.ENV):
+            with m.Case(WindowRegion.ENV):
                 m.d.comb += mapped.eq(off < env_words)
-            with m.Case(Region.MAILBOX):
+            with m.Case(WindowRegion.MAILBOX):
                 m.d.comb += mapped.eq(off < MAILBOX_WORDS)
-            with m.Case(Region.REGS):
+            with m.Case(WindowRegion.REGS):
                 m.d.comb += mapped.eq(off < REGS_WORDS)
         is_write = self.bus_valid & (cmd.op == BusOp.WRITE) & mapped
         is_read = self.bus_valid & (cmd.op == BusOp.READ)
@@ -433,20 +433,20 @@ class PPU(wiring.Component):
         m.d.comb += [
             imem_w.addr.eq(off[1:]),
             imem_w.data.eq(Cat(cmd.data, cmd.data)),
-            imem_w.en.eq(Mux(is_write & (region == Region.IMEM),
+            imem_w.en.eq(Mux(is_write & (region == WindowRegion.IMEM),
                              Mux(off[0], cmd.be << 8, cmd.be), 0)),
             env_w.addr.eq(off),
             env_w.data.eq(cmd.data),
-            env_w.en.eq(Mux(is_write & (region == Region.ENV), cmd.be, 0)),
+            env_w.en.eq(Mux(is_write & (region == WindowRegion.ENV), cmd.be, 0)),
             imem_bus_r.addr.eq(off[1:]),
             env_bus_r.addr.eq(off),
-            call.mb_we.eq(is_write & (region == Region.MAILBOX)),
+            call.mb_we.eq(is_write & (region == WindowRegion.MAILBOX)),
             call.mb_addr.eq(off),
             call.mb_be.eq(cmd.be),
             call.mb_data.eq(cmd.data),
             call.mb_raddr.eq(off),
             call.commit.eq(self.bus_valid & (cmd.op == BusOp.MAILBOX_COMMIT) &
-                           (region == Region.MAILBOX)),
+                           (region == WindowRegion.MAILBOX)),
             call.commit_bytes.eq(cmd.data[:16]),
         ]
 
@@ -484,7 +484,7 @@ class PPU(wiring.Component):
         tl_hi_reg = next(r for r in PPU_REGISTERS if r.name == "TIMELINE_HI")
         assert tl_hi_reg.offset == tl_reg.offset + 4 and tl_reg.offset % 8 == 0
 
-        regs_write = is_write & (region == Region.REGS)
+        regs_write = is_write & (region == WindowRegion.REGS)
         for r in PPU_REGISTERS:
             if r.name in rw:
                 lane = (r.offset >> 2) & 1
@@ -516,12 +516,12 @@ class PPU(wiring.Component):
                 ]
 
         # Reads: registered, valid the cycle after the READ.
-        rd_region = Signal(Region)
+        rd_region = Signal(WindowRegion)
         rd_half = Signal()
         rd_error = Signal()
         rd_reg = Signal(64)
         rd_mb = Signal(64)
-        tl_read = is_read & (region == Region.REGS) & (off == tl_reg.offset >> 3)
+        tl_read = is_read & (region == WindowRegion.REGS) & (off == tl_reg.offset >> 3)
         tl_lo_lanes = (cmd.be[:4] != 0) | (cmd.be == 0)
         with m.If(tl_read & tl_lo_lanes):
             m.d.sync += timeline_hi.eq(now[32:])
@@ -537,13 +537,13 @@ class PPU(wiring.Component):
         m.d.comb += [imem_bus_r.en.eq(is_read), env_bus_r.en.eq(is_read)]
         rdata = Signal(64)
         with m.Switch(rd_region):
-            with m.Case(Region.IMEM):
+            with m.Case(WindowRegion.IMEM):
                 m.d.comb += rdata.eq(Mux(rd_half, imem_bus_r.data[64:], imem_bus_r.data[:64]))
-            with m.Case(Region.ENV):
+            with m.Case(WindowRegion.ENV):
                 m.d.comb += rdata.eq(env_bus_r.data)
-            with m.Case(Region.MAILBOX):
+            with m.Case(WindowRegion.MAILBOX):
                 m.d.comb += rdata.eq(rd_mb)
-            with m.Case(Region.REGS):
+            with m.Case(WindowRegion.REGS):
                 m.d.comb += rdata.eq(rd_reg)
         m.d.comb += [
             self.bus_rdata.data.eq(Mux(rd_error, 0, rdata)),
