@@ -412,7 +412,12 @@ class QSC:
 
     # --- receive path and RPC responses -------------------------------------------------------
 
-    def _route(self, frame: bytes) -> None:
+    def handle_frame(self, frame: bytes) -> None:
+        """Route one received frame: RoCEv2 to the host QP it addresses (which writes RPC
+        requests into the ring and publishes their slots), anything else counted in
+        ``rx_counts``. Never raises for bad input. For a transport that steers RoCE traffic
+        itself, as a RoCE NIC does (and the simulation bench), instead of :meth:`poll_rx`.
+        """
         try:
             f = parse_frame(frame)
         except WireFormatError:
@@ -448,7 +453,7 @@ class QSC:
                 if frame is None:
                     break
                 n += 1
-                self._route(frame)
+                self.handle_frame(frame)
             return n
         finally:
             lock.release()

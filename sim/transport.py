@@ -19,7 +19,7 @@ import threading
 import cocotb
 from cocotb.triggers import Event, First, Timer
 
-from ..bridges.base import FrameTransport
+from ..bridges.base import FrameTransport, TransportClosedError
 
 __all__ = ["SimTransport"]
 
@@ -50,7 +50,7 @@ class SimTransport(FrameTransport):
 
     def send_frame(self, frame: bytes) -> None:
         if self.closed:
-            raise RuntimeError("transport is closed")
+            raise TransportClosedError("the simulation transport is closed")
         self.source.send(frame)
 
     def recv_frame(self, timeout_s: float | None = None) -> bytes | None:
@@ -68,6 +68,10 @@ class SimTransport(FrameTransport):
             self._arrived.clear()
             await First(self._arrived.wait(), Timer(wait_ns, "ns"))
         return self._rx.popleft() if self._rx else None
+
+    def now_s(self) -> float:
+        """Simulated time in seconds: host time-outs run on the simulator's clock."""
+        return cocotb.utils.get_sim_time("ps") * 1e-12
 
     def close(self) -> None:
         self.closed = True
