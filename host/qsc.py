@@ -152,7 +152,7 @@ class QSC:
         self.control = ControlClient(transport, local_mac=self.host_mac, local_ip=self.host_ip,
                                      local_port=control_port, qsc_mac=self.qsc_mac,
                                      qsc_ip=self.qsc_ip, timeout_s=timeout_s, retries=retries,
-                                     on_frame=self._route)
+                                     on_frame=self.handle_frame)
         self.rx_counts: dict[str, int] = dict.fromkeys(RX_COUNT_NAMES, 0)
         self.version = 0
         self._ppus: dict[int, _PPUState] = {}
