@@ -1,0 +1,246 @@
+"""Tests of openqlink.gateware.net.control: ControlPlane with the register block.
+
+(Named test_net_control.py: tests/host/test_control.py holds the host client's tests.)
+"""
+
+from amaranth.hdl import Module
+from amaranth.lib import wiring
+from amaranth.sim import Simulator
+from netbench import HOST_IP, HOST_MAC, HOST_PORT, StreamSink
+from openqlink.gateware.bus import BusOp
+from openqlink.gateware.net.control import ControlPlane
+from openqlink.gateware.net.regs import NetRegisters
+from openqlink.isa.layout import ISA_VERSION
+from openqlink.memory_map import (
+    QSCParams,
+    counter_addr,
+    global_reg,
+    ppu_base,
+    ppu_reg,
+    qp_reg,
+    version_word,
+)
+from openqlink.wire.control import Command, Flags, Status
+
+PARAMS = QSCParams(num_ppus=2)
+ACK = int(Flags.ACK_REQUEST)
+SEQ = int(Flags.SEQUENCE_CHECK)
+
+
+class ControlHarness(wiring.Component):
+    def __init__(self, params: QSCParams):
+        self.dut = ControlPlane(params)
+        self.regs = NetRegisters(params, num_inc_sources=1)
+        super().__init__({})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.dut = dut = self.dut
+        m.submodules.regs = regs = self.regs
+        wiring.connect(m, dut.regs, regs.port)
+        m.d.comb += regs.inc[0].eq(dut.count)
+        return m
+
+
+def req(cmd, addr, data=0, *, flags=ACK, seq=0):
+    return dict(src_mac=HOST_MAC, src_ip=HOST_IP, src_port=HOST_PORT, cmd=int(cmd),
+                flags=flags, seq=seq, addr=addr, data=data)
+
+
+def reply_of(p):
+    return {f: int(getattr(p, f)) for f in
+            ("dst_mac", "dst_ip", "dst_port", "cmd", "flags", "seq", "status", "addr", "value",
+             "latched_seq")}
+
+
+def run(requests, *, read_answers=None, bus_ready=lambda c: True, reply_ready=lambda c: True,
+        params=PARAMS):
+    """Feed ``requests``; answer bus READs from ``read_answers`` (word_addr -> (data, error)).
+
+    Returns (replies, bus commands).
+    """
+    h = ControlHarness(params)
+    dut = h.dut
+    replies = StreamSink(dut.reply, reply_ready, convert=reply_of)
+    bus = StreamSink(dut.bus_cmd, bus_ready)
+    answers = dict(read_answers or {})
+
+    async def feeder(ctx):
+        for r in requests:
+            ctx.set(dut.req.valid, 1)
+            ctx.set(dut.req.payload, r)
+            await ctx.tick().until(dut.req.ready)
+        ctx.set(dut.req.valid, 0)
+        for _ in range(40):
+            await ctx.tick()
+
+    async def reader(ctx):
+        served = 0
+        while True:
+            await ctx.tick()
+            reads = [c for c in bus.items if c[0] == BusOp.READ]
+            if served < len(reads):
+                word = reads[served][1]
+                data, error = answers[word]
+                ctx.set(dut.bus_rdata.valid, 1)
+                ctx.set(dut.bus_rdata.payload, {"data": data, "error": error})
+                await ctx.tick().until(dut.bus_rdata.ready)
+                ctx.set(dut.bus_rdata.valid, 0)
+                served += 1
+
+    sim = Simulator(h)
+    sim.add_clock(6.4e-9)
+    sim.add_testbench(feeder)
+    sim.add_testbench(replies.run, background=True)
+    sim.add_testbench(bus.run, background=True)
+    sim.add_testbench(reader, background=True)
+    sim.run()
+    return replies.items, bus.items
+
+
+def brief(replies):
+    return [(r["cmd"], r["status"], r["addr"], r["value"], r["latched_seq"]) for r in replies]
+
+
+def test_reply_addressing():
+    replies, _ = run([req(Command.RD_DWORD, global_reg("VERSION"), seq=7)])
+    assert replies == [dict(dst_mac=HOST_MAC, dst_ip=HOST_IP, dst_port=HOST_PORT, cmd=0x94,
+                            flags=ACK, seq=7, status=Status.OK, addr=0,
+                            value=version_word(ISA_VERSION), latched_seq=7)]
+
+
+def test_global_registers_read_write():
+    scratch = global_reg("SCRATCH")
+    replies, bus = run([
+        req(Command.WR_DWORD, scratch, 0xCAFEF00D, seq=1),
+        req(Command.RD_DWORD, scratch, seq=2),
+        req(Command.RD_DWORD, global_reg("NUM_PPUS"), seq=3),
+        req(Command.RD_DWORD, global_reg("P_KEY"), seq=4),
+        req(Command.WR_DWORD, global_reg("VERSION"), 5, seq=5),      # read-only: ignored
+        req(Command.RD_DWORD, global_reg("VERSION"), seq=6),
+        req(Command.RD_DWORD, qp_reg(1, "QSC_QPN"), seq=7),
+        req(Command.WR_DWORD, qp_reg(1, "HOST_QPN"), 0xFF_123456, seq=8),
+        req(Command.RD_DWORD, qp_reg(1, "HOST_QPN"), seq=9),
+        req(Command.RD_DWORD, counter_addr("RX_CONTROL"), seq=10),
+    ])
+    assert bus == []
+    assert brief(replies) == [
+        (0x84, 0, scratch, 0xCAFEF00D, 1),
+        (0x94, 0, scratch, 0xCAFEF00D, 2),
+        (0x94, 0, 4, 2, 3),
+        (0x94, 0, global_reg("P_KEY"), 0xFFFF, 4),
+        (0x84, 0, 0, 5, 5),
+        (0x94, 0, 0, version_word(ISA_VERSION), 6),
+        (0x94, 0, qp_reg(1, "QSC_QPN"), PARAMS.qpn_base + 1, 7),
+        (0x84, 0, qp_reg(1, "HOST_QPN"), 0xFF_123456, 8),
+        (0x94, 0, qp_reg(1, "HOST_QPN"), 0x123456, 9),   # 24-bit register
+        (0x94, 0, counter_addr("RX_CONTROL"), 9, 10),    # the 9 requests before this one
+    ]
+
+
+def test_write_without_ack_is_silent_but_done():
+    scratch = global_reg("SCRATCH")
+    replies, _ = run([req(Command.WR_DWORD, scratch, 99, flags=0, seq=1),
+                      req(Command.RD_DWORD, scratch, flags=0, seq=2)])
+    assert brief(replies) == [(0x94, 0, scratch, 99, 2)]
+
+
+def test_ppu_register_write_and_read_through_bus():
+    tail = ppu_reg(1, "TAIL")                      # addr[2] = 0
+    status = ppu_reg(1, "STATUS")                  # addr[2] = 1
+    pc = ppu_reg(0, "PC")
+    answers = {status >> 3: (0xAAAA_BBBB_1234_5678, 0), pc >> 3: (0x0000_0001_0000_0042, 0)}
+    replies, bus = run([
+        req(Command.WR_DWORD, tail, 17, seq=1),
+        req(Command.RD_DWORD, status, seq=2),
+        req(Command.RD_DWORD, pc, seq=3),
+    ], read_answers=answers)
+    assert bus == [
+        (BusOp.WRITE, tail >> 3, 0x0F, 17 | 17 << 32),
+        (BusOp.READ, status >> 3, 0xF0, 0),
+        (BusOp.READ, pc >> 3, 0x0F, 0),
+    ]
+    assert brief(replies) == [
+        (0x84, 0, tail, 17, 1),
+        (0x94, 0, status, 0xAAAA_BBBB, 2),
+        (0x94, 0, pc, 0x42, 3),
+    ]
+
+
+def test_bus_read_error_is_bad_address():
+    addr = ppu_base(0) + 0x80_0010
+    replies, bus = run([req(Command.RD_DWORD, addr, seq=1)],
+                       read_answers={addr >> 3: (0x1234, 1)})
+    assert bus == [(BusOp.READ, addr >> 3, 0x0F, 0)]
+    assert brief(replies) == [(0x94, Status.BAD_ADDRESS, addr, 0, 1)]
+
+
+def test_bus_back_pressure_and_reply_back_pressure():
+    tail = ppu_reg(0, "TAIL")
+    replies, bus = run([req(Command.WR_DWORD, tail, i, seq=i) for i in range(1, 5)],
+                       bus_ready=lambda c: c % 3 == 2, reply_ready=lambda c: c % 4 == 1)
+    assert bus == [(BusOp.WRITE, tail >> 3, 0x0F, i | i << 32) for i in range(1, 5)]
+    assert [r["seq"] for r in replies] == [1, 2, 3, 4]
+
+
+def test_bad_addresses():
+    bad = [
+        0x0000_000C,                   # hole between SCRATCH and QSC_MAC_HI
+        0x0000_0009,                   # unaligned
+        0x0000_0F00,                   # past the counters
+        0x0000_1000 + 0x100 * 2,       # QP context of a third PPU (2 PPUs built)
+        0x0000_1030,                   # past QP 0's registers
+        ppu_base(2),                   # window of a third PPU
+        0x0F00_0000,
+        0xFFFF_FFFC,
+        ppu_reg(0, "TAIL") + 2,        # unaligned PPU address: not sent to the bus
+    ]
+    replies, bus = run([req(Command.RD_DWORD, a, seq=i) for i, a in enumerate(bad)])
+    assert bus == []
+    assert brief(replies) == [(0x94, Status.BAD_ADDRESS, a, 0, i) for i, a in enumerate(bad)]
+
+
+def test_bad_command_and_flags():
+    scratch = global_reg("SCRATCH")
+    replies, bus = run([
+        req(Command.WR_BLOCK, scratch, 1, flags=0, seq=1),      # not a read, no ACK: silent
+        req(Command.RD_BLOCK, scratch, flags=0, seq=2),         # a read: answered
+        req(0x33, scratch, flags=ACK, seq=3),
+        req(Command.WR_DWORD, scratch, 5, flags=ACK | 0x10, seq=4),
+        req(Command.RD_DWORD, scratch, flags=0x80, seq=5),
+    ])
+    assert bus == []
+    assert brief(replies) == [
+        (0x99, Status.BAD_COMMAND, scratch, 0, 2),
+        (0xB3, Status.BAD_COMMAND, scratch, 0, 3),
+        (0x84, Status.BAD_FLAGS, scratch, 0, 3),     # refused: seq not latched, nothing written
+        (0x94, Status.BAD_FLAGS, scratch, 0, 3),
+    ]
+
+
+def test_sequence_check():
+    scratch = global_reg("SCRATCH")
+    replies, _ = run([
+        req(Command.WR_DWORD, scratch, 1, flags=ACK | SEQ, seq=0xFFFE),  # first: always accepted
+        req(Command.WR_DWORD, scratch, 2, flags=ACK | SEQ, seq=0xFFFF),
+        req(Command.WR_DWORD, scratch, 3, flags=ACK | SEQ, seq=0x0000),  # wraps
+        req(Command.WR_DWORD, scratch, 4, flags=ACK | SEQ, seq=0x0000),  # repeated: refused
+        req(Command.WR_DWORD, scratch, 5, flags=ACK | SEQ, seq=0x0005),  # jump: refused
+        req(Command.RD_DWORD, scratch, flags=SEQ, seq=0x0001),
+        req(Command.RD_DWORD, 0x0C, flags=SEQ, seq=0x0002),              # bad address, accepted
+        req(Command.RD_DWORD, scratch, flags=SEQ, seq=0x0003),
+        req(Command.RD_DWORD, scratch, flags=0, seq=0x0100),             # unchecked: resyncs
+        req(Command.RD_DWORD, scratch, flags=SEQ, seq=0x0101),
+    ])
+    assert brief(replies) == [
+        (0x84, 0, scratch, 1, 0xFFFE),
+        (0x84, 0, scratch, 2, 0xFFFF),
+        (0x84, 0, scratch, 3, 0x0000),
+        (0x84, Status.SEQUENCE_ERROR, scratch, 0, 0x0000),
+        (0x84, Status.SEQUENCE_ERROR, scratch, 0, 0x0000),
+        (0x94, 0, scratch, 3, 0x0001),
+        (0x94, Status.BAD_ADDRESS, 0x0C, 0, 0x0002),
+        (0x94, 0, scratch, 3, 0x0003),
+        (0x94, 0, scratch, 3, 0x0100),
+        (0x94, 0, scratch, 3, 0x0101),
+    ]
