@@ -466,3 +466,12 @@ def test_scapy_built_packets_accepted():
     assert cmds == (expected_writes(va, d1) + [tail_write(ppu_reg(0, "TAIL"), 42)] +
                     expected_writes(mailbox, d2) + [mailbox_commit(mailbox, 21)])
     assert counters["PSN_GAP"] == 1
+
+
+@pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
+def test_parameter_errors():
+    with pytest.raises(ValueError, match="buffer_bytes must be a power of two of at least 2048, "
+                                         "not 3000"):
+        RoCEReceiver(PARAMS, buffer_bytes=3000)
+    with pytest.raises(ValueError, match="desc_depth and ctrl_depth must be at least 1"):
+        RoCEReceiver(PARAMS, desc_depth=0)

@@ -1,0 +1,173 @@
+"""Tests of openqlink.gateware.net.regs: NetRegisters against openqlink.memory_map."""
+
+import pytest
+from amaranth.sim import Simulator
+from openqlink.gateware.net.common import COUNTER_INDEX
+from openqlink.gateware.net.regs import REGISTER_WIDTHS, NetRegisters
+from openqlink.isa.layout import ISA_VERSION
+from openqlink.memory_map import (
+    COUNTERS,
+    GLOBAL_REGISTERS,
+    QP_REGISTERS,
+    Access,
+    QSCParams,
+    counter_addr,
+    global_reg,
+    qp_reg,
+    version_word,
+)
+from openqlink.wire.ethernet import mac_to_int
+from openqlink.wire.ipv4 import ip_to_int
+
+PARAMS = QSCParams(num_ppus=3, qpn_base=0x200, mac="02:11:22:33:44:55", ip="10.1.2.3")
+
+
+def simulate(testbench, params=PARAMS, **kw):
+    dut = NetRegisters(params, **kw)
+    sim = Simulator(dut)
+    sim.add_clock(6.4e-9)
+
+    async def bench(ctx):
+        await testbench(ctx, dut)
+
+    sim.add_testbench(bench)
+    sim.run()
+
+
+async def write(ctx, dut, addr, value):
+    ctx.set(dut.port.addr, addr)
+    ctx.set(dut.port.w_data, value)
+    ctx.set(dut.port.w_en, 1)
+    await ctx.tick()
+    ctx.set(dut.port.w_en, 0)
+
+
+def read(ctx, dut, addr):
+    ctx.set(dut.port.addr, addr)
+    return ctx.get(dut.port.hit), ctx.get(dut.port.r_data)
+
+
+def test_reset_values_and_config():
+    async def tb(ctx, dut):
+        assert read(ctx, dut, global_reg("VERSION")) == (1, version_word(ISA_VERSION))
+        assert read(ctx, dut, global_reg("NUM_PPUS")) == (1, 3)
+        assert read(ctx, dut, global_reg("QSC_MAC_HI")) == (1, 0x0211)
+        assert read(ctx, dut, global_reg("QSC_MAC_LO")) == (1, 0x22334455)
+        assert read(ctx, dut, global_reg("QSC_IP")) == (1, ip_to_int("10.1.2.3"))
+        for reg in GLOBAL_REGISTERS:
+            if reg.name not in ("VERSION", "NUM_PPUS", "QSC_MAC_HI", "QSC_MAC_LO", "QSC_IP"):
+                assert read(ctx, dut, global_reg(reg.name)) == (1, reg.reset), reg.name
+        for n in range(3):
+            assert read(ctx, dut, qp_reg(n, "QSC_QPN")) == (1, 0x200 + n)
+            for reg in QP_REGISTERS:
+                if reg.name != "QSC_QPN":
+                    assert read(ctx, dut, qp_reg(n, reg.name)) == (1, reg.reset), reg.name
+        cfg = ctx.get(dut.config)
+        assert cfg.qsc_mac == mac_to_int("02:11:22:33:44:55")
+        assert cfg.qsc_ip == ip_to_int("10.1.2.3")
+        assert cfg.p_key == 0xFFFF and cfg.udp_src_port == 0xC000 and cfg.rx_enable == 1
+        qp = ctx.get(dut.qp)
+        assert qp[2].num_slots == 8 and qp[2].slot_size == 256
+
+    simulate(tb)
+
+
+def test_writes_drive_config_and_qp_contexts():
+    async def tb(ctx, dut):
+        await write(ctx, dut, global_reg("HOST_MAC_HI"), 0xFFFF_0A0B)   # 16-bit register
+        await write(ctx, dut, global_reg("HOST_MAC_LO"), 0x0C0D0E0F)
+        await write(ctx, dut, global_reg("HOST_IP"), 0xC0A80065)
+        await write(ctx, dut, global_reg("UDP_SRC_PORT"), 0xD001)
+        await write(ctx, dut, global_reg("P_KEY"), 0x8005)
+        await write(ctx, dut, global_reg("TIMESTAMP_FORMAT"), 3)         # 1-bit register
+        await write(ctx, dut, global_reg("RX_ENABLE"), 0)
+        await write(ctx, dut, global_reg("QSC_IP"), 0x0A000009)
+        await write(ctx, dut, qp_reg(1, "HOST_QPN"), 0x00ABCDEF)
+        await write(ctx, dut, qp_reg(1, "HOST_RKEY"), 0x12345678)
+        await write(ctx, dut, qp_reg(1, "RING_VA_HI"), 0x1)
+        await write(ctx, dut, qp_reg(1, "RING_VA_LO"), 0x8000_0000)
+        await write(ctx, dut, qp_reg(1, "NUM_SLOTS"), 4096)
+        await write(ctx, dut, qp_reg(1, "SLOT_SIZE"), 512)
+        await write(ctx, dut, qp_reg(2, "IMEM_RKEY"), 0x11)
+        await write(ctx, dut, qp_reg(2, "ENV_RKEY"), 0x22)
+        await write(ctx, dut, qp_reg(2, "REGS_RKEY"), 0x33)
+        cfg = ctx.get(dut.config)
+        assert cfg.host_mac == 0x0A0B_0C0D0E0F
+        assert cfg.host_ip == 0xC0A80065 and cfg.qsc_ip == 0x0A000009
+        assert cfg.udp_src_port == 0xD001 and cfg.p_key == 0x8005
+        assert cfg.timestamp_format == 1 and cfg.rx_enable == 0
+        assert read(ctx, dut, global_reg("HOST_MAC_HI")) == (1, 0x0A0B)
+        qp = ctx.get(dut.qp)
+        assert qp[1].host_qpn == 0xABCDEF and qp[1].host_rkey == 0x12345678
+        assert qp[1].ring_va == 0x1_8000_0000
+        assert qp[1].num_slots == 4096 and qp[1].slot_size == 512
+        assert (qp[2].imem_rkey, qp[2].env_rkey, qp[2].regs_rkey) == (0x11, 0x22, 0x33)
+        assert qp[0].host_qpn == 0 and qp[0].imem_rkey == 0
+
+    simulate(tb)
+
+
+def test_read_only_registers_ignore_writes():
+    async def tb(ctx, dut):
+        for addr in (global_reg("VERSION"), global_reg("NUM_PPUS"), qp_reg(0, "QSC_QPN"),
+                     qp_reg(0, "TX_PSN"), qp_reg(0, "RX_EPSN"), counter_addr("RX_FRAMES")):
+            before = read(ctx, dut, addr)
+            await write(ctx, dut, addr, 0x5A5A5A5A)
+            assert read(ctx, dut, addr) == before
+
+    simulate(tb)
+
+
+def test_psn_readback():
+    async def tb(ctx, dut):
+        ctx.set(dut.tx_psn, [0x000001, 0xABCDEF, 0xFFFFFF])
+        ctx.set(dut.rx_epsn, [0x123456, 0, 7])
+        assert read(ctx, dut, qp_reg(1, "TX_PSN")) == (1, 0xABCDEF)
+        assert read(ctx, dut, qp_reg(2, "TX_PSN")) == (1, 0xFFFFFF)
+        assert read(ctx, dut, qp_reg(0, "RX_EPSN")) == (1, 0x123456)
+        assert read(ctx, dut, qp_reg(2, "RX_EPSN")) == (1, 7)
+
+    simulate(tb)
+
+
+def test_counters_sum_all_sources():
+    async def tb(ctx, dut):
+        frames = COUNTER_INDEX["RX_FRAMES"]
+        gap = COUNTER_INDEX["PSN_GAP"]
+        tx = COUNTER_INDEX["TX_FRAMES"]
+        ctx.set(dut.inc[0], 1 << frames | 1 << gap)
+        ctx.set(dut.inc[1], 1 << frames)
+        ctx.set(dut.inc[2], 1 << frames | 1 << tx)
+        for _ in range(5):
+            await ctx.tick()
+        ctx.set(dut.inc, [0, 0, 0])
+        await ctx.tick()
+        assert read(ctx, dut, counter_addr("RX_FRAMES")) == (1, 15)
+        assert read(ctx, dut, counter_addr("PSN_GAP")) == (1, 5)
+        assert read(ctx, dut, counter_addr("TX_FRAMES")) == (1, 5)
+        for name, _ in COUNTERS:
+            if name not in ("RX_FRAMES", "PSN_GAP", "TX_FRAMES"):
+                assert read(ctx, dut, counter_addr(name)) == (1, 0), name
+
+    simulate(tb)
+
+
+def test_unmapped_addresses_miss():
+    async def tb(ctx, dut):
+        for addr in (0x00C, 0x03C, 0x0F0, 0x100 + 4 * len(COUNTERS), 0x1000 + 0x30,
+                     0x1000 + 0x100 * 3, 0x2000, 0x1000_0000, 0xFFFF_FFFC):
+            assert read(ctx, dut, addr) == (0, 0), hex(addr)
+
+    simulate(tb)
+
+
+def test_every_writable_register_has_a_width():
+    for reg in GLOBAL_REGISTERS + QP_REGISTERS:
+        if reg.access is not Access.RO:
+            assert 1 <= REGISTER_WIDTHS[reg.name] <= 32
+
+
+@pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
+def test_parameter_errors():
+    with pytest.raises(ValueError, match="num_inc_sources must be at least 1, not 0"):
+        NetRegisters(QSCParams(), num_inc_sources=0)
