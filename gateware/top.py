@@ -47,6 +47,10 @@ class QSCTop(wiring.Component):
         Frames to the MAC, ``rti`` domain, no FCS, padded to 60 bytes. Honours ``ready``.
     ptd : Out(PTDSignature()).array(num_ppus)
         Physical-side interface of each PPU, ``dtd`` domain.
+    timeline : Out(64)
+        The shared timeline counter (DTD cycles since ``dtd_rst``), ``dtd`` domain: a PPU's
+        event scheduled for time T appears on its ``ptd`` outputs in the cycle ``timeline == T``.
+        For monitors (the bench, an on-chip logic analyser); nothing needs to read it.
     """
 
     def __init__(self, params: QSCParams | None = None):
@@ -55,6 +59,7 @@ class QSCTop(wiring.Component):
             "rx": In(packet_signature(self.params.data_width_bits)),
             "tx": Out(packet_signature(self.params.data_width_bits)),
             "ptd": Out(PTDSignature()).array(self.params.num_ppus),
+            "timeline": Out(64),
         })
 
     def elaborate(self, platform):
@@ -77,6 +82,7 @@ class QSCTop(wiring.Component):
         wiring.connect(m, net.tx, wiring.flipped(self.tx))
         for n in range(p.num_ppus):
             wiring.connect(m, ppus.ptd[n], wiring.flipped(self.ptd[n]))
+        m.d.comb += self.timeline.eq(ppus.now)
 
         # rti -> dtd: bus commands.
         m.d.comb += [

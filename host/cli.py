@@ -139,3 +139,48 @@ def memory_map_command(output: Path | None) -> None:
 def isa_tables_command(output: Path | None) -> None:
     """The instruction field tables embedded in docs/isa.md."""
     _write(output, render_isa_tables())
+
+
+@main.command("sim")
+@click.argument("program", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--handlers", type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              default=None, help="Python file with a module-level `table` (FunctionTable) of "
+              "HOST_CALL handlers [default: PROGRAM with .py beside it]")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the results (events, rpc, counters, status) as JSON.")
+@click.option("--pcap", "pcap_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write every frame on the simulated wire (link type Ethernet).")
+@click.option("--waves", "waves_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Write the waveforms (FST).")
+@click.option("--seed", type=int, default=1, show_default=True,
+              help="Seed of the qubit and readout model.")
+@click.option("--host-turnaround-ns", type=int, default=1000, show_default=True,
+              help="Modelled time from a request reaching the host to its response leaving.")
+@click.option("--build-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where the Verilog and simulator build go [default: ./build/sim].")
+@click.option("--quiet", is_flag=True, help="Print only the final status line.")
+def sim_command(program: Path, handlers: Path | None, json_path: Path | None,
+                pcap_path: Path | None, waves_path: Path | None, seed: int,
+                host_turnaround_ns: int, build_dir: Path | None, quiet: bool) -> None:
+    """Simulate PROGRAM end to end: the QSC gateware's Verilog on Icarus (cocotb) against the
+    host package and its dispatcher. Exit status 0 when the PPU ends DONE, 1 otherwise."""
+    from .errors import QlinkError
+    from .sim.report import print_report
+    from .sim.runner import run_sim
+
+    try:
+        results = run_sim(program, handlers=handlers, json_path=json_path, pcap_path=pcap_path,
+                          waves_path=waves_path, build_dir=build_dir, seed=seed,
+                          host_turnaround_ns=host_turnaround_ns)
+    except AssemblerError as exc:
+        _fail(str(exc))
+        return
+    except QlinkError as exc:
+        _fail(f"qlink sim: {exc}")
+        return
+    if quiet:
+        click.echo(f"status: {results['status']}")
+    else:
+        print_report(results)
+    if results["status"].get("state") != "DONE":
+        raise click.exceptions.Exit(1)

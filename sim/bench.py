@@ -28,10 +28,11 @@ from pathlib import Path
 
 import cocotb
 from cocotb.clock import Clock
+from cocotb.task import bridge, resume
 from cocotb.triggers import Event, RisingEdge, Timer
 
 from ..dispatch import Dispatcher, SlotRing
-from ..isa import PPUState
+from ..isa import PPUState, PPUStatus
 from ..isa.asm import assemble
 from ..memory_map import QSCParams
 from ..pcap import PcapWriter
@@ -45,7 +46,18 @@ from .mac import PacketSink, PacketSource
 from .qubit import QubitModel
 from .transport import SimTransport
 
-__all__ = ["TB", "run_program"]
+__all__ = ["TB", "run_program", "status_dict"]
+
+
+def status_dict(status) -> dict:
+    """A PPUStatus constant view as ``{"state": "DONE", "underflow": 0, ...}``."""
+    out = {}
+    for name, _ in PPUStatus:
+        if name.startswith("_"):
+            continue
+        value = getattr(status, name)
+        out[name] = value.name if hasattr(value, "name") else int(value)
+    return out
 
 
 class TB:
@@ -62,7 +74,6 @@ class TB:
         self.rpc: list[dict] = []
         self._requests: dict[int, dict] = {}
         self.dtd_cycle = 0
-        self.t0_ps = 0
         self.pcap = PcapWriter(cfg["pcap"]) if cfg.get("pcap") else None
         self.qubit = QubitModel(seed=cfg["seed"], **cfg.get("qubit", {}))
         self.turnaround_ns = cfg["host_turnaround_ns"]
@@ -75,10 +86,6 @@ class TB:
 
     def now_ns(self) -> float:
         return cocotb.utils.get_sim_time("ps") / 1000
-
-    def cycle_of_ns(self, t_ns: float) -> float:
-        """DTD cycles since the timeline counter started, for a simulated time."""
-        return (t_ns * 1000 - self.t0_ps) / self.dtd_period_ps
 
     # --- set-up -------------------------------------------------------------------------------
 
@@ -95,8 +102,6 @@ class TB:
         dut.rti_rst.value = 0
         await RisingEdge(dut.dtd_clk)
         dut.dtd_rst.value = 0
-        # The timeline counter holds 0 during reset and counts from the first edge after it.
-        self.t0_ps = cocotb.utils.get_sim_time("ps") + self.dtd_period_ps
         self.source = PacketSource(dut, "rx", dut.rti_clk, on_sent=self._on_host_frame)
         self.sink = PacketSink(dut, "tx", dut.rti_clk, on_frame=self._on_qsc_frame)
         self.transport = SimTransport(self.source)
@@ -168,7 +173,7 @@ class TB:
     async def _ptd_monitor(self) -> None:
         """Sample the PTD outputs on every DTD edge; drive the qubit model and the ADC.
 
-        ``dtd_cycle`` is the timeline value of the edge whose registered outputs we see, so an
+        ``dtd_cycle`` is the gateware's timeline value in the cycle whose outputs we see, so an
         event scheduled for DTD time T is reported at cycle T.
         """
         dut = self.dut
@@ -181,8 +186,8 @@ class TB:
         prev = {"play": 0, "ro": 0, "marker": 0}
         while True:
             await RisingEdge(dut.dtd_clk)
-            self.dtd_cycle = round((cocotb.utils.get_sim_time("ps") - self.t0_ps)
-                                   / self.dtd_period_ps)
+            # Read at the edge: the timeline value and the outputs of the cycle that just ended.
+            self.dtd_cycle = int(dut.timeline.value)
             active = int(dac_active.value) & 1
             window = int(ro_window.value) & 1
             marks = int(marker.value)
@@ -209,7 +214,7 @@ class TB:
 
     # --- the host session (runs in a bridge thread) -------------------------------------------
 
-    @cocotb.resume
+    @resume
     async def _sleep_ns(self, ns: int) -> None:
         await Timer(ns, "ns")
 
@@ -244,13 +249,13 @@ class TB:
         table = load_function_table(cfg.get("handlers"))
         self.function_names = {e.function_id: e.name for e in table.entries()}
         self.ring = SlotRing(cfg["num_slots"], cfg["slot_size"])
-        self.qsc = QSC(self.transport, self.params, host_mac=cfg["host_mac"],
+        self.qsc = QSC(self.transport, params=self.params, host_mac=cfg["host_mac"],
                        host_ip=cfg["host_ip"])
         self.dispatcher = Dispatcher(
             table, self.ring,
             send_response=lambda slot, data: self.qsc.send_response(self.ppu, slot, data))
         cocotb.start_soon(self._dispatch_loop())
-        host = await cocotb.bridge(self.host_session)()
+        host = await bridge(self.host_session)()
         await Timer(1, "us")
         if self.pcap is not None:
             self.pcap.close()
@@ -274,7 +279,7 @@ class TB:
             "rpc": self.rpc,
             "counters": host["counters"],
             "registers": host["registers"],
-            "status": status.as_dict() if hasattr(status, "as_dict") else str(status),
+            "status": status_dict(status),
             "dispatcher": {"processed": self.dispatcher.processed},
         }
 

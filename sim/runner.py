@@ -27,6 +27,19 @@ class SimulationError(QlinkError):
     """The simulator could not be built or run, or the bench failed."""
 
 
+def _first_failure(results_xml: Path) -> str | None:
+    """The message of the first failed cocotb test in a JUnit results file, if any."""
+    import xml.etree.ElementTree as ET
+
+    if not results_xml.exists():
+        return "cocotb wrote no results file"
+    for case in ET.parse(results_xml).getroot().iter("testcase"):
+        for failure in list(case.iter("failure")) + list(case.iter("error")):
+            text = (failure.get("message") or "") + "\n" + (failure.text or "")
+            return text.strip() or f"{case.get('name')} failed"
+    return None
+
+
 def default_build_dir() -> Path:
     return Path.cwd() / "build" / "sim"
 
@@ -130,8 +143,10 @@ def run_sim(program: str | Path, *, handlers: str | Path | None = None,
                                   f"{build_dir / 'sim.log'}") from None
         except Exception as exc:  # the runner raises plain exceptions for tool failures
             raise SimulationError(f"simulation failed: {exc}; logs in {build_dir}") from exc
-        if not results_path.exists():
-            raise SimulationError(f"the bench wrote no results; log: {build_dir / 'sim.log'}")
+        failure = _first_failure(tmp / "results.xml")
+        if failure or not results_path.exists():
+            raise SimulationError(f"the bench failed: {failure or 'it wrote no results'}\n"
+                                  f"full log: {build_dir / 'sim.log'}")
         results = json.loads(results_path.read_text())
 
     if json_path is not None:

@@ -17,6 +17,7 @@ import collections
 import threading
 
 import cocotb
+from cocotb.task import resume
 from cocotb.triggers import Event, First, Timer
 
 from ..bridges.base import FrameTransport, TransportClosedError
@@ -62,7 +63,7 @@ class SimTransport(FrameTransport):
             self.max_wait_ns, max(1, int(timeout_s * 1e9)))
         return self._wait(wait_ns)
 
-    @cocotb.resume
+    @resume
     async def _wait(self, wait_ns: int) -> bytes | None:
         if not self._rx:
             self._arrived.clear()
