@@ -15,8 +15,8 @@ for the TX builder:
   (:class:`~openqlink.gateware.net.regs.NetRegisters`): done locally in one cycle;
 * WR_DWORD / RD_DWORD inside PPU ``n``'s window (``n < num_ppus``): one ``BusCommand`` WRITE (the
   32-bit value in both halves of ``data``, byte enables 0x0F or 0xF0 by ``addr[2]``) or READ
-  (``word_addr = addr >> 3``; the answer's half selected by ``addr[2]``; ``BusReadData.error``
-  gives BAD_ADDRESS);
+  (``word_addr = addr >> 3``, the same byte enables naming the half wanted, ``data`` 0; the
+  answer's half selected by ``addr[2]``; ``BusReadData.error`` gives BAD_ADDRESS);
 * any other address (or an unaligned one): BAD_ADDRESS; any other command (WR_BLOCK, RD_BLOCK
   included): BAD_COMMAND.
 
@@ -168,7 +168,8 @@ class ControlPlane(wiring.Component):
                             self.bus_cmd.payload.word_addr.eq(req.addr[3:]),
                             self.bus_cmd.payload.op.eq(Mux(is_read, BusOp.READ, BusOp.WRITE)),
                             self.bus_cmd.payload.be.eq(Mux(req.addr[2], 0xF0, 0x0F)),
-                            self.bus_cmd.payload.data.eq(Cat(req.data, req.data)),
+                            self.bus_cmd.payload.data.eq(
+                                Mux(is_read, 0, Cat(req.data, req.data))),
                         ]
                         with m.If(~is_read):
                             m.d.sync += value.eq(req.data)
