@@ -297,8 +297,10 @@ class RoCEReceiver(wiring.Component):
         Counter increment strobes (RX_FRAMES, RX_ROCE_ACCEPTED, RX_RPC_RESPONSES, PSN_GAP and the
         DROP_* counters), at most one frame decided per cycle.
 
-    Latency: a frame is decided 2 cycles after its last beat; the first bus command of an
-    accepted packet follows at least 4 cycles later (descriptor queue, commit engine).
+    Latency: a frame is decided 2 cycles after its last beat; with the commit engine idle and
+    ``bus_cmd.ready`` high, the first bus command of an accepted packet is valid 8 cycles after
+    the last beat (descriptor queue 2, commit engine 4), then one command per cycle. Frames may
+    arrive back to back (one decision per cycle at most).
     """
 
     def __init__(self, params: QSCParams, *, buffer_bytes: int = 4096, desc_depth: int = 8,

@@ -1,6 +1,10 @@
 """Tests of openqlink.gateware.net.regs: NetRegisters against openqlink.memory_map."""
 
+import gc
+import warnings
+
 import pytest
+from amaranth.hdl import UnusedElaboratable
 from amaranth.sim import Simulator
 from openqlink.gateware.net.common import COUNTER_INDEX
 from openqlink.gateware.net.regs import REGISTER_WIDTHS, NetRegisters
@@ -167,7 +171,9 @@ def test_every_writable_register_has_a_width():
             assert 1 <= REGISTER_WIDTHS[reg.name] <= 32
 
 
-@pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
 def test_parameter_errors():
-    with pytest.raises(ValueError, match="num_inc_sources must be at least 1, not 0"):
-        NetRegisters(QSCParams(), num_inc_sources=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnusedElaboratable)
+        with pytest.raises(ValueError, match="num_inc_sources must be at least 1, not 0"):
+            NetRegisters(QSCParams(), num_inc_sources=0)
+        gc.collect()

@@ -1,9 +1,11 @@
 """Tests of openqlink.gateware.net.rx: RoCEReceiver checks, drops, commit engine."""
 
+import gc
 import random
+import warnings
 
 import pytest
-from amaranth.hdl import Module
+from amaranth.hdl import Module, UnusedElaboratable
 from amaranth.lib import wiring
 from amaranth.sim import Simulator
 from netbench import (
@@ -180,6 +182,39 @@ def test_send_only_to_mailbox():
     cmds, _, counters, _ = run_rx([send_frame(data, psn=0)])
     assert cmds == expected_writes(mailbox, data) + [mailbox_commit(mailbox, 37)]
     assert nonzero(counters) == {"RX_FRAMES": 1, "RX_ROCE_ACCEPTED": 1, "RX_RPC_RESPONSES": 1}
+
+
+def test_send_only_empty_commits_length_zero():
+    mailbox = ppu_base(0) + MAILBOX_OFFSET
+    cmds, _, _, _ = run_rx([send_frame(b"")])
+    assert cmds == [mailbox_commit(mailbox, 0)]
+
+
+def test_first_bus_command_latency():
+    # measured from the cycle of the last beat, commit engine idle, bus ready
+    h = RxHarness(PARAMS)
+    dut = h.dut
+    seen = {}
+
+    async def tb(ctx):
+        await reg_write(ctx, h.regs, qp_reg(0, "IMEM_RKEY"), IMEM_RKEY)
+        ctx.set(dut.bus_cmd.ready, 1)
+        for b in beats(write_frame(IMEM0, bytes(32), IMEM_RKEY)):
+            ctx.set(dut.rx.valid, 1)
+            ctx.set(dut.rx.payload, b)
+            await ctx.tick()
+        ctx.set(dut.rx.valid, 0)
+        cycles = 1
+        while not ctx.get(dut.bus_cmd.valid):
+            await ctx.tick()
+            cycles += 1
+        seen["latency"] = cycles
+
+    sim = Simulator(h)
+    sim.add_clock(6.4e-9)
+    sim.add_testbench(tb)
+    sim.run()
+    assert seen["latency"] == 8
 
 
 def test_send_only_full_mailbox_and_second_ppu():
@@ -468,10 +503,12 @@ def test_scapy_built_packets_accepted():
     assert counters["PSN_GAP"] == 1
 
 
-@pytest.mark.filterwarnings("ignore::amaranth.hdl.UnusedElaboratable")
 def test_parameter_errors():
-    with pytest.raises(ValueError, match="buffer_bytes must be a power of two of at least 2048, "
-                                         "not 3000"):
-        RoCEReceiver(PARAMS, buffer_bytes=3000)
-    with pytest.raises(ValueError, match="desc_depth and ctrl_depth must be at least 1"):
-        RoCEReceiver(PARAMS, desc_depth=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnusedElaboratable)
+        with pytest.raises(ValueError, match="buffer_bytes must be a power of two of at least "
+                                             "2048, not 3000"):
+            RoCEReceiver(PARAMS, buffer_bytes=3000)
+        with pytest.raises(ValueError, match="desc_depth and ctrl_depth must be at least 1"):
+            RoCEReceiver(PARAMS, desc_depth=0)
+        gc.collect()
