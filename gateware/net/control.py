@@ -80,7 +80,7 @@ class ControlPlane(wiring.Component):
     busy : Out(1)
         A bus command is pending (``bus_cmd.valid``), for the bus arbiter.
 
-    Latency: a local register access replies 3 cycles after the request is taken; a PPU access
+    Latency: a local register access replies 2 cycles after the request is taken; a PPU access
     waits for ``bus_cmd.ready`` and, for a READ, for ``bus_rdata``.
     """
 

@@ -89,12 +89,12 @@ COUNTER_NAMES = ["RX_FRAMES", "RX_ROCE_ACCEPTED", "DROP_ETH", "DROP_IP", "DROP_U
 
 
 def run_rx(frames, *, params=PARAMS, ready=lambda c: True, gap=0, rng=None, setup=None,
-           settle=80, **kw):
+           settle=80, ctrl_ready=lambda c: True, **kw):
     """Drive ``frames``; return (bus commands, control requests, counters, epsn list)."""
     h = RxHarness(params, **kw)
     dut, regs = h.dut, h.regs
     sink = StreamSink(dut.bus_cmd, ready)
-    ctrl = StreamSink(dut.ctrl_req, lambda c: True, convert=lambda p: {
+    ctrl = StreamSink(dut.ctrl_req, ctrl_ready, convert=lambda p: {
         f: int(getattr(p, f)) for f in
         ("src_mac", "src_ip", "src_port", "cmd", "flags", "seq", "addr", "data")})
     result = {}
@@ -345,6 +345,7 @@ DROPS = {
     "dma_len": (_w(dma_len=20), "DROP_LENGTH"),
     "pad_cnt": (_w(pad_cnt=2), "DROP_LENGTH"),
     "send_too_long": (send_frame(bytes(68)), "DROP_LENGTH"),
+    "control_short": (pad60(eth_header() + ip_udp(bytes(10), dst_port=8192)), "DROP_UDP"),
 }
 
 
@@ -462,6 +463,13 @@ def test_descriptor_queue_overflow():
     for i in range(6):
         exp += expected_writes(IMEM0 + 8 * i, d)
     assert cmds == exp
+
+
+def test_control_queue_overflow():
+    frames = [control_frame(Command.WR_DWORD, 8, i, seq=i) for i in range(8)]
+    cmds, reqs, counters, _ = run_rx(frames, ctrl_ready=lambda c: c > 90, ctrl_depth=2)
+    assert counters["DROP_OVERFLOW"] == 6
+    assert [r["seq"] for r in reqs] == [0, 1]
 
 
 def test_beats_helper():
