@@ -401,7 +401,8 @@ class RoCEReceiver(wiring.Component):
         ctl = CONTROL_REQUEST.view(hbytes(_L4_AT, CONTROL_REQUEST))
 
         # ICRC message V: word 0 is all ones, word k >= 1 is frame bytes [8k+6, 8k+14), i.e.
-        # lanes 6-7 of beat k and lanes 0-5 of beat k+1; V ends 4 bytes before the IP packet.
+        # lanes 6-7 of beat k and lanes 0-5 of beat k+1; V ends where the ICRC (the last 4 bytes
+        # of the IP packet) begins.
         total_length = ip["total_length"]     # valid from beat 3 on (captured at beat 2)
         v_last = Signal(16)
         v_half = Signal()
