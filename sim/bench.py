@@ -52,7 +52,7 @@ __all__ = ["TB", "run_program", "status_dict"]
 def status_dict(status) -> dict:
     """A PPUStatus constant view as ``{"state": "DONE", "underflow": 0, ...}``."""
     out = {}
-    for name, _ in PPUStatus:
+    for name, _ in PPUStatus.as_shape():
         if name.startswith("_"):
             continue
         value = getattr(status, name)

@@ -41,7 +41,9 @@ class QubitModel:
     seed : int
         Seed of the outcome and noise generators.
     pi_area : float
-        Sum of DAC samples (full scale 32767) that makes a pi rotation.
+        Sum of DAC samples (full scale 32767) that makes a pi rotation. The default is the area
+        of the 64-sample gaussian (sigma 16) of ``firmware/active_reset.s`` at amplitude 1.0, the
+        pulse that program calls its pi pulse (its calibration, in a lab's terms).
     readout_amplitude : int
         Mean ADC sample during a readout window, sign set by the outcome.
     noise_sigma : float
@@ -49,7 +51,7 @@ class QubitModel:
     """
 
     seed: int = 1
-    pi_area: float = 32767 * 32
+    pi_area: float = 1_254_378
     readout_amplitude: int = 2000
     noise_sigma: float = 300.0
     theta: float = 0.0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import shutil
 import tempfile
 from dataclasses import asdict
@@ -44,12 +45,33 @@ def default_build_dir() -> Path:
     return Path.cwd() / "build" / "sim"
 
 
+_CONST_ALWAYS = re.compile(r"  always @\*\n    ([^\n;=]+?) = (\d+'[hbd][0-9a-fA-F_]+);\n")
+_DUMP_MODULE_REG = re.compile(
+    r"(  reg (\\\$auto\$verilog_backend\.cc:\d+:dump_module\$\d+) +)= 0;\n")
+
+
+def icarus_compatible(verilog: str) -> str:
+    """Make Yosys's Verilog evaluate its combinational processes at time 0 on Icarus.
+
+    Icarus runs an ``always @*`` block only when a signal it reads changes (IEEE 1364), so a
+    block that assigns only constants never runs, and one whose inputs keep their initial values
+    never runs either: their outputs stay X (Amaranth issue #1629, Icarus issue #385). Yosys
+    makes every such block read a per-module ``dump_module`` register for this purpose but never
+    changes it; we toggle it at time 0 (after every process has started waiting), and turn the
+    constant-only blocks into ``initial`` assignments. The netlist's logic is unchanged.
+    """
+    verilog = _CONST_ALWAYS.sub(lambda m: f"  initial {m.group(1)} = {m.group(2)};\n", verilog)
+    return _DUMP_MODULE_REG.sub(
+        lambda m: f"{m.group(1)}= 0;\n  initial #0 {m.group(2)} = 1'h1;\n", verilog)
+
+
 def build_verilog(params: QSCParams, build_dir: Path) -> Path:
-    """Write ``qsc_top.v`` for ``params`` into ``build_dir`` (kept when unchanged)."""
+    """Write ``qsc_top.v`` for ``params`` into ``build_dir`` (kept when unchanged), in the form
+    :func:`icarus_compatible` gives."""
     from ..gateware.top import generate_verilog
 
     build_dir.mkdir(parents=True, exist_ok=True)
-    text = generate_verilog(params, name=TOPLEVEL)
+    text = icarus_compatible(generate_verilog(params, name=TOPLEVEL))
     path = build_dir / f"{TOPLEVEL}.v"
     if not path.exists() or hashlib.sha256(path.read_bytes()).digest() != \
             hashlib.sha256(text.encode()).digest():
@@ -133,6 +155,11 @@ def run_sim(program: str | Path, *, handlers: str | Path | None = None,
             runner.build(sources=[verilog], hdl_toplevel=TOPLEVEL, build_dir=build_dir,
                          timescale=("1ns", "1ps"), waves=waves,
                          log_file=build_dir / "build.log")
+            log = (build_dir / "build.log").read_text(errors="replace")
+            if "found no sensitivities" in log:
+                raise SimulationError("Icarus found an always @* block that never runs (see "
+                                      f"{build_dir / 'build.log'}): icarus_compatible() must "
+                                      "learn its form")
             runner.test(test_module="openqlink.sim.bench", hdl_toplevel=TOPLEVEL,
                         build_dir=build_dir, test_dir=build_dir, waves=waves,
                         extra_env={"OPENQLINK_SIM_CONFIG": str(cfg_path)},
