@@ -19,7 +19,10 @@ from ..isa.asm import assemble
 from ..memory_map import QSCParams
 from .handlers import default_handlers_path
 
-__all__ = ["SimulationError", "SimConfig", "run_sim", "build_verilog", "TOPLEVEL"]
+__all__ = [
+    "SimulationError", "SimConfig", "run_sim", "run_bench", "build_verilog", "icarus_compatible",
+    "TOPLEVEL",
+]
 
 TOPLEVEL = "qsc_top"
 
@@ -98,6 +101,62 @@ def SimConfig(**overrides) -> dict:
     return cfg
 
 
+def run_bench(module: str, cfg: dict, *, params: QSCParams | None = None,
+              build_dir: str | Path | None = None,
+              waves_path: str | Path | None = None) -> dict:
+    """Build the top for ``params``, run the cocotb test module ``module`` on Icarus with ``cfg``
+    (written to a JSON file named by ``OPENQLINK_SIM_CONFIG``; the bench writes its results to
+    ``cfg["results"]``, filled in here) and return those results.
+
+    Raises :class:`SimulationError` when Icarus or cocotb fail or a test of ``module`` fails,
+    with the failure's message and the log's path.
+    """
+    from cocotb_tools.runner import get_runner
+
+    params = params or QSCParams()
+    build_dir = (Path(build_dir) if build_dir else default_build_dir()).resolve()
+    verilog = build_verilog(params, build_dir)
+    waves = waves_path is not None
+    with tempfile.TemporaryDirectory(prefix="qlink-sim-") as tmp:
+        tmp = Path(tmp)
+        results_path = tmp / "results.json"
+        cfg = {**cfg, "params": asdict(params), "results": str(results_path)}
+        cfg_path = tmp / "config.json"
+        cfg_path.write_text(json.dumps(cfg, indent=2))
+        runner = get_runner("icarus")
+        try:
+            runner.build(sources=[verilog], hdl_toplevel=TOPLEVEL, build_dir=build_dir,
+                         timescale=("1ns", "1ps"), waves=waves,
+                         log_file=build_dir / "build.log")
+        except (Exception, SystemExit) as exc:  # the runner raises plain exceptions
+            raise SimulationError(f"building the simulator failed: {exc}; log: "
+                                  f"{build_dir / 'build.log'}") from None
+        log = (build_dir / "build.log").read_text(errors="replace")
+        if "found no sensitivities" in log:
+            raise SimulationError("Icarus found an always @* block that never runs (see "
+                                  f"{build_dir / 'build.log'}): icarus_compatible() must "
+                                  "learn its form")
+        try:
+            runner.test(test_module=module, hdl_toplevel=TOPLEVEL, build_dir=build_dir,
+                        test_dir=build_dir, waves=waves,
+                        extra_env={"OPENQLINK_SIM_CONFIG": str(cfg_path)},
+                        results_xml=str(tmp / "results.xml"), log_file=build_dir / "sim.log")
+        except (Exception, SystemExit) as exc:
+            raise SimulationError(f"simulation failed: {exc}; log: "
+                                  f"{build_dir / 'sim.log'}") from None
+        failure = _first_failure(tmp / "results.xml")
+        if failure or not results_path.exists():
+            raise SimulationError(f"the bench failed: {failure or 'it wrote no results'}\n"
+                                  f"full log: {build_dir / 'sim.log'}")
+        results = json.loads(results_path.read_text())
+    if waves:
+        fsts = sorted(build_dir.glob("*.fst"), key=lambda p: p.stat().st_mtime)
+        if not fsts:
+            raise SimulationError(f"waves were asked for but no FST file is in {build_dir}")
+        shutil.copyfile(fsts[-1], waves_path)
+    return results
+
+
 def run_sim(program: str | Path, *, handlers: str | Path | None = None,
             json_path: str | Path | None = None, pcap_path: str | Path | None = None,
             waves_path: str | Path | None = None, params: QSCParams | None = None,
@@ -124,63 +183,19 @@ def run_sim(program: str | Path, *, handlers: str | Path | None = None,
     SimulationError
         Icarus or cocotb failed, or the bench raised.
     """
-    from cocotb_tools.runner import get_runner
-
     program = Path(program).resolve()
     params = params or QSCParams()
     assemble(program.read_text(), filename=str(program), dtd_clk_hz=params.dtd_clk_hz)
     if handlers is None:
         handlers = default_handlers_path(program)
-    build_dir = Path(build_dir) if build_dir else default_build_dir()
-    build_dir = build_dir.resolve()
-    verilog = build_verilog(params, build_dir)
-
-    with tempfile.TemporaryDirectory(prefix="qlink-sim-") as tmp:
-        tmp = Path(tmp)
-        results_path = tmp / "results.json"
-        cfg = SimConfig(**bench)
-        cfg.update({
-            "program": str(program),
-            "handlers": str(Path(handlers).resolve()) if handlers else None,
-            "params": asdict(params),
-            "results": str(results_path),
-            "pcap": str(Path(pcap_path).resolve()) if pcap_path else None,
-        })
-        cfg_path = tmp / "config.json"
-        cfg_path.write_text(json.dumps(cfg, indent=2))
-
-        waves = waves_path is not None
-        runner = get_runner("icarus")
-        try:
-            runner.build(sources=[verilog], hdl_toplevel=TOPLEVEL, build_dir=build_dir,
-                         timescale=("1ns", "1ps"), waves=waves,
-                         log_file=build_dir / "build.log")
-            log = (build_dir / "build.log").read_text(errors="replace")
-            if "found no sensitivities" in log:
-                raise SimulationError("Icarus found an always @* block that never runs (see "
-                                      f"{build_dir / 'build.log'}): icarus_compatible() must "
-                                      "learn its form")
-            runner.test(test_module="openqlink.sim.bench", hdl_toplevel=TOPLEVEL,
-                        build_dir=build_dir, test_dir=build_dir, waves=waves,
-                        extra_env={"OPENQLINK_SIM_CONFIG": str(cfg_path)},
-                        results_xml=str(tmp / "results.xml"),
-                        log_file=build_dir / "sim.log")
-        except SystemExit as exc:
-            raise SimulationError(f"simulation failed (exit {exc.code}); log: "
-                                  f"{build_dir / 'sim.log'}") from None
-        except Exception as exc:  # the runner raises plain exceptions for tool failures
-            raise SimulationError(f"simulation failed: {exc}; logs in {build_dir}") from exc
-        failure = _first_failure(tmp / "results.xml")
-        if failure or not results_path.exists():
-            raise SimulationError(f"the bench failed: {failure or 'it wrote no results'}\n"
-                                  f"full log: {build_dir / 'sim.log'}")
-        results = json.loads(results_path.read_text())
-
+    cfg = SimConfig(**bench)
+    cfg.update({
+        "program": str(program),
+        "handlers": str(Path(handlers).resolve()) if handlers else None,
+        "pcap": str(Path(pcap_path).resolve()) if pcap_path else None,
+    })
+    results = run_bench("openqlink.sim.bench", cfg, params=params, build_dir=build_dir,
+                        waves_path=waves_path)
     if json_path is not None:
         Path(json_path).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
-    if waves:
-        fsts = sorted(build_dir.glob("*.fst"), key=lambda p: p.stat().st_mtime)
-        if not fsts:
-            raise SimulationError(f"waves were asked for but no FST file is in {build_dir}")
-        shutil.copyfile(fsts[-1], waves_path)
     return results

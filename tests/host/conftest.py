@@ -18,6 +18,7 @@ import threading
 from dataclasses import dataclass
 
 import pytest
+
 from openqlink.bridges.base import FrameTransport, transport_pair
 from openqlink.isa.layout import ISA_VERSION
 from openqlink.memory_map import (

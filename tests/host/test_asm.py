@@ -6,6 +6,7 @@ import pytest
 from amaranth.hdl import Shape
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from openqlink.errors import AssemblerError, FieldRangeError, TruncatedError
 from openqlink.isa import (
     Cond,

@@ -3,6 +3,7 @@
 from pathlib import Path
 
 from click.testing import CliRunner
+
 from openqlink.cli import main
 from openqlink.isa import assemble, render_isa_tables
 from openqlink.memory_map import render_markdown

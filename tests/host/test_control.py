@@ -1,6 +1,7 @@
 """openqlink.control.ControlClient against a software QSC peer (tests/host/qsc_peer.py)."""
 
 import pytest
+
 from openqlink.control import ControlClient
 from openqlink.errors import ControlPlaneError, FieldRangeError
 from openqlink.memory_map import global_reg, version_word

@@ -3,18 +3,19 @@
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from openqlink.errors import FieldRangeError, TruncatedError, WireFormatError
-from openqlink.wire.control import CONTROL_REQUEST, CONTROL_RESPONSE, Command
-from openqlink.wire.ethernet import int_to_mac
-from openqlink.wire.ipv4 import int_to_ip
-from openqlink.wire.packet import build_roce_frame, build_udp_frame, parse_frame
-from openqlink.wire.roce import Opcode
 from scapy.compat import raw
 from scapy.contrib.roce import BTH as ScapyBTH
 from scapy.fields import IntField, XIntField, XLongField
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
 from scapy.packet import Packet, Raw
+
+from openqlink.errors import FieldRangeError, TruncatedError, WireFormatError
+from openqlink.wire.control import CONTROL_REQUEST, CONTROL_RESPONSE, Command
+from openqlink.wire.ethernet import int_to_mac
+from openqlink.wire.ipv4 import int_to_ip
+from openqlink.wire.packet import build_roce_frame, build_udp_frame, parse_frame
+from openqlink.wire.roce import Opcode
 
 
 class ScapyRETH(Packet):

@@ -7,6 +7,7 @@ import subprocess
 
 import dpkt
 import pytest
+
 from openqlink.errors import TruncatedError, WireFormatError
 from openqlink.pcap import MAGIC_NANOSECONDS, PcapWriter, read_pcap
 from openqlink.wire.packet import build_roce_frame, build_udp_frame

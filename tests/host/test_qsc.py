@@ -5,6 +5,7 @@ import threading
 import time
 
 import pytest
+
 from openqlink.errors import FieldRangeError, QlinkError, VersionMismatchError
 from openqlink.isa import INSTRUCTION_BYTES, PPUState
 from openqlink.memory_map import (

@@ -3,6 +3,7 @@
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from openqlink.errors import FieldRangeError
 from openqlink.roce import PSN_MODULUS, RX_COUNTER_NAMES, SlotRingLike, UCQueuePair, pkey_matches
 from openqlink.wire.packet import build_roce_frame, build_udp_frame, parse_frame

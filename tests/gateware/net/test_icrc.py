@@ -10,6 +10,7 @@ from amaranth.lib.wiring import In, Out
 from amaranth.sim import Simulator
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from openqlink.gateware.net.icrc import (
     ICRC,
     ICRC_WORD_MASKS,

@@ -3,6 +3,7 @@
 import random
 
 from amaranth.sim import Simulator
+
 from openqlink.gateware.net.ipv4csum import IPv4Checksum
 from openqlink.wire.ipv4 import IPV4, ipv4_checksum
 

@@ -7,6 +7,7 @@ from amaranth.hdl import Module
 from amaranth.lib import wiring
 from amaranth.sim import Simulator
 from netbench import HOST_IP, HOST_MAC, HOST_PORT, StreamSink
+
 from openqlink.gateware.bus import BusOp
 from openqlink.gateware.net.control import ControlPlane
 from openqlink.gateware.net.regs import NetRegisters

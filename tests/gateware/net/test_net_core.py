@@ -20,6 +20,7 @@ from netbench import (
     tail_write,
     write_frame,
 )
+
 from openqlink.gateware.bus import BusOp
 from openqlink.gateware.net.core import BusArbiter, NetworkCore
 from openqlink.memory_map import (

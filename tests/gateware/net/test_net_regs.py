@@ -6,6 +6,7 @@ import warnings
 import pytest
 from amaranth.hdl import UnusedElaboratable
 from amaranth.sim import Simulator
+
 from openqlink.gateware.net.common import COUNTER_INDEX
 from openqlink.gateware.net.regs import REGISTER_WIDTHS, NetRegisters
 from openqlink.isa.layout import ISA_VERSION

@@ -28,6 +28,7 @@ from netbench import (
     tail_write,
     write_frame,
 )
+
 from openqlink.gateware.net.regs import NetRegisters
 from openqlink.gateware.net.rx import RoCEReceiver
 from openqlink.memory_map import (
@@ -481,11 +482,12 @@ def test_beats_helper():
 def test_scapy_built_packets_accepted():
     """Frames built by scapy's RoCE layer (an independent ICRC, GPL: tests only), with TOS, TTL,
     FECN/BECN and pad bytes that the ICRC masks or covers."""
-    from openqlink.wire.roce import IMMDT, RETH
     from scapy.contrib.roce import BTH as ScapyBTH
     from scapy.layers import inet
     from scapy.layers.l2 import Ether
     from scapy.packet import Raw
+
+    from openqlink.wire.roce import IMMDT, RETH
 
     def frame(opcode, ext: bytes, data: bytes, psn: int) -> bytes:
         pad = (-len(data)) % 4

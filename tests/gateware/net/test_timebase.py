@@ -6,6 +6,7 @@ import warnings
 import pytest
 from amaranth.hdl import UnusedElaboratable
 from amaranth.sim import Simulator
+
 from openqlink.gateware.net.timebase import NS_PER_SECOND, Timebase
 
 

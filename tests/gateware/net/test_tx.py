@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 import pytest
 from amaranth.lib import data
 from amaranth.sim import Simulator
+
 from openqlink.gateware.bus import MAX_CALL_ARG_BYTES, CallRequest
 from openqlink.gateware.net.common import ControlReply, NetConfig, QPContext
 from openqlink.gateware.net.tx import (

@@ -7,6 +7,7 @@ is not used here on purpose).
 from __future__ import annotations
 
 from amaranth.sim import Simulator
+
 from openqlink.gateware.bus import BusOp
 from openqlink.gateware.ppu.cluster import PPUCluster
 from openqlink.isa.layout import Cond, Instruction, Op, PPUState, PPUStatus

@@ -8,6 +8,7 @@ import warnings
 import pytest
 from amaranth.hdl import Module
 from amaranth.sim import Simulator
+
 from openqlink.gateware.ppu.channels import (
     FIFO_DEPTH,
     DriveChannel,

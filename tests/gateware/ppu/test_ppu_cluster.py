@@ -8,22 +8,6 @@ import warnings
 
 import pytest
 from amaranth.back import verilog
-from openqlink.gateware.ppu.channels import DriveChannel
-from openqlink.gateware.ppu.cluster import PPUCluster
-from openqlink.gateware.ppu.core import PPU
-from openqlink.isa.layout import Cond, PPUState
-from openqlink.memory_map import (
-    ENV_OFFSET,
-    GLOBAL_BASE,
-    IMEM_OFFSET,
-    MAILBOX_OFFSET,
-    PPU_REGISTERS,
-    REGS_OFFSET,
-    QSCParams,
-    ppu_base,
-    ppu_reg,
-)
-from openqlink.wire.rpc import RESPONSE_MAGIC, Response, fnv1a32
 from ppu_bench import (
     PARAMS,
     Monitor,
@@ -50,6 +34,23 @@ from ppu_bench import (
     wait_state,
     write_reg,
 )
+
+from openqlink.gateware.ppu.channels import DriveChannel
+from openqlink.gateware.ppu.cluster import PPUCluster
+from openqlink.gateware.ppu.core import PPU
+from openqlink.isa.layout import Cond, PPUState
+from openqlink.memory_map import (
+    ENV_OFFSET,
+    GLOBAL_BASE,
+    IMEM_OFFSET,
+    MAILBOX_OFFSET,
+    PPU_REGISTERS,
+    REGS_OFFSET,
+    QSCParams,
+    ppu_base,
+    ppu_reg,
+)
+from openqlink.wire.rpc import RESPONSE_MAGIC, Response, fnv1a32
 
 #: START_TIME used by the tests, relative to the cycle the trigger is written.
 LEAD = 60

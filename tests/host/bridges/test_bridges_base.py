@@ -3,6 +3,7 @@
 import threading
 
 import pytest
+
 from openqlink.bridges import FrameTransport, TransportClosedError, transport_pair
 
 

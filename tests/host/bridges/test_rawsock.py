@@ -7,6 +7,7 @@ import subprocess
 import threading
 
 import pytest
+
 from openqlink.bridges import TransportClosedError
 from openqlink.wire.packet import build_udp_frame
 

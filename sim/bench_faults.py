@@ -1,0 +1,120 @@
+"""Fault-injection bench: bad RoCE packets against the QSC's Verilog must write nothing.
+
+For each fault (a bad ICRC, a wrong R_Key, a VA range that leaves the instruction ring, a wrong
+DestQP, a wrong P_Key) the host sends a UC RDMA_WRITE_ONLY built by its own UC endpoint and then
+damaged; the bench then reads the drop counters and the targeted instruction-ring words back over
+the control plane. Results go to the JSON file named in the configuration (see
+:func:`openqlink.sim.runner.run_bench`); the pytest wrapper checks them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import cocotb
+from cocotb.task import bridge
+from cocotb.triggers import Timer
+
+from ..dispatch import SlotRing
+from ..memory_map import IMEM_OFFSET, ppu_base
+from ..qsc import QSC
+from ..wire.packet import build_roce_frame, parse_frame
+from ..wire.roce import Opcode
+from .bench import TB
+
+__all__ = ["inject_faults", "FAULTS"]
+
+#: The faults injected, in order: name -> the drop counter that must count it.
+FAULTS = {
+    "bad_icrc": "DROP_ICRC",
+    "wrong_rkey": "DROP_RKEY",
+    "va_out_of_range": "DROP_VA",
+    "wrong_dest_qp": "DROP_QPN",
+    "wrong_p_key": "DROP_PKEY",
+}
+
+PATTERN = bytes(range(0x40, 0x50))  # one 16-byte instruction slot worth of recognisable bytes
+
+
+def _read_words(qsc: QSC, addr: int, nbytes: int) -> bytes:
+    return b"".join(qsc.control.read(a).to_bytes(4, "little")
+                    for a in range(addr, addr + nbytes, 4))
+
+
+def _rebuild(frame: bytes, **changes) -> bytes:
+    """The same RDMA_WRITE_ONLY with some BTH/RETH fields changed (ICRC recomputed)."""
+    f = parse_frame(frame)
+    fields = {
+        "dst_mac": f.eth["dst"], "src_mac": f.eth["src"], "src_ip": f.ip["src"],
+        "dst_ip": f.ip["dst"], "src_port": f.udp["src_port"], "opcode": Opcode(f.bth["opcode"]),
+        "dest_qp": f.bth["dest_qp"], "psn": f.bth["psn"], "p_key": f.bth["p_key"],
+        "va": f.reth["va"], "r_key": f.reth["r_key"], "payload": f.payload,
+    }
+    fields.update(changes)
+    return build_roce_frame(**fields)
+
+
+def host_session(tb: TB) -> dict:
+    qsc = tb.qsc
+    qsc.connect()
+    qp = qsc.configure(0, tb.ring)
+    rkeys = qsc.rkeys(0)
+    imem = ppu_base(0) + IMEM_OFFSET
+    imem_bytes = tb.params.imem_depth * 16
+    # A known program image: slot 0 holds the pattern; slots 1.. are still zero.
+    qsc.upload_program(0, PATTERN)
+    targets = {
+        "bad_icrc": imem + 16,
+        "wrong_rkey": imem + 32,
+        "va_out_of_range": imem + imem_bytes - 8,     # 16 bytes from 8 before the end
+        "wrong_dest_qp": imem + 48,
+        "wrong_p_key": imem + 64,
+    }
+    before = {name: _read_words(qsc, addr, 16) if name != "va_out_of_range"
+              else _read_words(qsc, addr, 8) for name, addr in targets.items()}
+    counters_before = qsc.counters()
+    for name, addr in targets.items():
+        good = qp.write_frame(addr, rkeys.imem, PATTERN)
+        if name == "bad_icrc":
+            frame = good[:-1] + bytes([good[-1] ^ 0x01])
+        elif name == "wrong_rkey":
+            frame = _rebuild(good, r_key=rkeys.imem ^ 0x1)
+        elif name == "wrong_dest_qp":
+            frame = _rebuild(good, dest_qp=qsc.params.qpn_base + 7)
+        elif name == "wrong_p_key":
+            frame = _rebuild(good, p_key=0x7FFE)
+        else:
+            frame = good
+        tb.transport.send_frame(frame)
+    counters_after = qsc.counters()
+    after = {name: _read_words(qsc, addr, len(before[name])) for name, addr in targets.items()}
+    # The path still works: a good write after the faults lands.
+    tb.transport.send_frame(qp.write_frame(imem + 80, rkeys.imem, PATTERN))
+    landed = _read_words(qsc, imem + 80, 16)
+    return {
+        "faults": {name: {
+            "counter": FAULTS[name],
+            "counted": counters_after[FAULTS[name]] - counters_before[FAULTS[name]],
+            "before": before[name].hex(), "after": after[name].hex(),
+        } for name in targets},
+        "accepted_during_faults": counters_after["RX_ROCE_ACCEPTED"]
+        - counters_before["RX_ROCE_ACCEPTED"],
+        "good_write_after_faults": landed.hex(),
+        "pattern": PATTERN.hex(),
+    }
+
+
+@cocotb.test()
+async def inject_faults(dut):
+    """Send each fault, read back counters and memory, write the observations as JSON."""
+    cfg = json.loads(Path(os.environ["OPENQLINK_SIM_CONFIG"]).read_text())
+    tb = TB(dut, cfg)
+    await tb.reset()
+    tb.ring = SlotRing(cfg["num_slots"], cfg["slot_size"])
+    tb.qsc = QSC(tb.transport, params=tb.params, host_mac=cfg["host_mac"],
+                 host_ip=cfg["host_ip"])
+    results = await bridge(host_session)(tb)
+    await Timer(1, "us")
+    Path(cfg["results"]).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")

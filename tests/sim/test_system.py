@@ -1,0 +1,148 @@
+"""System tests: the QSC top's Verilog on Icarus (cocotb) against the unchanged host package.
+
+These build the real netlist and take a few seconds per run; they need Icarus Verilog
+(``apt-get install iverilog``, done by ``.ci/setup``) and skip with that reason without it.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from openqlink.pcap import read_pcap
+from openqlink.sim.bench_faults import FAULTS
+from openqlink.sim.runner import SimConfig, run_bench, run_sim
+from openqlink.wire.packet import parse_frame
+from openqlink.wire.rpc import Request, Response, fnv1a32
+
+pytestmark = [
+    pytest.mark.cocotb,
+    pytest.mark.skipif(shutil.which("iverilog") is None,
+                       reason="Icarus Verilog is not installed (apt-get install iverilog)"),
+]
+
+FIRMWARE = Path(__file__).resolve().parents[2] / "firmware"
+PROGRAM = FIRMWARE / "active_reset.s"
+#: Seeds of the qubit model whose single measurement gives 1 and 0 (checked by the tests).
+SEED_ONE, SEED_ZERO = 1, 2
+
+
+@pytest.fixture(scope="module")
+def build_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("sim_build")
+
+
+@pytest.fixture(scope="module")
+def run_one(build_dir, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run_one")
+    results = run_sim(PROGRAM, json_path=out / "a.json", pcap_path=out / "a.pcap",
+                      build_dir=build_dir, seed=SEED_ONE)
+    return results, out
+
+
+def _plays(results: dict) -> list[dict]:
+    return [e for e in results["events"] if e["kind"] == "play_start"]
+
+
+def test_active_reset_with_outcome_one_plays_the_reset_pulse(run_one):
+    results, _ = run_one
+    assert results["status"]["state"] == "DONE"
+    assert [m["outcome"] for m in results["measurements"]] == [1]
+    plays = _plays(results)
+    assert len(plays) == 2
+    # The first pulse starts exactly at the trigger's start time (the timeline is exact).
+    assert plays[0]["dtd_cycle"] == results["start_time_cycles"]
+    acq = [e for e in results["events"] if e["kind"] == "acquire_start"]
+    assert acq[0]["dtd_cycle"] == results["start_time_cycles"] + 64
+    # One RPC, answered with status 0, after the modelled host turnaround.
+    (rpc,) = results["rpc"]
+    assert rpc["function"] == "reset_decision" and rpc["status"] == 0
+    assert rpc["round_trip_ns"] > results["model"]["host_turnaround_ns"]
+    # The reset pulse comes after the answer, and it really resets the qubit.
+    assert plays[1]["dtd_cycle"] > acq[0]["dtd_cycle"] + rpc["round_trip_cycles"]
+    assert results["qubit_final_p1"] < 1e-3
+    assert results["registers"]["R2"] == 1 and results["registers"]["CALL_COUNT"] == 1
+    assert all(v == 0 for k, v in results["counters"].items() if k.startswith("DROP_"))
+    for e in results["events"]:
+        assert e["time_ns"] == pytest.approx(e["dtd_cycle"] * 4.0)
+
+
+def test_active_reset_with_outcome_zero_skips_the_reset_pulse(build_dir):
+    results = run_sim(PROGRAM, build_dir=build_dir, seed=SEED_ZERO)
+    assert results["status"]["state"] == "DONE"
+    assert [m["outcome"] for m in results["measurements"]] == [0]
+    assert len(_plays(results)) == 1
+    assert results["registers"]["R2"] == 0
+    assert results["qubit_final_p1"] < 1e-3
+
+
+def test_two_runs_give_identical_json_and_pcap(run_one, build_dir, tmp_path):
+    _, out = run_one
+    run_sim(PROGRAM, json_path=tmp_path / "b.json", pcap_path=tmp_path / "b.pcap",
+            build_dir=build_dir, seed=SEED_ONE)
+    assert (out / "a.json").read_bytes() == (tmp_path / "b.json").read_bytes()
+    assert (out / "a.pcap").read_bytes() == (tmp_path / "b.pcap").read_bytes()
+
+
+def test_pcap_frames_check_with_scapy_and_match_the_rpc(run_one):
+    from scapy.contrib.roce import BTH
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+
+    results, out = run_one
+    frames = read_pcap(out / "a.pcap")
+    assert frames == sorted(frames, key=lambda tf: tf[0])
+    roce = [f for _, f in frames if (p := parse_frame(f)).udp and p.udp["dst_port"] == 4791]
+    assert len(roce) >= 4
+    for frame in roce:
+        pkt = Ether(frame)
+        got = bytes(pkt[BTH])[-4:]
+        # scapy recomputes the ICRC independently when the field is cleared.
+        pkt[BTH].icrc = None
+        del pkt[IP].chksum, pkt[UDP].chksum
+        rebuilt = Ether(bytes(pkt))
+        assert bytes(rebuilt[BTH])[-4:] == got, frame.hex()
+    requests = [Request.unpack(parse_frame(f).payload) for f in roce
+                if parse_frame(f).bth["opcode"] == 0x2B]
+    responses = [Response.unpack(parse_frame(f).payload) for f in roce
+                 if parse_frame(f).bth["opcode"] == 0x24]
+    assert [r.function_id for r in requests] == [fnv1a32("reset_decision")]
+    assert requests[0].payload == b"\x01"
+    assert responses[0].request_id == requests[0].request_id
+    assert responses[0].ptp_timestamp == requests[0].ptp_timestamp
+    assert results["rpc"][0]["request_id"] == requests[0].request_id
+
+
+@pytest.mark.skipif(shutil.which("tshark") is None, reason="tshark is not installed")
+def test_tshark_dissects_the_roce_frames_as_infiniband(run_one):
+    _, out = run_one
+    text = subprocess.run(
+        ["tshark", "-r", str(out / "a.pcap"), "-Y", "infiniband", "-T", "fields",
+         "-e", "infiniband.bth.opcode"],
+        check=True, capture_output=True, text=True).stdout.split()
+    assert "43" in text   # 0x2B RDMA_WRITE_ONLY_WITH_IMMEDIATE: the RPC request
+    assert "36" in text   # 0x24 SEND_ONLY: the response
+    assert "42" in text   # 0x2A RDMA_WRITE_ONLY: the program upload
+
+
+def test_bad_packets_are_dropped_counted_and_write_nothing(build_dir):
+    results = run_bench("openqlink.sim.bench_faults", SimConfig(), build_dir=build_dir)
+    for name, fault in results["faults"].items():
+        assert fault["counted"] == 1, (name, fault)
+        assert fault["after"] == fault["before"], name
+    assert set(results["faults"]) == set(FAULTS)
+    assert results["accepted_during_faults"] == 0
+    assert results["good_write_after_faults"] == results["pattern"]
+
+
+def test_results_json_has_the_documented_keys(run_one):
+    results, out = run_one
+    data = json.loads((out / "a.json").read_text())
+    assert {"events", "rpc", "counters", "status"} <= set(data)
+    assert set(data["events"][0]) >= {"channel", "kind", "dtd_cycle", "time_ns"}
+    assert set(data["rpc"][0]) >= {"function", "request_id", "status", "round_trip_cycles",
+                                   "round_trip_ns"}
