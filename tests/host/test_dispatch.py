@@ -7,6 +7,7 @@ import threading
 from pathlib import Path
 
 import pytest
+
 from openqlink.dispatch import (
     STATUS_BAD_ARG_LEN,
     STATUS_HANDLER_ERROR,
