@@ -34,17 +34,29 @@ def print_report(results: dict, console: Console | None = None) -> None:
     console.print(rpc)
     console.print(f"host turnaround: {model['host_turnaround_ns']} ns "
                   f"[italic](modelled, not measured)[/italic]")
+    regs = results.get("registers", {})
+    if regs.get("CALL_COUNT"):
+        period_ns = 1e9 / results["params"]["dtd_clk_hz"]
+        rtt = regs["LAST_RTT_CYCLES"]
+        console.print(f"last CALL at the PPU, request out -> result in register: {rtt} cycles "
+                      f"= {rtt * period_ns:.1f} ns (LAST_RTT_CYCLES)")
 
-    counters = Table(title="Counters (non-zero)")
+    counters = Table(title="Counters (drop counters always, the others when non-zero)")
     counters.add_column("counter")
     counters.add_column("value", justify="right")
-    for name, value in sorted(results["counters"].items()):
-        if value:
+    for name, value in results["counters"].items():
+        if value or name.startswith("DROP_") or name == "PSN_GAP":
             counters.add_row(name, str(value))
+    for name in ("STALE_RESPONSES", "LATE_EVENTS"):
+        if name in regs:
+            counters.add_row(f"PPU {name}", str(regs[name]))
     console.print(counters)
 
     for m in results["measurements"]:
         console.print(f"measurement at cycle {m['dtd_cycle']}: outcome {m['outcome']} "
                       f"(P(1) = {m['p1']:.3f})")
     console.print(f"qubit P(1) at the end: {results['qubit_final_p1']:.3f}")
-    console.print(f"[bold]final PPU status:[/bold] {results['status']}")
+    status = results["status"]
+    errors = [name for name, value in status.items() if name != "state" and value]
+    console.print(f"[bold]final PPU status:[/bold] {status['state']}"
+                  + (f" (errors: {', '.join(errors)})" if errors else " (no error bits)"))
