@@ -158,10 +158,15 @@ def isa_tables_command(output: Path | None) -> None:
               help="Modelled time from a request reaching the host to its response leaving.")
 @click.option("--build-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the Verilog and simulator build go [default: ./build/sim].")
+@click.option("--verilog", "verilog_path", type=click.Path(exists=True, dir_okay=False,
+              path_type=Path), default=None,
+              help="Use this Verilog from `qlink verilog --sim` instead of elaborating the "
+              "top (for machines without Yosys).")
 @click.option("--quiet", is_flag=True, help="Print only the final status line.")
 def sim_command(program: Path, handlers: Path | None, json_path: Path | None,
                 pcap_path: Path | None, waves_path: Path | None, seed: int,
-                host_turnaround_ns: int, build_dir: Path | None, quiet: bool) -> None:
+                host_turnaround_ns: int, build_dir: Path | None, verilog_path: Path | None,
+                quiet: bool) -> None:
     """Simulate PROGRAM end to end: the QSC gateware's Verilog on Icarus (cocotb) against the
     host package and its dispatcher. Exit status 0 when the PPU ends DONE, 1 otherwise."""
     from .errors import QlinkError
@@ -171,7 +176,7 @@ def sim_command(program: Path, handlers: Path | None, json_path: Path | None,
     try:
         results = run_sim(program, handlers=handlers, json_path=json_path, pcap_path=pcap_path,
                           waves_path=waves_path, build_dir=build_dir, seed=seed,
-                          host_turnaround_ns=host_turnaround_ns)
+                          host_turnaround_ns=host_turnaround_ns, verilog_path=verilog_path)
     except AssemblerError as exc:
         _fail(str(exc))
         return
@@ -184,3 +189,28 @@ def sim_command(program: Path, handlers: Path | None, json_path: Path | None,
         print_report(results)
     if results["status"].get("state") != "DONE":
         raise click.exceptions.Exit(1)
+
+
+@main.command("verilog")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
+              help="Output file [default: stdout].")
+@click.option("--num-ppus", type=int, default=1, show_default=True)
+@click.option("--sim", "for_sim", is_flag=True,
+              help="Make Yosys's combinational processes evaluate at time 0 on Icarus "
+              "(openqlink.sim.runner.icarus_compatible); what `qlink sim --verilog` takes.")
+def verilog_command(output: Path | None, num_ppus: int, for_sim: bool) -> None:
+    """Elaborate the QSC top (default parameters) and write it as Verilog."""
+    from .gateware.top import generate_verilog
+    from .memory_map import QSCParams
+
+    try:
+        params = QSCParams(num_ppus=num_ppus)
+    except ValueError as exc:
+        _fail(f"qlink verilog: {exc}")
+        return
+    text = generate_verilog(params)
+    if for_sim:
+        from .sim.runner import icarus_compatible
+
+        text = icarus_compatible(text)
+    _write(output, text)

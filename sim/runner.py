@@ -102,11 +102,15 @@ def SimConfig(**overrides) -> dict:
 
 
 def run_bench(module: str, cfg: dict, *, params: QSCParams | None = None,
-              build_dir: str | Path | None = None,
-              waves_path: str | Path | None = None) -> dict:
+              build_dir: str | Path | None = None, waves_path: str | Path | None = None,
+              verilog_path: str | Path | None = None) -> dict:
     """Build the top for ``params``, run the cocotb test module ``module`` on Icarus with ``cfg``
     (written to a JSON file named by ``OPENQLINK_SIM_CONFIG``; the bench writes its results to
     ``cfg["results"]``, filled in here) and return those results.
+
+    ``verilog_path`` names a Verilog file made beforehand by ``qlink verilog --sim`` for these
+    ``params`` (on a machine without Yosys, e.g. the GPU machine); by default the top is
+    elaborated here.
 
     Raises :class:`SimulationError` when Icarus or cocotb fail or a test of ``module`` fails,
     with the failure's message and the log's path.
@@ -115,7 +119,14 @@ def run_bench(module: str, cfg: dict, *, params: QSCParams | None = None,
 
     params = params or QSCParams()
     build_dir = (Path(build_dir) if build_dir else default_build_dir()).resolve()
-    verilog = build_verilog(params, build_dir)
+    if verilog_path is not None:
+        build_dir.mkdir(parents=True, exist_ok=True)
+        verilog = build_dir / f"{TOPLEVEL}.v"
+        text = Path(verilog_path).read_text()
+        if not verilog.exists() or verilog.read_text() != text:
+            verilog.write_text(text)
+    else:
+        verilog = build_verilog(params, build_dir)
     waves = waves_path is not None
     with tempfile.TemporaryDirectory(prefix="qlink-sim-") as tmp:
         tmp = Path(tmp)
@@ -160,7 +171,8 @@ def run_bench(module: str, cfg: dict, *, params: QSCParams | None = None,
 def run_sim(program: str | Path, *, handlers: str | Path | None = None,
             json_path: str | Path | None = None, pcap_path: str | Path | None = None,
             waves_path: str | Path | None = None, params: QSCParams | None = None,
-            build_dir: str | Path | None = None, **bench: object) -> dict:
+            build_dir: str | Path | None = None, verilog_path: str | Path | None = None,
+            **bench: object) -> dict:
     """Simulate ``program`` end to end and return the results dictionary.
 
     Parameters
@@ -173,6 +185,8 @@ def run_sim(program: str | Path, *, handlers: str | Path | None = None,
         Ethernet) and the waveforms (FST).
     params : QSCParams, optional
         Gateware build parameters.
+    verilog_path : path, optional
+        Pre-generated Verilog of the top (``qlink verilog --sim``) instead of elaborating it.
     **bench
         Overrides of :func:`SimConfig` (``seed``, ``host_turnaround_ns``, ...).
 
@@ -195,7 +209,7 @@ def run_sim(program: str | Path, *, handlers: str | Path | None = None,
         "pcap": str(Path(pcap_path).resolve()) if pcap_path else None,
     })
     results = run_bench("openqlink.sim.bench", cfg, params=params, build_dir=build_dir,
-                        waves_path=waves_path)
+                        waves_path=waves_path, verilog_path=verilog_path)
     if json_path is not None:
         Path(json_path).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
     return results

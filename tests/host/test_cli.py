@@ -83,3 +83,15 @@ def test_firmware_assembles_through_cli(tmp_path):
                                     "-o", str(tmp_path / "ar.bin")])
     assert res.exit_code == 0, res.output
     assert "reset_decision" in res.output
+
+
+def test_verilog_command_writes_the_top_for_icarus(tmp_path):
+    out = tmp_path / "qsc_top.v"
+    result = CliRunner().invoke(main, ["verilog", "--sim", "-o", str(out)])
+    assert result.exit_code == 0, result.output
+    text = out.read_text()
+    assert "module qsc_top(" in text
+    assert "initial #0" in text            # icarus_compatible() applied
+    bad = CliRunner().invoke(main, ["verilog", "--num-ppus", "0"])
+    assert bad.exit_code == 2
+    assert "num_ppus must be 1..16" in bad.output
