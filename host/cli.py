@@ -214,3 +214,7 @@ def verilog_command(output: Path | None, num_ppus: int, for_sim: bool) -> None:
 
         text = icarus_compatible(text)
     _write(output, text)
+
+
+if __name__ == "__main__":
+    main()
