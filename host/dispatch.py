@@ -13,6 +13,12 @@ The host side of a PPU's CALL, in the shape of CUDA-Q realtime's host dispatch p
   ``RPCResponse`` through ``send_response(slot, bytes)``. :meth:`Dispatcher.poll` never blocks,
   so the same object runs in a thread (:meth:`Dispatcher.run_forever`) or is stepped from a
   cocotb coroutine.
+* With a GPU data plane attached (``Dispatcher(..., gpu=GPUDataPlane(...))`` or
+  :meth:`Dispatcher.attach_gpu`), the same table also holds DEVICE_CALL entries:
+  :meth:`Dispatcher.start` links and launches the persistent unified dispatch kernel
+  (:mod:`openqlink.gpu`), :meth:`Dispatcher.poll` answers HOST_CALLs inline, forwards each
+  well-formed DEVICE_CALL request into the GPU ring and sends the GPU's responses, and
+  :meth:`Dispatcher.stop` stops the kernel.
 
 Every request taken from the ring gets exactly one response (as CUDA-Q's unified dispatch
 kernel does, never silencing a PPU that waits). Response status:
@@ -27,9 +33,16 @@ kernel does, never silencing a PPU that waits). Response status:
       (``STATUS_TRUNCATED``)
 ====  =================================================================================
 
-DEVICE_CALL (and GRAPH_LAUNCH) entries can be described but not run yet: they arrive with the
-GPU dispatch path. Until then :class:`Dispatcher` refuses a table holding one, with a
-:class:`openqlink.errors.DispatchError` naming the entry.
+Schema checks of DEVICE_CALL requests happen on the host, before forwarding: a request with bad
+magic, an unknown function_id, an ``arg_len`` other than the schema's, or fewer bytes than
+``24 + arg_len`` is answered by the host with the status above and never reaches the GPU. The
+kernel checks magic, function_id and ``arg_len`` again (statuses -1, -2, -3), for transports that
+write its ring directly. GPU responses carry the handler's own status (0 ok, > 0 its error, 1
+when its result does not fit ``max_result_bytes``). Responses of forwarded requests may be sent
+after those of later HOST_CALL requests (the PPU matches responses by request_id).
+
+Without a GPU data plane, :class:`Dispatcher` refuses a table holding DEVICE_CALL entries, and
+GRAPH_LAUNCH entries always, with a :class:`openqlink.errors.DispatchError` naming the entry.
 
 # Ref: cuda-quantum realtime/docs/cudaq_realtime_message_protocol.md (RPCHeader, RPCResponse,
 # payload types, schema); realtime/include/cudaq/realtime/cudaq_realtime.h
@@ -42,11 +55,11 @@ from __future__ import annotations
 import logging
 import struct
 import threading
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from enum import Enum, IntEnum
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from .errors import DispatchError
 from .wire.rpc import (
@@ -71,6 +84,7 @@ __all__ = [
     "SlotRing",
     "Dispatcher",
     "Outcome",
+    "GPUPlane",
     "MAX_ARGS",
     "MAX_RESULTS",
     "MAX_SLOTS",
@@ -100,7 +114,7 @@ STATUS_TRUNCATED = -3
 class DispatchMode(IntEnum):
     """``cudaq_dispatch_mode_t``: where a function-table entry's handler runs."""
 
-    DEVICE_CALL = 0   #: CUDA device function in the dispatch kernel (GPU issue: not yet)
+    DEVICE_CALL = 0   #: CUDA device function in the GPU dispatch kernel (openqlink.gpu)
     GRAPH_LAUNCH = 1  #: CUDA graph launched per request (not supported)
     HOST_CALL = 2     #: Python function called by the host dispatcher
 
@@ -250,7 +264,11 @@ class FunctionEntry:
     """``cudaq_function_entry_t``: one handler, its mode, its schema and its ``function_id``.
 
     ``handler`` (HOST_CALL) is called with one decoded value per argument and returns ``None``
-    (no results), the value of its single result, or a tuple with one value per result.
+    (no results), the value of its single result, or a tuple with one value per result. For a
+    DEVICE_CALL entry ``handler`` is an :class:`openqlink.gpu.CudaHandler` or
+    :class:`~openqlink.gpu.NumbaHandler` (linked into the dispatch module), an address returned by
+    :meth:`openqlink.gpu.GPUDataPlane.get_device_handler`, or ``None`` (the GPU data plane has a
+    handler of that name).
     ``function_id`` is ``fnv1a32(name)``, computed here. Raises :class:`DispatchError` for a
     non-ASCII or empty name, more than 8 arguments or 4 results, or a HOST_CALL entry without a
     callable handler.
@@ -260,7 +278,7 @@ class FunctionEntry:
     mode: DispatchMode
     args: tuple[TypeDesc, ...] = ()
     results: tuple[TypeDesc, ...] = ()
-    handler: Callable[..., Any] | None = None
+    handler: Any = None
     function_id: int = field(init=False)
 
     def __post_init__(self) -> None:
@@ -356,6 +374,13 @@ class FunctionTable:
             return fn
         return register
 
+    def device_call(self, name: str, handler: Any = None, *,
+                    args: Iterable[TypeDesc | PayloadType] = (),
+                    results: Iterable[TypeDesc | PayloadType] = ()) -> FunctionEntry:
+        """Add the DEVICE_CALL entry ``name`` (``handler``: see :class:`FunctionEntry`)."""
+        return self.add(FunctionEntry(name, DispatchMode.DEVICE_CALL, tuple(args),
+                                      tuple(results), handler))
+
     def lookup(self, function_id: int) -> FunctionEntry | None:
         return self._by_id.get(function_id)
 
@@ -386,8 +411,12 @@ class FunctionTable:
         return {e.name: e.function_id for e in self._by_id.values()}
 
     def unsupported(self) -> list[FunctionEntry]:
-        """Entries this host dispatcher cannot run yet (DEVICE_CALL, GRAPH_LAUNCH)."""
+        """Entries the host dispatcher cannot run by itself (DEVICE_CALL, GRAPH_LAUNCH)."""
         return [e for e in self._by_id.values() if e.mode != DispatchMode.HOST_CALL]
+
+    def device_calls(self) -> list[FunctionEntry]:
+        """The DEVICE_CALL entries, in the order they were added."""
+        return [e for e in self._by_id.values() if e.mode == DispatchMode.DEVICE_CALL]
 
 
 class SlotRing:
@@ -501,13 +530,54 @@ _STATUS_OF = {
 }
 
 
+def _outcome_of_status(status: int) -> Outcome:
+    """The :class:`Outcome` a GPU response status stands for (> 0: the handler's error)."""
+    if status == STATUS_OK:
+        return Outcome.OK
+    if status > 0:
+        return Outcome.HANDLER_ERROR
+    return {STATUS_BAD_ARG_LEN: Outcome.BAD_ARG_LEN,
+            STATUS_TRUNCATED: Outcome.TRUNCATED}.get(status, Outcome.UNKNOWN_FUNCTION)
+
+
+class GPUPlane(Protocol):
+    """What :class:`Dispatcher` needs of a GPU data plane (:class:`openqlink.gpu.GPUDataPlane`).
+
+    ``start(entries, max_result_bytes=)`` builds the device table from the DEVICE_CALL entries
+    and launches the kernel; ``can_submit()``/``submit(request) -> gpu_slot`` forward a request
+    into the GPU ring in ring order; ``poll_response()`` returns the next ``(gpu_slot,
+    response)`` in ring order or ``None``; ``stop()`` stops the kernel (every request posted
+    before is still answered); ``processed`` counts the kernel's answers.
+    """
+
+    slot_size: int
+
+    @property
+    def running(self) -> bool: ...
+
+    @property
+    def processed(self) -> int: ...
+
+    def start(self, entries: Iterable[FunctionEntry] | None = None, *,
+              max_result_bytes: int | None = None) -> None: ...
+
+    def stop(self, timeout_s: float = 10.0) -> int: ...
+
+    def can_submit(self) -> bool: ...
+
+    def submit(self, request: bytes) -> int: ...
+
+    def poll_response(self) -> tuple[int, bytes] | None: ...
+
+
 class Dispatcher:
     """Non-blocking RPC dispatcher over a :class:`SlotRing` and a :class:`FunctionTable`.
 
     Parameters
     ----------
     table : FunctionTable
-        Handlers; entries other than HOST_CALL make :meth:`poll` raise :class:`DispatchError`.
+        Handlers. HOST_CALL entries run inline; DEVICE_CALL entries need ``gpu``; GRAPH_LAUNCH
+        entries make the constructor and :meth:`poll` raise :class:`DispatchError`.
     ring : SlotRing
         The request ring the transport publishes into.
     send_response : callable(slot: int, response: bytes) -> None
@@ -515,12 +585,19 @@ class Dispatcher:
         ``slot``; e.g. the transport's UC SEND to the PPU's mailbox.
     max_result_bytes : int, optional
         Largest result a response may carry (default ``slot_size - 24``, CUDA-Q's
-        ``max_result_len``; a PPU mailbox of 64 bytes allows 40).
+        ``max_result_len``; a PPU mailbox of 64 bytes allows 40). It caps GPU handlers too.
+    gpu : GPUPlane, optional
+        The GPU data plane running DEVICE_CALL entries (:class:`openqlink.gpu.GPUDataPlane`);
+        :meth:`start` must be called before :meth:`poll` when one is attached.
 
     Attributes
     ----------
     processed : int
-        Requests taken and answered.
+        Requests answered (inline, and GPU responses sent).
+    forwarded : int
+        DEVICE_CALL requests forwarded to the GPU.
+    gpu_status_counts : collections.Counter[int]
+        GPU responses per status, as the kernel wrote it.
     counts : collections.Counter[Outcome]
         Requests per :class:`Outcome`; :attr:`status_counts` groups them by response status.
     next_slot : int
@@ -531,7 +608,7 @@ class Dispatcher:
 
     def __init__(self, table: FunctionTable, ring: SlotRing,
                  send_response: Callable[[int, bytes], None], *,
-                 max_result_bytes: int | None = None):
+                 max_result_bytes: int | None = None, gpu: GPUPlane | None = None):
         self.table = table
         self.ring = ring
         self.send_response = send_response
@@ -543,7 +620,54 @@ class Dispatcher:
         self.counts: Counter[Outcome] = Counter()
         self.next_slot = 0
         self.send_errors = 0
+        self.forwarded = 0
+        self.gpu_status_counts: Counter[int] = Counter()
+        self.gpu: GPUPlane | None = gpu
+        self._gpu_pending: deque[int] = deque()  # host slots of forwarded requests, in order
+        self._started = False
         self._refuse_unsupported()
+
+    def attach_gpu(self, gpu: GPUPlane) -> None:
+        """Attach a GPU data plane (before :meth:`start`); raises :class:`DispatchError` when one
+        is attached and started already."""
+        if self._started and self.gpu is not None:
+            raise DispatchError("a GPU data plane is already attached and started")
+        self.gpu = gpu
+
+    @property
+    def gpu_processed(self) -> int:
+        """Requests the GPU kernel has answered (its own counter; 0 without a GPU)."""
+        return self.gpu.processed if self.gpu is not None else 0
+
+    @property
+    def gpu_outstanding(self) -> int:
+        """Requests forwarded to the GPU whose response has not been sent yet."""
+        return len(self._gpu_pending)
+
+    def start(self) -> None:
+        """Start the GPU path: build the device table from the DEVICE_CALL entries, link and
+        launch the persistent kernel (:meth:`GPUPlane.start`). Without a GPU data plane, or
+        without DEVICE_CALL entries, there is nothing to start.
+
+        Raises :class:`DispatchError` for unsupported entries or a DEVICE_CALL handler address
+        that did not come from the data plane's ``get_device_handler``, and what the data plane
+        raises (compile, link and GPU errors).
+        """
+        self._refuse_unsupported()
+        entries = self.table.device_calls()
+        if self.gpu is not None and entries and not self.gpu.running:
+            self.gpu.start(entries, max_result_bytes=self.max_result_bytes)
+        self._started = True
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """Stop the GPU kernel (it answers what was forwarded first) and send the responses
+        still in its ring. Raises what ``send_response`` raises and
+        :class:`openqlink.errors.GPUError` when the kernel does not stop."""
+        self._started = False
+        if self.gpu is not None and self.gpu.running:
+            self.gpu.stop(timeout_s)
+        if self.gpu is not None:
+            self._collect_gpu()
 
     @property
     def status_counts(self) -> dict[int, int]:
@@ -555,10 +679,56 @@ class Dispatcher:
 
     def _refuse_unsupported(self) -> None:
         bad = self.table.unsupported()
+        if self.gpu is not None:
+            bad = [e for e in bad if e.mode != DispatchMode.DEVICE_CALL]
         if bad:
             names = ", ".join(f"{e.name!r} ({e.mode.name})" for e in bad)
-            raise DispatchError(f"the host dispatcher runs HOST_CALL entries only; "
-                                f"{names} need the GPU dispatch path, which does not exist yet")
+            if all(e.mode == DispatchMode.DEVICE_CALL for e in bad):
+                raise DispatchError(f"the host dispatcher runs HOST_CALL entries only; {names} "
+                                    "need the GPU dispatch path: attach a GPU data plane "
+                                    "(Dispatcher(..., gpu=openqlink.gpu.GPUDataPlane(...)))")
+            raise DispatchError(f"{names}: GRAPH_LAUNCH entries are not supported; HOST_CALL "
+                                "runs on the host, DEVICE_CALL on the GPU data plane")
+
+    def _device_request(self, buf: bytes) -> bytes | None:
+        """The bytes to forward when ``buf`` is a well-formed DEVICE_CALL request, else None
+        (then :meth:`dispatch` answers it, with the error status it deserves)."""
+        if len(buf) < HEADER_BYTES:
+            return None
+        magic, function_id, arg_len = struct.unpack_from("<III", buf)
+        if magic != REQUEST_MAGIC:
+            return None
+        entry = self.table.lookup(function_id)
+        if entry is None or entry.mode != DispatchMode.DEVICE_CALL:
+            return None
+        end = HEADER_BYTES + arg_len
+        if arg_len != entry.arg_len_bytes or end > len(buf):
+            return None
+        return buf[:end]
+
+    def _collect_gpu(self) -> int:
+        """Send the GPU responses that are ready, in ring order; returns how many."""
+        gpu = self.gpu
+        assert gpu is not None
+        n = 0
+        while self._gpu_pending:
+            got = gpu.poll_response()
+            if got is None:
+                break
+            _gpu_slot, data = got
+            slot = self._gpu_pending.popleft()
+            status = struct.unpack_from("<i", data, 4)[0] if len(data) >= 8 else \
+                STATUS_UNKNOWN_FUNCTION
+            self.processed += 1
+            self.counts[_outcome_of_status(status)] += 1
+            self.gpu_status_counts[status] += 1
+            n += 1
+            try:
+                self.send_response(slot, data)
+            except Exception:
+                self.send_errors += 1
+                raise
+        return n
 
     def dispatch(self, request: bytes) -> Response:
         """Answer one request (the published bytes of a slot, or one UDP datagram).
@@ -592,6 +762,9 @@ class Dispatcher:
         if HEADER_BYTES + h.arg_len > len(buf):
             return fail(Outcome.TRUNCATED, f"{entry.name}: arg_len {int(h.arg_len)} runs past "
                                            f"the {len(buf)} published bytes")
+        if entry.mode != DispatchMode.HOST_CALL:
+            return fail(Outcome.UNKNOWN_FUNCTION, f"{entry.name} is {entry.mode.name} and no "
+                                                  "GPU data plane runs it")
         req = Request.unpack(buf)
         assert entry.handler is not None  # HOST_CALL entries always have one
         try:
@@ -614,37 +787,61 @@ class Dispatcher:
         """Answer the requests ready in ring order, starting at :attr:`next_slot`; never blocks.
 
         Stops at the first slot that is not ready (a later ready slot waits its turn), or after
-        ``max_requests``. For each request: decode, call the handler, free the slot, then
+        ``max_requests`` taken. For each request: decode, call the handler, free the slot, then
         ``send_response(slot, bytes)`` (the slot is freed first: the response is built from a
-        copy, and the QSC may reuse the slot as soon as it has the response). Returns the
-        number of requests answered.
+        copy, and the QSC may reuse the slot as soon as it has the response). With a GPU data
+        plane, a well-formed DEVICE_CALL request is copied into the GPU ring and its slot freed
+        (when the GPU ring is full, it stays and polling stops there), and the GPU responses
+        that are ready are sent. Returns the number of responses sent.
 
-        Raises :class:`DispatchError` when the table holds DEVICE_CALL/GRAPH_LAUNCH entries,
+        Raises :class:`DispatchError` for unsupported entries, or a GPU data plane not started,
         and re-raises what ``send_response`` raised (counted in :attr:`send_errors`; the
         request is already counted and its slot freed).
         """
         self._refuse_unsupported()
         if max_requests is not None and max_requests < 0:
             raise ValueError(f"max_requests must be >= 0, not {max_requests}")
-        done = 0
-        while (max_requests is None or done < max_requests) and self.ring.ready(self.next_slot):
+        gpu = self.gpu
+        if gpu is not None and self.table.device_calls() and not gpu.running \
+                and not self._gpu_pending:
+            raise DispatchError("the GPU data plane is not running: call Dispatcher.start()")
+        done = self._collect_gpu() if gpu is not None else 0
+        taken = 0
+        while (max_requests is None or taken < max_requests) and self.ring.ready(self.next_slot):
             slot = self.next_slot
-            response = self.dispatch(self.ring.take(slot))
+            request = self.ring.take(slot)
+            if gpu is not None:
+                forward = self._device_request(request)
+                if forward is not None:
+                    if not gpu.running or not gpu.can_submit():
+                        break
+                    gpu.submit(forward)
+                    self._gpu_pending.append(slot)
+                    self.forwarded += 1
+                    self.ring.clear(slot)
+                    self.next_slot = (slot + 1) % self.ring.num_slots
+                    taken += 1
+                    continue
+            response = self.dispatch(request)
             self.ring.clear(slot)
             self.next_slot = (slot + 1) % self.ring.num_slots
+            taken += 1
             done += 1
             try:
                 self.send_response(slot, response.pack())
             except Exception:
                 self.send_errors += 1
                 raise
+        if gpu is not None:
+            done += self._collect_gpu()
         return done
 
     def run_forever(self, stop_event: threading.Event, *, idle_wait_s: float = 1e-3) -> None:
         """Poll until ``stop_event`` is set: the thread mode.
 
         Waits on the ring's wake-up (up to ``idle_wait_s``) when nothing is ready, so an idle
-        dispatcher does not spin; ``idle_wait_s=0`` busy-polls for the lowest latency. A
+        dispatcher does not spin (it does not wait while GPU responses are outstanding);
+        ``idle_wait_s=0`` busy-polls for the lowest latency. A
         ``send_response`` failure is logged and polling goes on; a :class:`DispatchError` from
         :meth:`poll` (unsupported entries) ends the loop by raising.
         """
@@ -657,5 +854,5 @@ class Dispatcher:
             except Exception:
                 log.exception("send_response failed")
                 continue
-            if n == 0 and idle_wait_s > 0:
+            if n == 0 and idle_wait_s > 0 and not self._gpu_pending:
                 self.ring.wait(idle_wait_s)

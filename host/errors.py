@@ -15,6 +15,10 @@ __all__ = [
     "ControlPlaneError",
     "VersionMismatchError",
     "DispatchError",
+    "GPUError",
+    "GPUUnavailableError",
+    "CompileError",
+    "LinkError",
 ]
 
 
@@ -86,3 +90,55 @@ class VersionMismatchError(QlinkError):
 
 class DispatchError(QlinkError):
     """A function-table entry or a dispatcher configuration is wrong."""
+
+
+class GPUError(QlinkError):
+    """The GPU data plane failed: a CUDA driver call, a kernel that does not stop, a bad setup."""
+
+
+class GPUUnavailableError(GPUError):
+    """No CUDA driver or no GPU: ``cuInit`` (or the device lookup) failed.
+
+    Attributes
+    ----------
+    code : str
+        The CUDA driver's error name (``"CUDA_ERROR_NO_DEVICE"``), or the import error.
+    """
+
+    def __init__(self, message: str, *, code: str = ""):
+        self.code = code
+        super().__init__(message)
+
+
+class CompileError(GPUError):
+    """NVRTC or numba-cuda could not compile a source to LTO-IR.
+
+    Attributes
+    ----------
+    name : str
+        The source's name (``"unified_dispatch.cu"``, the handler's name).
+    log : str
+        The compiler's log, as it printed it.
+    """
+
+    def __init__(self, name: str, log: str):
+        self.name = name
+        self.log = log
+        super().__init__(f"{name}: compilation failed:\n{log}")
+
+
+class LinkError(GPUError):
+    """nvJitLink could not link the LTO-IR inputs into a cubin.
+
+    Attributes
+    ----------
+    inputs : tuple[str, ...]
+        The names of the linked inputs.
+    log : str
+        nvJitLink's error log (and info log), as it printed them.
+    """
+
+    def __init__(self, inputs: tuple[str, ...], log: str):
+        self.inputs = inputs
+        self.log = log
+        super().__init__(f"nvJitLink failed linking {', '.join(inputs)}:\n{log}")

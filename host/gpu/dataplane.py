@@ -1,0 +1,355 @@
+"""GPUDataPlane: the persistent unified dispatch kernel over the GPU loopback ring.
+
+``GPUDataPlane(num_slots, slot_size)`` owns, once started: the dispatch module (kernel + loopback
+bridge hooks + handlers, linked by nvJitLink for the GPU's own ``sm_XY`` and loaded as one module
+on the first handler lookup), the device function table, the request/response rings in mapped
+pinned memory (:class:`~openqlink.gpu.loopback.LoopbackRing`), the shutdown flag and the
+processed counter, and the kernel's non-blocking stream.
+
+Life cycle::
+
+    plane = GPUDataPlane(num_slots=8, slot_size=256)
+    plane.add_handler("add", CudaHandler(SRC), args=(INT32, INT32), results=(INT32,))
+    addr = plane.get_device_handler("add")      # links and loads the module
+    plane.start([entry, ...])                   # device table, rings, launch <<<1,1>>>
+    slot = plane.submit(request_bytes)          # host -> ring (strict ring order)
+    plane.poll_response()                       # -> (slot, response bytes) | None
+    plane.stop()                                # shutdown flag, wait for the kernel
+
+Requests are checked against the schema in the kernel too (arg_len vs the entry's schema:
+status -2; arg_len beyond the slot: -3; bad magic or unknown function_id: -1), so a transport
+that writes the ring directly is safe; the :class:`~openqlink.dispatch.Dispatcher` checks them on
+the host before forwarding, and answers bad ones itself.
+
+``start()`` refuses (:class:`~openqlink.errors.DispatchError`) a DEVICE_CALL entry whose handler
+is an address that :meth:`GPUDataPlane.get_device_handler` did not return for that module.
+
+# Ref: cuda-quantum realtime/lib/daemon/dispatcher/cudaq_realtime_api.cpp (start validates,
+# launches the persistent kernel on its own stream; stop sets the shutdown flag and waits;
+# get_processed); realtime/docs/cudaq_realtime_host_api.md (CUDAQ_KERNEL_UNIFIED)
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+import time
+from collections.abc import Iterable
+from typing import Any
+
+from ..dispatch import DispatchMode, FunctionEntry, TypeDesc
+from ..errors import DispatchError, GPUError
+from ..wire.rpc import HEADER_BYTES, PayloadType
+from .driver import Device, DeviceMemory, Module, PinnedMemory, Stream
+from .handlers import DeviceHandler
+from .loopback import CTX_BYTES, LoopbackRing
+from .program import DispatchKernel, DispatchProgram, LaunchArgs, LinkedProgram
+from .toolchain import LinkCache
+
+__all__ = ["GPUDataPlane", "ENTRY_BYTES", "pack_device_entry"]
+
+log = logging.getLogger(__name__)
+
+#: Size of one device function-table entry (``cudaq_function_entry_t``).
+ENTRY_BYTES = 168
+
+
+def pack_device_entry(entry: FunctionEntry, address: int) -> bytes:
+    """The 168-byte device table entry: handler address (u64), function_id (u32),
+    dispatch_mode (u8), 3 reserved, the 148-byte schema, 4 bytes of padding."""
+    out = (struct.pack("<QIB3x", address, entry.function_id, int(entry.mode))
+           + entry.schema_bytes())
+    return out + bytes(ENTRY_BYTES - len(out))
+
+
+class GPUDataPlane:
+    """The GPU loopback data plane with its persistent dispatch kernel.
+
+    Parameters
+    ----------
+    num_slots, slot_size : int
+        Ring geometry (1..4096 slots; slot_size a multiple of 16, at least 32 bytes).
+    device : int
+        CUDA device ordinal.
+    arch : str, optional
+        ``sm_XY`` to link for; default the device's own (linking then needs the driver).
+    kernel : DispatchKernel, optional
+        A custom dispatch kernel and launcher instead of the built-in one.
+    inline_handlers : bool
+        Direct (LTO-inlinable) handler calls instead of calls through the table's pointer.
+    cache : LinkCache | bool
+        Link cache (default: the on-disk one); ``False`` for none.
+    timing_capacity : int
+        Keep the in-kernel turnaround (ns, %globaltimer) of the last ``timing_capacity``
+        requests in device memory (:meth:`timings_ns`); 0 for none.
+
+    Attributes
+    ----------
+    ring : LoopbackRing | None
+        The rings, while started.
+    """
+
+    def __init__(self, num_slots: int = 8, slot_size: int = 256, *, device: int = 0,
+                 arch: str | None = None, kernel: DispatchKernel | None = None,
+                 inline_handlers: bool = False, cache: LinkCache | bool = True,
+                 timing_capacity: int = 0):
+        LoopbackRing.check_geometry(num_slots, slot_size)
+        if timing_capacity < 0:
+            raise DispatchError(f"timing_capacity must be >= 0, not {timing_capacity}")
+        self.num_slots = num_slots
+        self.slot_size = slot_size
+        self.device_ordinal = device
+        self.timing_capacity = timing_capacity
+        self._arch = arch
+        self._kernel = kernel
+        self._inline = inline_handlers
+        self._cache = cache
+        self._device: Device | None = None
+        self._program: DispatchProgram | None = None
+        self._module: Module | None = None
+        self._addresses: dict[str, int] = {}
+        self._stream: Stream | None = None
+        self._pinned: PinnedMemory | None = None
+        self._dev_buffers: list[DeviceMemory] = []
+        self._timing: DeviceMemory | None = None
+        self.ring: LoopbackRing | None = None
+        self.max_result_len = slot_size - HEADER_BYTES
+        self._final_processed = 0
+
+    # ---- device, program ----
+    @property
+    def device(self) -> Device:
+        """The CUDA device (initialised on first use; :class:`GPUUnavailableError` without)."""
+        if self._device is None:
+            self._device = Device(self.device_ordinal)
+        return self._device
+
+    @property
+    def arch(self) -> str:
+        return self._arch if self._arch is not None else self.device.arch
+
+    @property
+    def program(self) -> DispatchProgram:
+        if self._program is None:
+            self._program = DispatchProgram(self.arch, kernel=self._kernel,
+                                            inline_handlers=self._inline, cache=self._cache)
+        return self._program
+
+    def add(self, entry: FunctionEntry) -> FunctionEntry:
+        """Add a DEVICE_CALL entry (handler: :class:`CudaHandler` / :class:`NumbaHandler`)."""
+        return self.program.add(entry)
+
+    def add_handler(self, name: str, handler: DeviceHandler, *,
+                    args: Iterable[TypeDesc | PayloadType] = (),
+                    results: Iterable[TypeDesc | PayloadType] = ()) -> FunctionEntry:
+        """Add the DEVICE_CALL handler ``name`` with its schema; returns its entry."""
+        return self.program.add_handler(name, handler, args=args, results=results)
+
+    def link(self) -> LinkedProgram:
+        """Compile and link the dispatch module (no GPU needed when ``arch`` was given)."""
+        return self.program.link()
+
+    @property
+    def loaded(self) -> bool:
+        return self._module is not None
+
+    def _load(self) -> Module:
+        if self._module is None:
+            linked = self.link()
+            module = self.device.load(linked.cubin)
+            module.function(linked.kernel.entry)  # resolve now: nothing loads lazily later
+            self._addresses = {name: module.read_u64(sym)
+                               for name, sym in linked.fnptr_symbols.items()}
+            self._module = module
+        return self._module
+
+    def get_device_handler(self, name: str) -> int:
+        """The device address of handler ``name`` in the linked module (links and loads the
+        module on the first call). Raises :class:`DispatchError` for an unknown name."""
+        if name not in self.program:
+            raise DispatchError(f"no DEVICE_CALL handler {name!r} in the dispatch program")
+        self._load()
+        return self._addresses[name]
+
+    def owns_address(self, address: int) -> bool:
+        """True when ``address`` was returned by :meth:`get_device_handler` for this module."""
+        return self._module is not None and address in self._addresses.values()
+
+    # ---- start / stop ----
+    @property
+    def running(self) -> bool:
+        return self._stream is not None
+
+    def _resolve(self, entries: list[FunctionEntry]) -> list[tuple[FunctionEntry, int | None]]:
+        """Check entries, add their source handlers; refuse foreign addresses (before any GPU
+        work)."""
+        out: list[tuple[FunctionEntry, int | None]] = []
+        for e in entries:
+            if e.mode != DispatchMode.DEVICE_CALL:
+                raise DispatchError(f"{e.name!r} is {e.mode.name}; the GPU data plane runs "
+                                    "DEVICE_CALL entries")
+            h = e.handler
+            if isinstance(h, bool) or (h is not None and not isinstance(h, int | DeviceHandler)):
+                raise DispatchError(f"DEVICE_CALL {e.name!r}: handler {h!r} is neither a device "
+                                    "handler nor an address from get_device_handler()")
+            if isinstance(h, int):
+                if not self.owns_address(h):
+                    raise DispatchError(f"DEVICE_CALL {e.name!r}: address {h:#x} did not come "
+                                        "from get_device_handler() of this dispatch module")
+                out.append((e, h))
+                continue
+            if isinstance(h, DeviceHandler) and e.name not in self.program:
+                self.program.add(e)
+            elif e.name not in self.program:
+                raise DispatchError(f"DEVICE_CALL {e.name!r} has no handler: give it a "
+                                    "CudaHandler/NumbaHandler or add one to the GPU data plane")
+            out.append((e, None))
+        return out
+
+    def start(self, entries: Iterable[FunctionEntry] | None = None, *,
+              max_result_bytes: int | None = None) -> None:
+        """Build the device function table from ``entries`` (default: every handler added),
+        allocate the rings and launch the persistent kernel.
+
+        ``max_result_bytes`` caps what a handler may write (default ``slot_size - 24``).
+        Raises :class:`DispatchError` (bad entry, foreign address, already running),
+        :class:`~openqlink.errors.CompileError` / :class:`~openqlink.errors.LinkError`,
+        :class:`~openqlink.errors.GPUError`.
+        """
+        if self.running:
+            raise DispatchError("the GPU data plane is already running")
+        items = self._resolve(list(entries) if entries is not None else self.program.entries)
+        if not items:
+            raise DispatchError("the device function table is empty")
+        for e, _ in items:
+            if e.arg_len_bytes > self.slot_size - HEADER_BYTES:
+                raise DispatchError(f"{e.name!r} takes {e.arg_len_bytes} argument bytes; a "
+                                    f"{self.slot_size}-byte slot holds "
+                                    f"{self.slot_size - HEADER_BYTES}")
+        cap = self.slot_size - HEADER_BYTES
+        if max_result_bytes is not None:
+            if max_result_bytes < 0:
+                raise DispatchError(f"max_result_bytes must be >= 0, not {max_result_bytes}")
+            cap = min(cap, max_result_bytes)
+        self.max_result_len = cap
+        module = self._load()
+        self._free_buffers()  # a restart: the previous run's rings and table
+        table = b"".join(pack_device_entry(e, self._addresses[e.name] if a is None else a)
+                         for e, a in items)
+        dev = self.device
+        dev.make_current()
+        self._pinned = dev.alloc_pinned(LoopbackRing.size_for(self.num_slots, self.slot_size))
+        self.ring = LoopbackRing(self._pinned, self.num_slots, self.slot_size)
+        stage = dev.alloc(self.slot_size)
+        ctx = dev.alloc(CTX_BYTES)
+        ctx.upload(self.ring.ctx_bytes(stage.ptr))
+        dtable = dev.alloc(len(table))
+        dtable.upload(table)
+        self._dev_buffers = [stage, ctx, dtable]
+        if self.timing_capacity:
+            self._timing = dev.alloc(8 * self.timing_capacity)
+            self._dev_buffers.append(self._timing)
+        kernel = self.program.kernel
+        stream = dev.stream()
+        args = LaunchArgs(
+            function=module.function(kernel.entry), stream=stream.handle,
+            transport_ctx=ctx.ptr, table=dtable.ptr, count=len(items),
+            max_arg_len=self.slot_size - HEADER_BYTES, max_result_len=cap,
+            shutdown_flag=self.ring.shutdown_device_ptr,
+            processed=self.ring.processed_device_ptr,
+            timing_ns=self._timing.ptr if self._timing is not None else 0,
+            timing_capacity=self.timing_capacity)
+        try:
+            kernel.launcher()(args)
+        except Exception:
+            stream.destroy()
+            self._free_buffers()
+            raise
+        self._stream = stream
+        log.info("dispatch kernel %s running on %s (%s): %d entries, %d x %d-byte slots",
+                 kernel.entry, dev.name, self.arch, len(items), self.num_slots, self.slot_size)
+
+    def stop(self, timeout_s: float = 10.0) -> int:
+        """Set the shutdown flag, wait for the kernel to exit; returns the processed count.
+
+        Responses not yet collected are dropped. Raises :class:`GPUError` when the kernel has
+        not exited after ``timeout_s`` (it keeps running; the buffers are kept) or faulted.
+        """
+        if self._stream is None or self.ring is None:
+            return self._final_processed
+        self.ring.shutdown = True
+        deadline = time.monotonic() + timeout_s
+        while not self._stream.done():
+            if time.monotonic() > deadline:
+                raise GPUError(f"the dispatch kernel did not stop within {timeout_s} s")
+            time.sleep(1e-4)
+        self._final_processed = self.ring.processed
+        self._stream.destroy()
+        self._stream = None
+        return self._final_processed
+
+    def timings_ns(self) -> list[int]:
+        """In-kernel turnaround (ns) of the last requests, oldest first (after :meth:`stop`)."""
+        if self._timing is None:
+            return []
+        n = min(self.processed, self.timing_capacity)
+        raw = self._timing.download(8 * self.timing_capacity)
+        values = list(struct.unpack(f"<{self.timing_capacity}Q", raw))
+        start = self.processed % self.timing_capacity if self.processed > n else 0
+        ordered = values[start:] + values[:start]
+        return ordered[-n:] if n else []
+
+    def _free_buffers(self) -> None:
+        for b in self._dev_buffers:
+            b.free()
+        self._dev_buffers = []
+        self._timing = None
+        if self._pinned is not None:
+            self._pinned.free()
+            self._pinned = None
+        self.ring = None
+
+    def close(self) -> None:
+        """Stop the kernel if it runs, free the buffers and unload the module."""
+        self.stop()
+        self._free_buffers()
+        if self._module is not None:
+            self._module.unload()
+            self._module = None
+            self._addresses = {}
+
+    def __enter__(self) -> GPUDataPlane:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    # ---- the ring ----
+    @property
+    def processed(self) -> int:
+        """Requests the kernel has answered (live while running)."""
+        return self.ring.processed if self.ring is not None else self._final_processed
+
+    @property
+    def outstanding(self) -> int:
+        return self.ring.outstanding if self.ring is not None else 0
+
+    def _ring(self) -> LoopbackRing:
+        if self.ring is None or self._stream is None:
+            raise DispatchError("the GPU data plane is not running: start() it first")
+        return self.ring
+
+    def can_submit(self) -> bool:
+        return self._ring().can_submit()
+
+    def submit(self, request: bytes) -> int:
+        """Post one request (RPCHeader + arguments) into the next ring slot; returns the slot.
+        Raises :class:`DispatchError` when not running or the ring is full."""
+        return self._ring().submit(request)
+
+    def poll_response(self) -> tuple[int, bytes] | None:
+        """The next response in ring order (``(slot, RPCResponse + result)``) or ``None``; also
+        after :meth:`stop` (the kernel answers every request posted before it exits)."""
+        if self.ring is None:
+            return None
+        return self.ring.poll_response()

@@ -1,0 +1,347 @@
+"""CUDA toolchain from Python: NVRTC and numba-cuda to LTO-IR, nvJitLink to a cubin, a link cache.
+
+Every piece of device code (the dispatch kernel, the bridge's transport hooks, the handlers) is
+compiled to LTO-IR for one architecture and linked by nvJitLink with ``-lto`` into one cubin.
+Compile where you link: LTO-IR written by a newer NVRTC or NVVM cannot be read by an older
+nvJitLink, so :func:`toolchain_versions` goes into every cache key, with the architecture.
+
+* :func:`nvrtc_compile` -- CUDA C++ source (plus named headers) to LTO-IR with NVRTC
+  (``-arch=sm_XY -dlto -rdc=true``); raises :class:`openqlink.errors.CompileError` with NVRTC's
+  log.
+* :func:`numba_compile` -- a Python function to LTO-IR with numba-cuda (``abi="c"``, the C name
+  given by ``abi_name``); raises :class:`~openqlink.errors.CompileError`.
+* :func:`nvjitlink_link` -- LTO-IR inputs to one cubin; raises
+  :class:`openqlink.errors.LinkError` carrying nvJitLink's log.
+* :class:`LinkCache` -- cubins by key, in memory and on disk (``$OPENQLINK_CACHE_DIR``, else
+  ``$XDG_CACHE_HOME/openqlink/gpu``, else ``~/.cache/openqlink/gpu``).
+* :func:`cubin_symbols` -- the symbols a cubin defines (ELF symbol table), to check a link.
+
+None of this needs a GPU or a driver: only the ``[gpu]`` extra's packages.
+
+# Ref: NVRTC User Guide (nvrtcCompileProgram options -dlto, -rdc, nvrtcGetLTOIR); nvJitLink
+# User Guide (nvJitLinkCreate -lto -arch, nvJitLinkGetErrorLog); numba-cuda "Compiling Python
+# functions for use with other languages" (cuda.compile, abi="c", output="ltoir")
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+import logging
+import os
+import re
+import struct
+import tempfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import CompileError, GPUError, LinkError
+
+__all__ = [
+    "ToolchainVersions",
+    "LinkInput",
+    "LinkCache",
+    "parse_arch",
+    "toolchain_versions",
+    "nvrtc_compile",
+    "numba_compile",
+    "nvjitlink_link",
+    "cubin_symbols",
+    "cache_key",
+    "default_cache",
+    "default_cache_dir",
+]
+
+log = logging.getLogger(__name__)
+
+_ARCH = re.compile(r"sm_(\d)(\d+)([af]?)")
+
+
+def parse_arch(arch: str) -> tuple[int, int]:
+    """The compute capability ``(major, minor)`` of ``"sm_XY"`` (``"sm_90"`` -> ``(9, 0)``,
+    ``"sm_100a"`` -> ``(10, 0)``). Raises :class:`GPUError` for anything else."""
+    m = _ARCH.fullmatch(arch)
+    if m is None:
+        raise GPUError(f"arch {arch!r} is not of the form sm_XY (e.g. sm_90)")
+    digits = m.group(1) + m.group(2)
+    return int(digits[:-1]), int(digits[-1])
+
+
+@dataclass(frozen=True)
+class ToolchainVersions:
+    """Versions that decide what LTO-IR can be linked: NVRTC's, nvJitLink's and numba-cuda's
+    (with its NVVM), each ``None`` when the package is missing."""
+
+    nvrtc: tuple[int, ...] | None
+    nvjitlink: tuple[int, ...] | None
+    numba_cuda: str | None
+    nvvm: tuple[int, ...] | None
+
+    def key(self) -> str:
+        return f"nvrtc={self.nvrtc};nvjitlink={self.nvjitlink};numba_cuda={self.numba_cuda};" \
+               f"nvvm={self.nvvm}"
+
+
+@functools.cache
+def toolchain_versions() -> ToolchainVersions:
+    """The installed toolchain's versions (cached for the process)."""
+    nvrtc_v: tuple[int, ...] | None = None
+    nvjit_v: tuple[int, ...] | None = None
+    nvvm_v: tuple[int, ...] | None = None
+    numba_v: str | None = None
+    try:
+        from cuda.bindings import nvrtc
+        err, major, minor = nvrtc.nvrtcVersion()
+        if err == nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            nvrtc_v = (major, minor)
+    except Exception as exc:  # missing package or library: reported as None
+        log.debug("NVRTC unavailable: %s", exc)
+    try:
+        from cuda.bindings import nvjitlink
+        nvjit_v = tuple(nvjitlink.version())
+    except Exception as exc:
+        log.debug("nvJitLink unavailable: %s", exc)
+    try:
+        import numba_cuda
+        numba_v = str(numba_cuda.__version__)
+        from cuda.bindings import nvvm
+        nvvm_v = tuple(nvvm.version()) + tuple(nvvm.ir_version())
+    except Exception as exc:
+        log.debug("numba-cuda/NVVM unavailable: %s", exc)
+    return ToolchainVersions(nvrtc_v, nvjit_v, numba_v, nvvm_v)
+
+
+def cache_key(*parts: str | bytes) -> str:
+    """SHA-256 (hex) of the parts, each length-prefixed so that no two part lists collide."""
+    h = hashlib.sha256()
+    for p in parts:
+        b = p.encode() if isinstance(p, str) else bytes(p)
+        h.update(struct.pack("<Q", len(b)))
+        h.update(b)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class LinkInput:
+    """One LTO-IR module for nvJitLink: a name (for logs) and its bytes."""
+
+    name: str
+    ltoir: bytes
+
+
+def _nvrtc_log(nvrtc: Any, prog: Any) -> str:
+    err, size = nvrtc.nvrtcGetProgramLogSize(prog)
+    buf = b" " * size
+    nvrtc.nvrtcGetProgramLog(prog, buf)
+    return buf.rstrip(b"\0 ").decode(errors="replace")
+
+
+def nvrtc_compile(source: str, name: str, arch: str, *,
+                  headers: Mapping[str, str] | None = None,
+                  options: Sequence[str] = ()) -> bytes:
+    """Compile CUDA C++ ``source`` to LTO-IR for ``arch`` (``"sm_90"``) with NVRTC.
+
+    ``headers`` maps include names to their text (``#include "name"`` finds them); options
+    ``-arch=<arch> -dlto -rdc=true -default-device -std=c++17`` come first, then ``options``.
+    Raises :class:`CompileError` carrying NVRTC's log, :class:`GPUError` when NVRTC is missing.
+    """
+    parse_arch(arch)
+    try:
+        from cuda.bindings import nvrtc
+    except ImportError as exc:
+        raise GPUError(f"NVRTC is not installed (pip install 'openqlink[gpu]'): {exc}") from None
+    heads = dict(headers or {})
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), len(heads),
+                                         [v.encode() for v in heads.values()],
+                                         [k.encode() for k in heads])
+    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+        raise CompileError(name, f"nvrtcCreateProgram: {err.name}")
+    try:
+        opts = [f"-arch={arch}", "-dlto", "-rdc=true", "-default-device", "-std=c++17",
+                *options]
+        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise CompileError(name, _nvrtc_log(nvrtc, prog) or err.name)
+        err, size = nvrtc.nvrtcGetLTOIRSize(prog)
+        out = b" " * size
+        (err,) = nvrtc.nvrtcGetLTOIR(prog, out)
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise CompileError(name, f"nvrtcGetLTOIR: {err.name}")
+        return bytes(out)
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+def numba_compile(func: Callable[..., Any], signature: Sequence[Any], abi_name: str,
+                  arch: str) -> tuple[bytes, Any]:
+    """Compile the Python function ``func`` for the argument types ``signature`` (numba types)
+    to LTO-IR for ``arch`` with numba-cuda, as an ``extern "C"`` device function named
+    ``abi_name`` that returns its value (numba's C ABI).
+
+    Returns ``(ltoir, return_type)`` (a numba type; ``none`` for a function returning nothing).
+    Raises :class:`CompileError` with numba's message, :class:`GPUError` when numba-cuda is
+    missing.
+    """
+    cc = parse_arch(arch)
+    try:
+        from numba import cuda
+    except ImportError as exc:
+        raise GPUError(f"numba-cuda is not installed (pip install 'openqlink[gpu]'): {exc}") \
+            from None
+    try:
+        ltoir, resty = cuda.compile(func, tuple(signature), device=True, abi="c",
+                                    output="ltoir", abi_info={"abi_name": abi_name}, cc=cc)
+    except Exception as exc:
+        raise CompileError(abi_name, f"numba-cuda: {type(exc).__name__}: {exc}") from None
+    from numba.core import types
+    return bytes(ltoir), types.unliteral(resty)
+
+
+def nvjitlink_link(inputs: Iterable[LinkInput], arch: str,
+                   options: Sequence[str] = ()) -> bytes:
+    """Link LTO-IR ``inputs`` into one cubin for ``arch`` with nvJitLink (``-lto``).
+
+    Raises :class:`LinkError` carrying nvJitLink's error and info logs (undefined or duplicate
+    symbols, LTO-IR from a newer compiler, ...), :class:`GPUError` when nvJitLink is missing.
+    """
+    parse_arch(arch)
+    items = list(inputs)
+    names = tuple(i.name for i in items)
+    try:
+        from cuda.bindings import nvjitlink
+    except ImportError as exc:
+        raise GPUError(f"nvJitLink is not installed (pip install 'openqlink[gpu]'): {exc}") \
+            from None
+    handle = nvjitlink.create(2 + len(options), [f"-arch={arch}", "-lto", *options])
+
+    def logs() -> str:
+        parts = []
+        for get_size, get in ((nvjitlink.get_error_log_size, nvjitlink.get_error_log),
+                              (nvjitlink.get_info_log_size, nvjitlink.get_info_log)):
+            try:
+                n = get_size(handle)
+                buf = bytearray(n)
+                get(handle, buf)
+                text = bytes(buf).rstrip(b"\0").decode(errors="replace").strip()
+            except Exception as exc:  # the log itself failed: say so in the error
+                text = f"(log unavailable: {exc})"
+            if text:
+                parts.append(text)
+        return "\n".join(parts)
+
+    try:
+        for item in items:
+            try:
+                nvjitlink.add_data(handle, nvjitlink.InputType.LTOIR, item.ltoir,
+                                   len(item.ltoir), item.name)
+            except nvjitlink.nvJitLinkError as exc:
+                raise LinkError(names, f"adding {item.name}: {exc}\n{logs()}") from None
+        try:
+            nvjitlink.complete(handle)
+        except nvjitlink.nvJitLinkError as exc:
+            raise LinkError(names, f"{exc}\n{logs()}") from None
+        size = nvjitlink.get_linked_cubin_size(handle)
+        cubin = bytearray(size)
+        nvjitlink.get_linked_cubin(handle, cubin)
+        return bytes(cubin)
+    finally:
+        nvjitlink.destroy(handle)
+
+
+def cubin_symbols(cubin: bytes) -> set[str]:
+    """Names of the symbols a cubin (64-bit little-endian ELF) defines.
+
+    Raises :class:`GPUError` when ``cubin`` is not such an ELF file.
+    """
+    if cubin[:4] != b"\x7fELF" or cubin[4] != 2 or cubin[5] != 1:
+        raise GPUError("not a 64-bit little-endian ELF cubin")
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", cubin, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", cubin, shoff + i * shentsize)
+                for i in range(shnum)]
+    names: set[str] = set()
+    for sec in sections:
+        if sec[1] != 2:  # SHT_SYMTAB
+            continue
+        strtab = sections[sec[6]]
+        str_off = strtab[4]
+        for off in range(sec[4], sec[4] + sec[5], 24):
+            st_name, _info, _other, shndx = struct.unpack_from("<IBBH", cubin, off)
+            if st_name == 0 or shndx == 0:
+                continue
+            end = cubin.index(b"\0", str_off + st_name)
+            names.add(cubin[str_off + st_name:end].decode(errors="replace"))
+    return names
+
+
+def default_cache_dir() -> Path:
+    """``$OPENQLINK_CACHE_DIR``, else ``$XDG_CACHE_HOME/openqlink/gpu``, else
+    ``~/.cache/openqlink/gpu``."""
+    env = os.environ.get("OPENQLINK_CACHE_DIR")
+    if env:
+        return Path(env)
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "openqlink" / "gpu"
+
+
+class LinkCache:
+    """Linked cubins by key: in memory, and on disk under ``directory`` (``None``: memory only).
+
+    Keys come from :func:`cache_key` over every input's source, the options, the architecture
+    and :func:`toolchain_versions`, so a toolchain upgrade or another GPU never reuses a cubin.
+    Disk writes are atomic (temporary file, then rename); a directory that cannot be written
+    is logged once and the cache goes on in memory. Counters: :attr:`hits`, :attr:`misses`.
+    """
+
+    def __init__(self, directory: Path | str | None = None):
+        self.directory = Path(directory) if directory is not None else None
+        self._memory: dict[str, bytes] = {}
+        self.hits = 0
+        self.misses = 0
+        self._disk_failed = False
+
+    def _path(self, key: str) -> Path | None:
+        return None if self.directory is None else self.directory / f"{key}.cubin"
+
+    def get(self, key: str) -> bytes | None:
+        """The cubin stored under ``key``, or ``None``."""
+        if key in self._memory:
+            self.hits += 1
+            return self._memory[key]
+        path = self._path(key)
+        if path is not None and path.is_file():
+            data = path.read_bytes()
+            if data[:4] == b"\x7fELF":
+                self._memory[key] = data
+                self.hits += 1
+                return data
+        self.misses += 1
+        return None
+
+    def put(self, key: str, cubin: bytes) -> None:
+        """Store ``cubin`` under ``key`` (memory, then disk when it can)."""
+        self._memory[key] = cubin
+        path = self._path(key)
+        if path is None or self._disk_failed:
+            return
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
+            with os.fdopen(fd, "wb") as f:
+                f.write(cubin)
+            os.replace(tmp, path)
+        except OSError as exc:
+            self._disk_failed = True
+            log.warning("link cache: cannot write %s (%s); caching in memory only", path, exc)
+
+    def clear_memory(self) -> None:
+        """Forget the in-memory entries (the disk copies stay)."""
+        self._memory.clear()
+
+
+@functools.cache
+def default_cache() -> LinkCache:
+    """The process-wide :class:`LinkCache` at :func:`default_cache_dir`."""
+    return LinkCache(default_cache_dir())
