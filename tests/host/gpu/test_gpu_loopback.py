@@ -1,0 +1,94 @@
+"""The loopback ring's host side over plain memory, with the Python model of the kernel."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+from gpumodel import KernelModel, ModelRing, P, request
+
+from openqlink.dispatch import DispatchMode, FunctionEntry, TypeDesc
+from openqlink.errors import DispatchError
+from openqlink.gpu import ENTRY_BYTES, HostMemory, LoopbackRing, pack_device_entry
+from openqlink.wire.rpc import Response, fnv1a32
+
+
+def echo(payload: bytes, cap: int) -> tuple[int, bytes]:
+    return 0, payload
+
+
+ECHO = FunctionEntry("echo", DispatchMode.DEVICE_CALL, (TypeDesc.array(P.ARRAY_UINT8, 4),),
+                     (TypeDesc.array(P.ARRAY_UINT8, 4),))
+
+
+def test_geometry_is_checked():
+    for slots, size in ((0, 64), (4097, 64), (2, 24), (2, 72)):
+        with pytest.raises(DispatchError):
+            LoopbackRing(HostMemory(1 << 16), slots, size)
+    with pytest.raises(DispatchError, match="needed"):
+        LoopbackRing(HostMemory(100), 2, 64)
+
+
+def test_layout_and_ctx():
+    ring = LoopbackRing(HostMemory(LoopbackRing.size_for(3, 64)), 3, 64)
+    assert ring.rx_flags_offset == 64 and ring.tx_flags_offset == 128
+    assert ring.rx_data_offset % 128 == 0 and ring.tx_data_offset >= ring.rx_data_offset + 192
+    base = ring.memory.device_ptr
+    ctx = struct.unpack("<QQQQQII", ring.ctx_bytes(0xABC0))
+    assert ctx == (base + 64, base + 128, base + ring.rx_data_offset,
+                   base + ring.tx_data_offset, 0xABC0, 3, 64)
+    assert ring.shutdown_device_ptr == base and ring.processed_device_ptr == base + 8
+
+
+def test_strict_order_wrap_and_back_pressure():
+    ring = ModelRing(2, 64)
+    model = KernelModel(ring, {"echo": (ECHO, echo)}, 40)
+    for i in range(3):  # three passes round the ring
+        assert ring.submit(request("echo", bytes([i, 1, 2, 3]), rid=2 * i)) == 0
+        assert ring.submit(request("echo", bytes([i, 4, 5, 6]), rid=2 * i + 1)) == 1
+        assert not ring.can_submit()
+        with pytest.raises(DispatchError, match="full"):
+            ring.submit(request("echo", b"xxxx", rid=99))
+        assert ring.poll_response() is None  # the kernel has not run
+        assert ring.rx_flags[0] == ring.request_address(0)  # address-as-flag
+        assert model.step() == 2
+        assert ring.tx_flags[1] == ring.response_address(1) and ring.rx_flags[1] == 0
+        slot, data = ring.poll_response()
+        assert slot == 0 and Response.unpack(data) == Response(0, 2 * i, 0, bytes([i, 1, 2, 3]))
+        assert not ring.can_submit() or ring.slot_free(0)
+        slot, data = ring.poll_response()
+        assert slot == 1 and Response.unpack(data).request_id == 2 * i + 1
+        assert ring.outstanding == 0 and ring.slot_free(0) and ring.slot_free(1)
+    assert ring.model_processed == 6
+
+
+def test_model_status_rules():
+    ring = ModelRing(8, 64)
+    model = KernelModel(ring, {"echo": (ECHO, echo)}, 40)
+    ring.submit(struct.pack("<IIIIQ", 0xDEADBEEF, fnv1a32("echo"), 4, 1, 5) + b"abcd")
+    ring.submit(request("nope", b"", rid=2))
+    ring.submit(request("echo", b"abc", rid=3))
+    ring.submit(struct.pack("<IIIIQ", 0x43555152, fnv1a32("echo"), 1000, 4, 0))
+    model.step()
+    got = [Response.unpack(ring.poll_response()[1]) for _ in range(4)]
+    assert [(r.status, r.request_id) for r in got] == [(-1, 1), (-1, 2), (-2, 3), (-3, 4)]
+    assert got[0].ptp_timestamp == 5
+
+
+def test_post_refuses_long_requests_and_busy_slots():
+    ring = ModelRing(2, 64)
+    with pytest.raises(DispatchError, match="does not fit"):
+        ring.post(0, bytes(65))
+    ring.post(0, bytes(24))
+    with pytest.raises(DispatchError, match="not free"):
+        ring.post(0, bytes(24))
+
+
+def test_device_entry_layout():
+    e = FunctionEntry("mul", DispatchMode.DEVICE_CALL, (P.INT32, P.INT64), (P.INT64,))
+    raw = pack_device_entry(e, 0x7F00_1234_5678)
+    assert len(raw) == ENTRY_BYTES == 168
+    addr, fid, mode = struct.unpack_from("<QIB", raw)
+    assert (addr, fid, mode) == (0x7F00_1234_5678, fnv1a32("mul"), 0)
+    assert raw[16:164] == e.schema_bytes() and raw[164:] == bytes(4)
+    assert raw[16:18] == bytes([2, 1])  # num_args, num_results
