@@ -1,0 +1,172 @@
+"""Shared parts of the GPU benchmarks: the Python host poller, the floor kernel, statistics.
+
+The poller is the same for every variant: write the request into the next slot of the loopback
+ring, set its rx flag, spin on its tx flag, copy the response out, clear the tx flag; one
+``time.perf_counter_ns()`` pair around each round trip.
+
+# Ref: cuda-quantum realtime/include/cudaq/realtime/cudaq_realtime.h (host ring helpers)
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import platform
+import statistics
+import time
+from typing import Any
+
+from openqlink.gpu import Device, LoopbackRing, nvjitlink_link, nvrtc_compile, toolchain_versions
+from openqlink.gpu.driver import launch
+from openqlink.gpu.sources import headers
+from openqlink.gpu.toolchain import LinkInput
+
+__all__ = ["FloorPingPong", "run_loop", "summary", "print_table", "environment", "write_json"]
+
+#: The floor: a bare flag ping-pong over the same loopback memory, no data read, no dispatch.
+FLOOR_SRC = r'''
+#include "openqlink_dispatch.cuh"
+extern "C" __global__ void qlink_pingpong(volatile uint64_t* rx_flags, volatile uint64_t* tx_flags,
+                                          uint8_t* tx_data, uint32_t num_slots,
+                                          uint32_t slot_size, volatile int* shutdown_flag,
+                                          volatile uint64_t* processed, uint64_t* timing_ns,
+                                          uint32_t timing_capacity) {
+    uint32_t slot = 0;
+    uint64_t done = 0;
+    for (;;) {
+        uint32_t spins = 0;
+        while (qlink_load_acquire_sys(rx_flags + slot) == 0) {
+            if ((++spins & 255u) == 0 && *shutdown_flag != 0) {
+                *processed = done;
+                return;
+            }
+        }
+        const uint64_t t0 = qlink_globaltimer_ns();
+        __threadfence_system();
+        const uint64_t offset = static_cast<uint64_t>(slot) * slot_size;
+        tx_flags[slot] = reinterpret_cast<uint64_t>(tx_data + offset);
+        rx_flags[slot] = 0;
+        *processed = ++done;
+        if (timing_ns != nullptr) {
+            timing_ns[(done - 1) % timing_capacity] = qlink_globaltimer_ns() - t0;
+        }
+        slot = slot + 1 == num_slots ? 0 : slot + 1;
+    }
+}
+'''
+
+
+class FloorPingPong:
+    """The floor kernel on its own loopback ring (mapped pinned memory, same layout)."""
+
+    def __init__(self, device: Device, num_slots: int, slot_size: int, timing_capacity: int):
+        arch = device.arch
+        ltoir = nvrtc_compile(FLOOR_SRC, "pingpong.cu", arch, headers=headers())
+        self.module = device.load(nvjitlink_link([LinkInput("pingpong.cu", ltoir)], arch))
+        self.function = self.module.function("qlink_pingpong")
+        self.device = device
+        self.num_slots, self.slot_size = num_slots, slot_size
+        self.pinned = device.alloc_pinned(LoopbackRing.size_for(num_slots, slot_size))
+        self.timing = device.alloc(8 * timing_capacity)
+        self.timing_capacity = timing_capacity
+        self.ring: LoopbackRing | None = None
+        self.stream = None
+
+    def start(self) -> LoopbackRing:
+        ctypes.memset(self.pinned.host_ptr, 0, self.pinned.size_bytes)
+        self.ring = LoopbackRing(self.pinned, self.num_slots, self.slot_size)
+        d = self.pinned.device_ptr
+        p, u32 = ctypes.c_void_p, ctypes.c_uint32
+        self.stream = self.device.stream()
+        launch(self.function, self.stream, params=[
+            (d + self.ring.rx_flags_offset, p), (d + self.ring.tx_flags_offset, p),
+            (d + self.ring.tx_data_offset, p), (self.num_slots, u32), (self.slot_size, u32),
+            (self.ring.shutdown_device_ptr, p), (self.ring.processed_device_ptr, p),
+            (self.timing.ptr, p), (self.timing_capacity, u32)])
+        return self.ring
+
+    def stop(self) -> list[int]:
+        assert self.ring is not None and self.stream is not None
+        self.ring.shutdown = True
+        deadline = time.monotonic() + 10
+        while not self.stream.done():
+            if time.monotonic() > deadline:
+                raise RuntimeError("floor kernel did not stop")
+            time.sleep(1e-4)
+        self.stream.destroy()
+        n = min(self.ring.processed, self.timing_capacity)
+        raw = self.timing.download(8 * n)
+        return list(memoryview(raw).cast("Q"))
+
+
+def run_loop(ring: LoopbackRing, request: bytes, expected: bytes | None, n: int,
+             warmup: int) -> tuple[list[int], int]:
+    """``warmup + n`` round trips through ``ring``; returns the last ``n`` latencies (ns) and
+    how many responses differed from ``expected`` (``None``: not checked)."""
+    rx, tx = ring.rx_flags, ring.tx_flags
+    slots = ring.num_slots
+    req_addr = [ring.request_host_address(s) for s in range(slots)]
+    flag_val = [ring.request_address(s) for s in range(slots)]
+    resp_addr = [ring.response_host_address(s) for s in range(slots)]
+    size = len(request)
+    resp_len = len(expected) if expected is not None else size
+    memmove, string_at, now = ctypes.memmove, ctypes.string_at, time.perf_counter_ns
+    lat = [0] * (n + warmup)
+    bad = 0
+    slot = 0
+    for i in range(n + warmup):
+        while rx[slot]:
+            pass
+        t0 = now()
+        memmove(req_addr[slot], request, size)
+        rx[slot] = flag_val[slot]
+        while not tx[slot]:
+            pass
+        data = string_at(resp_addr[slot], resp_len)
+        tx[slot] = 0
+        lat[i] = now() - t0
+        if expected is not None and data != expected:
+            bad += 1
+        slot = slot + 1 if slot + 1 < slots else 0
+    return lat[warmup:], bad
+
+
+def summary(values_ns: list[int]) -> dict[str, float]:
+    """p50, p99, max, min, mean of ``values_ns`` in microseconds."""
+    v = sorted(values_ns)
+    if not v:
+        return {}
+
+    def pick(q: float) -> int:  # nearest rank
+        return v[min(len(v) - 1, int(q * len(v)))]
+
+    return {"n": len(v), "p50_us": pick(0.50) / 1e3, "p99_us": pick(0.99) / 1e3,
+            "max_us": v[-1] / 1e3, "min_us": v[0] / 1e3,
+            "mean_us": statistics.fmean(v) / 1e3}
+
+
+def print_table(title: str, rows: list[tuple[str, dict[str, float]]]) -> None:
+    print(f"\n{title}")
+    print(f"| {'variant':<44} | {'n':>7} | {'p50 us':>7} | {'p99 us':>7} | {'max us':>8} | "
+          f"{'min us':>7} | {'mean us':>7} |")
+    print(f"|{'-' * 46}|{'-' * 9}|{'-' * 9}|{'-' * 9}|{'-' * 10}|{'-' * 9}|{'-' * 9}|")
+    for name, s in rows:
+        if not s:
+            continue
+        print(f"| {name:<44} | {s['n']:>7} | {s['p50_us']:>7.3f} | {s['p99_us']:>7.3f} | "
+              f"{s['max_us']:>8.3f} | {s['min_us']:>7.3f} | {s['mean_us']:>7.3f} |")
+
+
+def environment(device: Device) -> dict[str, Any]:
+    v = toolchain_versions()
+    return {"gpu": device.name, "arch": device.arch,
+            "driver_cuda_version": device.driver_version(), "nvrtc": v.nvrtc,
+            "nvjitlink": v.nvjitlink, "numba_cuda": v.numba_cuda,
+            "python": platform.python_version(), "cpu": platform.processor() or platform.machine(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+
+
+def write_json(path: str | None, data: dict[str, Any]) -> None:
+    if path:
+        with open(path, "w") as f:
+            json.dump(data, f, indent=2)
