@@ -43,7 +43,14 @@ from ..wire.rpc import HEADER_BYTES, PayloadType
 from .driver import Device, DeviceMemory, Module, PinnedMemory, Stream
 from .handlers import DeviceHandler
 from .loopback import CTX_BYTES, LoopbackRing
-from .program import DispatchKernel, DispatchProgram, LaunchArgs, LinkedProgram
+from .program import (
+    LOOPBACK_BRIDGE,
+    DispatchKernel,
+    DispatchProgram,
+    LaunchArgs,
+    LinkedProgram,
+    TransportBridge,
+)
 from .toolchain import LinkCache
 
 __all__ = ["GPUDataPlane", "ENTRY_BYTES", "pack_device_entry"]
@@ -60,6 +67,15 @@ def pack_device_entry(entry: FunctionEntry, address: int) -> bytes:
     out = (struct.pack("<QIB3x", address, entry.function_id, int(entry.mode))
            + entry.schema_bytes())
     return out + bytes(ENTRY_BYTES - len(out))
+
+
+def _ring_order(items: list[Any], count: int) -> list[Any]:
+    """The entries of a ring of ``len(items)`` written ``count`` times, oldest first."""
+    cap = len(items)
+    if count <= cap:
+        return items[:count]
+    start = count % cap
+    return items[start:] + items[:start]
 
 
 class GPUDataPlane:
@@ -82,6 +98,12 @@ class GPUDataPlane:
     timing_capacity : int
         Keep the in-kernel turnaround (ns, %globaltimer) of the last ``timing_capacity``
         requests in device memory (:meth:`timings_ns`); 0 for none.
+    bridge : TransportBridge, optional
+        The loopback bridge's device source (default :data:`LOOPBACK_BRIDGE`), e.g. with other
+        compile-time options (``-DQLINK_LOOPBACK_PREFETCH_BYTES=128``).
+    trace_capacity : int
+        Diagnostic: compile the bridge with ``QLINK_LOOPBACK_TRACE`` and keep the stage times of
+        the last ``trace_capacity`` requests (:meth:`traces_ns`); 0 for none.
 
     Attributes
     ----------
@@ -92,10 +114,20 @@ class GPUDataPlane:
     def __init__(self, num_slots: int = 8, slot_size: int = 256, *, device: int = 0,
                  arch: str | None = None, kernel: DispatchKernel | None = None,
                  inline_handlers: bool = False, cache: LinkCache | bool = True,
-                 timing_capacity: int = 0):
+                 timing_capacity: int = 0, bridge: TransportBridge | None = None,
+                 trace_capacity: int = 0):
         LoopbackRing.check_geometry(num_slots, slot_size)
         if timing_capacity < 0:
             raise DispatchError(f"timing_capacity must be >= 0, not {timing_capacity}")
+        if trace_capacity < 0:
+            raise DispatchError(f"trace_capacity must be >= 0, not {trace_capacity}")
+        bridge = bridge if bridge is not None else LOOPBACK_BRIDGE
+        if trace_capacity:
+            bridge = TransportBridge(bridge.name, bridge.source,
+                                     (*bridge.options, "-DQLINK_LOOPBACK_TRACE"))
+        self._bridge = bridge
+        self.trace_capacity = trace_capacity
+        self._trace: DeviceMemory | None = None
         self.num_slots = num_slots
         self.slot_size = slot_size
         self.device_ordinal = device
@@ -131,7 +163,7 @@ class GPUDataPlane:
     @property
     def program(self) -> DispatchProgram:
         if self._program is None:
-            self._program = DispatchProgram(self.arch, kernel=self._kernel,
+            self._program = DispatchProgram(self.arch, kernel=self._kernel, bridge=self._bridge,
                                             inline_handlers=self._inline, cache=self._cache)
         return self._program
 
@@ -240,12 +272,19 @@ class GPUDataPlane:
         dev.make_current()
         self._pinned = dev.alloc_pinned(LoopbackRing.size_for(self.num_slots, self.slot_size))
         self.ring = LoopbackRing(self._pinned, self.num_slots, self.slot_size)
-        stage = dev.alloc(self.slot_size)
+        rx_stage = dev.alloc(self.slot_size)
+        tx_stage = dev.alloc(self.slot_size)
+        self._dev_buffers = [rx_stage, tx_stage]
+        if self.trace_capacity:
+            self._trace = dev.alloc(64 * self.trace_capacity)
+            self._dev_buffers.append(self._trace)
         ctx = dev.alloc(CTX_BYTES)
-        ctx.upload(self.ring.ctx_bytes(stage.ptr))
+        ctx.upload(self.ring.ctx_bytes(rx_stage.ptr, tx_stage.ptr,
+                                       self._trace.ptr if self._trace is not None else 0,
+                                       self.trace_capacity))
         dtable = dev.alloc(len(table))
         dtable.upload(table)
-        self._dev_buffers = [stage, ctx, dtable]
+        self._dev_buffers += [ctx, dtable]
         if self.timing_capacity:
             self._timing = dev.alloc(8 * self.timing_capacity)
             self._dev_buffers.append(self._timing)
@@ -292,18 +331,26 @@ class GPUDataPlane:
         """In-kernel turnaround (ns) of the last requests, oldest first (after :meth:`stop`)."""
         if self._timing is None:
             return []
-        n = min(self.processed, self.timing_capacity)
         raw = self._timing.download(8 * self.timing_capacity)
-        values = list(struct.unpack(f"<{self.timing_capacity}Q", raw))
-        start = self.processed % self.timing_capacity if self.processed > n else 0
-        ordered = values[start:] + values[:start]
-        return ordered[-n:] if n else []
+        return _ring_order(list(struct.unpack(f"<{self.timing_capacity}Q", raw)),
+                           self.processed)
+
+    def traces_ns(self) -> list[tuple[int, ...]]:
+        """Diagnostic stage times (ns) of the last requests, oldest first (after :meth:`stop`;
+        needs ``trace_capacity``): (request copied in, lookup + handler + response header,
+        response copied out, ``__threadfence_system``, flag stores, flag seen -> published)."""
+        if self._trace is None:
+            return []
+        cap = self.trace_capacity
+        values = struct.unpack(f"<{8 * cap}Q", self._trace.download(64 * cap))
+        return _ring_order([values[8 * i:8 * i + 6] for i in range(cap)], self.processed)
 
     def _free_buffers(self) -> None:
         for b in self._dev_buffers:
             b.free()
         self._dev_buffers = []
         self._timing = None
+        self._trace = None
         if self._pinned is not None:
             self._pinned.free()
             self._pinned = None

@@ -35,8 +35,8 @@ __all__ = ["RingMemory", "HostMemory", "LoopbackRing", "MAX_SLOTS", "CTX_BYTES"]
 
 #: At most 4096 slots (the slot index travels in ImmDt[11:0]).
 MAX_SLOTS = 4096
-#: Size of ``qlink_loopback_ctx`` (five pointers, two u32).
-CTX_BYTES = 48
+#: Size of ``qlink_loopback_ctx`` (seven pointers, four u32).
+CTX_BYTES = 72
 
 
 def _align(n: int, a: int) -> int:
@@ -127,13 +127,16 @@ class LoopbackRing:
     def processed_device_ptr(self) -> int:
         return self.memory.device_ptr + 8
 
-    def ctx_bytes(self, stage_device_ptr: int) -> bytes:
-        """The ``qlink_loopback_ctx`` for the kernel: flag and data device addresses, the
-        staging buffer (``slot_size`` bytes of device memory) and the geometry."""
+    def ctx_bytes(self, rx_stage_ptr: int, tx_stage_ptr: int, trace_ptr: int = 0,
+                  trace_capacity: int = 0) -> bytes:
+        """The 72-byte ``qlink_loopback_ctx`` for the kernel: flag and data device addresses,
+        the request and response staging buffers (``slot_size`` bytes of device memory each),
+        the optional trace buffer (8 u64 per request, ``trace_capacity`` requests) and the
+        geometry."""
         d = self.memory.device_ptr
-        return struct.pack("<QQQQQII", d + self.rx_flags_offset, d + self.tx_flags_offset,
-                           self._rx_dev, self._tx_dev, stage_device_ptr, self.num_slots,
-                           self.slot_size)
+        return struct.pack("<QQQQQQQIIII", d + self.rx_flags_offset, d + self.tx_flags_offset,
+                           self._rx_dev, self._tx_dev, rx_stage_ptr, tx_stage_ptr, trace_ptr,
+                           self.num_slots, self.slot_size, trace_capacity, 0)
 
     def request_address(self, slot: int) -> int:
         """Device address of request slot ``slot`` (the value of its rx flag)."""

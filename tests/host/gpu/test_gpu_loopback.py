@@ -10,6 +10,7 @@ from gpumodel import KernelModel, ModelRing, P, request
 from openqlink.dispatch import DispatchMode, FunctionEntry, TypeDesc
 from openqlink.errors import DispatchError
 from openqlink.gpu import ENTRY_BYTES, HostMemory, LoopbackRing, pack_device_entry
+from openqlink.gpu.loopback import CTX_BYTES
 from openqlink.wire.rpc import Response, fnv1a32
 
 
@@ -34,9 +35,11 @@ def test_layout_and_ctx():
     assert ring.rx_flags_offset == 64 and ring.tx_flags_offset == 128
     assert ring.rx_data_offset % 128 == 0 and ring.tx_data_offset >= ring.rx_data_offset + 192
     base = ring.memory.device_ptr
-    ctx = struct.unpack("<QQQQQII", ring.ctx_bytes(0xABC0))
+    raw = ring.ctx_bytes(0xABC0, 0xDEF0, 0x1230, 9)
+    assert len(raw) == CTX_BYTES == 72
+    ctx = struct.unpack("<QQQQQQQIIII", raw)
     assert ctx == (base + 64, base + 128, base + ring.rx_data_offset,
-                   base + ring.tx_data_offset, 0xABC0, 3, 64)
+                   base + ring.tx_data_offset, 0xABC0, 0xDEF0, 0x1230, 3, 64, 9, 0)
     assert ring.shutdown_device_ptr == base and ring.processed_device_ptr == base + 8
 
 
@@ -92,3 +95,10 @@ def test_device_entry_layout():
     assert (addr, fid, mode) == (0x7F00_1234_5678, fnv1a32("mul"), 0)
     assert raw[16:164] == e.schema_bytes() and raw[164:] == bytes(4)
     assert raw[16:18] == bytes([2, 1])  # num_args, num_results
+
+
+def test_ring_order_of_timing_buffers():
+    from openqlink.gpu.dataplane import _ring_order
+    assert _ring_order([1, 2, 0, 0], 2) == [1, 2]
+    assert _ring_order([5, 6, 3, 4], 6) == [3, 4, 5, 6]
+    assert _ring_order([1, 2, 3], 3) == [1, 2, 3]
