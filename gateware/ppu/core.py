@@ -301,7 +301,10 @@ class PPU(wiring.Component):
                         m.d.sync += t.eq(t + insn.operands.wait.cycles)
                         m.d.comb += advance.eq(1)
                     with m.Case(Op.SYNC):
-                        m.d.sync += t.eq(now + insn.operands.sync.slack_cycles)
+                        # Never anchor before the start time: while ARMED, "now" on the
+                        # program's timeline is the start time.
+                        m.d.sync += t.eq(Mux(now > run_start, now, run_start)
+                                         + insn.operands.sync.slack_cycles)
                         m.d.comb += advance.eq(1)
                     with m.Case(Op.SET):
                         o = insn.operands.set

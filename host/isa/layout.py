@@ -36,7 +36,7 @@ class Op(enum.Enum, shape=8):
     NOP = 0x00
     END = 0x01      #: stop with state DONE
     WAIT = 0x02     #: t += cycles
-    SYNC = 0x03     #: t = now + slack_cycles (re-anchor the timeline after a CALL or input)
+    SYNC = 0x03     #: t = max(now, START_TIME) + slack_cycles (re-anchor after a CALL, input)
     PLAY = 0x10     #: queue a pulse: envelope x amplitude on a drive channel at t + offset
     ACQUIRE = 0x11  #: queue a readout window at t + offset; integrate, threshold -> rd
     MARKER = 0x12   #: queue a digital marker pulse at t + offset

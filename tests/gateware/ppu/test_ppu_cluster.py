@@ -111,6 +111,18 @@ def test_event_cycles_exact_and_done():
     assert [mon.value_at("dac", s + k) for k in (7, 8, 9, 10)] == [99, 199, 299, 399]
 
 
+def test_sync_before_the_start_time_anchors_to_the_start_time():
+    """A SYNC the core runs while ARMED must not let events fire before START_TIME."""
+    out = {}
+
+    async def tb(ctx, dut):
+        out["s"] = await start(ctx, dut, [sync(10), marker(0, 0, 2), end()], lead=200)
+        await wait_state(ctx, dut, 0, PPUState.DONE, limit_cycles=1000)
+
+    mon = run(tb)
+    assert rel(mon.cycles("marker", 0), out["s"]) == [10, 11]
+
+
 def test_determinism_two_runs_identical():
     prog = [marker(0, 3, 2), acquire(0, 2, 4, 8, 0), play(0, 5, 4, 6, -20000),
             wait(9), marker(1, 1, 4), play(0, 0, 0, 3, 12345), end()]
