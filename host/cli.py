@@ -162,21 +162,24 @@ def isa_tables_command(output: Path | None) -> None:
               path_type=Path), default=None,
               help="Use this Verilog from `qlink verilog --sim` instead of elaborating the "
               "top (for machines without Yosys).")
+@click.option("--max-run-us", type=float, default=2000.0, show_default=True,
+              help="Simulated time the host waits for the PPU to reach DONE or ERROR.")
 @click.option("--quiet", is_flag=True, help="Print only the final status line.")
 def sim_command(program: Path, handlers: Path | None, json_path: Path | None,
                 pcap_path: Path | None, waves_path: Path | None, seed: int,
                 host_turnaround_ns: int, build_dir: Path | None, verilog_path: Path | None,
-                quiet: bool) -> None:
+                max_run_us: float, quiet: bool) -> None:
     """Simulate PROGRAM end to end: the QSC gateware's Verilog on Icarus (cocotb) against the
     host package and its dispatcher. Exit status 0 when the PPU ends DONE, 1 otherwise."""
     from .errors import QlinkError
-    from .sim.report import print_report
+    from .sim.report import print_report, status_line
     from .sim.runner import run_sim
 
     try:
         results = run_sim(program, handlers=handlers, json_path=json_path, pcap_path=pcap_path,
                           waves_path=waves_path, build_dir=build_dir, seed=seed,
-                          host_turnaround_ns=host_turnaround_ns, verilog_path=verilog_path)
+                          host_turnaround_ns=host_turnaround_ns, verilog_path=verilog_path,
+                          max_run_ns=round(max_run_us * 1000))
     except AssemblerError as exc:
         _fail(str(exc))
         return
@@ -184,7 +187,7 @@ def sim_command(program: Path, handlers: Path | None, json_path: Path | None,
         _fail(f"qlink sim: {exc}")
         return
     if quiet:
-        click.echo(f"status: {results['status']}")
+        click.echo(status_line(results))
     else:
         print_report(results)
     if results["status"].get("state") != "DONE":

@@ -360,15 +360,17 @@ class QSC:
         :meth:`status` to know.
 
         Raises :class:`~openqlink.errors.FieldRangeError` naming ``start_time_cycles`` (not
-        64 bits) or ``tail`` (not 0..imem_depth).
+        64 bits) or ``tail`` (not a ring index 0..imem_depth-1: a ring of N slots holds at most
+        N-1 instructions, since a full ring would read as empty).
         """
         st = self._state(ppu)
         if not 0 <= start_time_cycles < 1 << 64:
             raise FieldRangeError("REGS", "start_time_cycles", start_time_cycles,
                                   "does not fit in 64 bits")
-        if not 0 <= tail <= self.params.imem_depth:
+        if not 0 <= tail < self.params.imem_depth:
             raise FieldRangeError("REGS", "tail", tail,
-                                  f"not an instruction index 0..{self.params.imem_depth}")
+                                  f"not a ring index 0..{self.params.imem_depth - 1} (a full "
+                                  "ring would read as empty)")
         lo = _reg_offset("START_TIME_LO")
         if (_reg_offset("START_TIME_HI") != lo + 4 or _reg_offset("TRIGGER") != lo + 8
                 or lo + 12 > REGS_RDMA_BYTES):

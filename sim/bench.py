@@ -23,7 +23,9 @@ Everything is driven by simulated time, so two runs with the same inputs give th
 from __future__ import annotations
 
 import json
+import logging
 import os
+import traceback
 from pathlib import Path
 
 import cocotb
@@ -34,12 +36,12 @@ from cocotb.triggers import Event, RisingEdge, Timer
 from ..dispatch import Dispatcher, SlotRing
 from ..isa import PPUState, PPUStatus
 from ..isa.asm import assemble
-from ..memory_map import QSCParams
+from ..memory_map import MAILBOX_BYTES, QSCParams
 from ..pcap import PcapWriter
 from ..qsc import QSC
 from ..wire.packet import parse_frame
 from ..wire.roce import Opcode
-from ..wire.rpc import Request, Response
+from ..wire.rpc import HEADER_BYTES, Request, Response
 from ..wire.udp import ROCEV2_PORT
 from .handlers import load_function_table
 from .mac import PacketSink, PacketSource
@@ -47,6 +49,20 @@ from .qubit import QubitModel
 from .transport import SimTransport
 
 __all__ = ["TB", "run_program", "status_dict"]
+
+
+class _LogCollector(logging.Handler):
+    """Keeps the host package's warnings and errors (with tracebacks) for the results."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = f"{record.levelname} {record.name}: {record.getMessage()}"
+        if record.exc_info:
+            text += "\n" + "".join(traceback.format_exception(*record.exc_info)).rstrip()
+        self.lines.append(text)
 
 
 def status_dict(status) -> dict:
@@ -231,14 +247,22 @@ class TB:
         deadline_ns = self.now_ns() + cfg["max_run_ns"]
         while True:
             status = qsc.status(ppu)
-            if status.state in (PPUState.DONE, PPUState.ERROR) or self.now_ns() > deadline_ns:
+            if status.state in (PPUState.DONE, PPUState.ERROR):
+                limit_reached = False
+                break
+            if self.now_ns() > deadline_ns:
+                limit_reached = True
                 break
             self._sleep_ns(cfg["status_poll_ns"])
+        registers = qsc.read_registers(ppu)
+        status_reg = registers["LAST_CALL_STATUS"]
+        registers["LAST_CALL_STATUS"] = status_reg - (1 << 32) if status_reg >> 31 else status_reg
         return {
             "connect": info,
             "start_time_cycles": start,
             "status": status,
-            "registers": qsc.read_registers(ppu),
+            "run_limit_reached": limit_reached,
+            "registers": registers,
             "counters": qsc.counters(),
         }
 
@@ -247,15 +271,23 @@ class TB:
         self.program = assemble(Path(cfg["program"]).read_text(), filename=cfg["program"],
                                 dtd_clk_hz=self.params.dtd_clk_hz)
         table = load_function_table(cfg.get("handlers"))
-        self.function_names = {e.function_id: e.name for e in table.entries()}
+        self.function_names = {fid: name for name, fid in self.program.functions.items()}
+        self.function_names.update({e.function_id: e.name for e in table.entries()})
         self.ring = SlotRing(cfg["num_slots"], cfg["slot_size"])
         self.qsc = QSC(self.transport, params=self.params, host_mac=cfg["host_mac"],
                        host_ip=cfg["host_ip"])
+        # Results land in the PPU's 64-byte mailbox, after the 24-byte response header.
         self.dispatcher = Dispatcher(
             table, self.ring,
-            send_response=lambda slot, data: self.qsc.send_response(self.ppu, slot, data))
+            send_response=lambda slot, data: self.qsc.send_response(self.ppu, slot, data),
+            max_result_bytes=MAILBOX_BYTES - HEADER_BYTES)
+        host_log = _LogCollector()
+        logging.getLogger("openqlink").addHandler(host_log)
         cocotb.start_soon(self._dispatch_loop())
-        host = await bridge(self.host_session)()
+        try:
+            host = await bridge(self.host_session)()
+        finally:
+            logging.getLogger("openqlink").removeHandler(host_log)
         await Timer(1, "us")
         if self.pcap is not None:
             self.pcap.close()
@@ -280,8 +312,21 @@ class TB:
             "counters": host["counters"],
             "registers": host["registers"],
             "status": status_dict(status),
+            "fault_location": self._fault_location(status, host["registers"]),
+            "run_limit_reached": host["run_limit_reached"],
+            "max_run_ns": cfg["max_run_ns"],
+            "host_log": host_log.lines,
             "dispatcher": {"processed": self.dispatcher.processed},
         }
+
+    def _fault_location(self, status, registers: dict) -> str | None:
+        """``file:line: source`` of the instruction at PC when the PPU stopped on an error."""
+        if status.state != PPUState.ERROR:
+            return None
+        loc = self.program.source_map.get(registers["PC"])
+        if loc is None:
+            return f"pc {registers['PC']} (no instruction there: past the program's end)"
+        return f"{Path(loc.filename).name}:{loc.line}: {loc.text.strip()}"
 
 
 @cocotb.test()

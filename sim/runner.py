@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import re
 import shutil
 import tempfile
@@ -17,7 +18,7 @@ from pathlib import Path
 from ..errors import QlinkError
 from ..isa.asm import assemble
 from ..memory_map import QSCParams
-from .handlers import default_handlers_path
+from .handlers import default_handlers_path, load_function_table
 
 __all__ = [
     "SimulationError", "SimConfig", "run_sim", "run_bench", "build_verilog", "icarus_compatible",
@@ -135,6 +136,8 @@ def run_bench(module: str, cfg: dict, *, params: QSCParams | None = None,
         cfg_path = tmp / "config.json"
         cfg_path.write_text(json.dumps(cfg, indent=2))
         runner = get_runner("icarus")
+        # The runner warns "Skipping compilation" when the Verilog is unchanged: that is ours.
+        runner.log.setLevel(logging.ERROR)
         try:
             runner.build(sources=[verilog], hdl_toplevel=TOPLEVEL, build_dir=build_dir,
                          timescale=("1ns", "1ps"), waves=waves,
@@ -202,6 +205,7 @@ def run_sim(program: str | Path, *, handlers: str | Path | None = None,
     assemble(program.read_text(), filename=str(program), dtd_clk_hz=params.dtd_clk_hz)
     if handlers is None:
         handlers = default_handlers_path(program)
+    load_function_table(handlers)   # fail fast on a bad handlers file, before the build
     cfg = SimConfig(**bench)
     cfg.update({
         "program": str(program),

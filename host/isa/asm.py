@@ -667,10 +667,13 @@ class _Assembler:
             lines.append(_Line(lineno, raw.strip(), mnemonic, operands, index))
             index += 1
         count = index - self.base
-        if count > self.params.imem_depth or index > self.params.imem_depth:
+        if count > self.params.imem_depth - 1 or index > self.params.imem_depth - 1:
+            # The ring's committed TAIL is an index mod imem_depth: a full ring would read as
+            # empty, so it holds at most imem_depth - 1 instructions.
             self.lineno = lines[-1].lineno if lines else 0
-            raise self.error(f"program ends at instruction {index} but instruction memory "
-                             f"holds {self.params.imem_depth}")
+            raise self.error(f"program ends at instruction {index} but the instruction ring "
+                             f"holds at most {self.params.imem_depth - 1} (imem_depth - 1: a "
+                             f"full ring would read as empty)")
         words: list[int] = []
         source_map: dict[int, SourceLocation] = {}
         for line in lines:

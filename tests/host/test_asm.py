@@ -263,9 +263,13 @@ def test_call_hash_collision_is_reported():
 
 
 def test_program_too_long():
-    with pytest.raises(AssemblerError, match="instruction memory holds 2") as info:
+    with pytest.raises(AssemblerError, match="holds at most 1 ") as info:
         assemble("nop\nnop\nnop", params=QSCParams(imem_depth=2))
     assert info.value.line == 3
+    # A ring of N slots holds N - 1 instructions: a full ring would read as empty.
+    assert len(assemble("nop\n" * 3, params=QSCParams(imem_depth=4)).instructions) == 3
+    with pytest.raises(AssemblerError, match="full ring would read as empty"):
+        assemble("nop\n" * 4, params=QSCParams(imem_depth=4))
     with pytest.raises(ValueError, match="base"):
         assemble("nop", base=1024)
 

@@ -172,8 +172,9 @@ def test_trigger_is_one_write_of_start_time_and_tail(ready):
     assert w.va + 12 <= ppu_base(0) + REGS_OFFSET + 0x18
     with pytest.raises(FieldRangeError):
         qsc.trigger(0, 1 << 64, 1)
-    with pytest.raises(FieldRangeError):
-        qsc.trigger(0, 0, qsc.params.imem_depth + 1)
+    with pytest.raises(FieldRangeError) as info:
+        qsc.trigger(0, 0, qsc.params.imem_depth)       # == 0 mod depth: would read as empty
+    assert info.value.field == "tail"
 
 
 def test_reads(ready):
