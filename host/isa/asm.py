@@ -269,6 +269,17 @@ def q15_to_amplitude(q: int) -> float:
     return q / _Q15_ONE
 
 
+def format_amplitude(q: int) -> str:
+    """The shortest decimal that :func:`amplitude_to_q15` turns back into ``q``
+    (``32767`` -> ``"1.0"``, ``16384`` -> ``"0.5"``), for the disassembler."""
+    for digits in range(1, 17):
+        text = f"{q15_to_amplitude(q):.{digits}g}"
+        x = float(text)
+        if -1.0 <= x <= 1.0 and amplitude_to_q15(x) == q:
+            return text if any(c in text for c in ".e") else text + ".0"
+    return repr(q15_to_amplitude(q))
+
+
 # ---------------------------------------------------------------------------------------------
 # The assembler
 
@@ -746,7 +757,7 @@ def _format(op: Op, f: Mapping[str, Any], label_of: Mapping[int, str],
         return f"sync {f['slack_cycles']}"
     if op == Op.PLAY:
         text = (f"play {f['channel']}, addr={f['env_addr']}, len={f['env_len']}, "
-                f"amp={q15_to_amplitude(int(f['amplitude']))!r}")
+                f"amp={format_amplitude(int(f['amplitude']))}")
         for key, name in (("offset", "offset_cycles"), ("phase", "phase"), ("freq", "freq_word")):
             if f[name]:
                 text += f", {key}={f[name]}"

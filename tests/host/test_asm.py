@@ -385,3 +385,12 @@ def test_active_reset_firmware():
 def test_isa_doc_tables_in_step():
     doc = (ROOT / "docs" / "isa.md").read_text()
     assert render_isa_tables() in doc, "regenerate with: qlink docs isa-tables"
+
+
+def test_disassembled_amplitudes_are_short_and_exact():
+    from openqlink.isa.asm import amplitude_to_q15, format_amplitude
+
+    assert format_amplitude(32767) == "1.0" and format_amplitude(16384) == "0.5"
+    assert all(amplitude_to_q15(float(format_amplitude(q))) == q for q in range(-32768, 32768))
+    text = disassemble(assemble("play 0, addr=0, len=4, amp=1.0\nend").instructions)
+    assert "amp=1.0" in text
