@@ -84,34 +84,22 @@ class QSCTop(wiring.Component):
             wiring.connect(m, ppus.ptd[n], wiring.flipped(self.ptd[n]))
         m.d.comb += self.timeline.eq(ppus.now)
 
-        # rti -> dtd: bus commands.
-        m.d.comb += [
-            cmd_cdc.w_data.eq(net.bus_cmd.payload),
-            cmd_cdc.w_en.eq(net.bus_cmd.valid),
-            net.bus_cmd.ready.eq(cmd_cdc.w_rdy),
-            ppus.bus_cmd.payload.eq(cmd_cdc.r_data),
-            ppus.bus_cmd.valid.eq(cmd_cdc.r_rdy),
-            cmd_cdc.r_en.eq(ppus.bus_cmd.ready),
-        ]
-        # dtd -> rti: read data.
-        m.d.comb += [
-            rdata_cdc.w_data.eq(ppus.bus_rdata.payload),
-            rdata_cdc.w_en.eq(ppus.bus_rdata.valid),
-            ppus.bus_rdata.ready.eq(rdata_cdc.w_rdy),
-            net.bus_rdata.payload.eq(rdata_cdc.r_data),
-            net.bus_rdata.valid.eq(rdata_cdc.r_rdy),
-            rdata_cdc.r_en.eq(net.bus_rdata.ready),
-        ]
-        # dtd -> rti: CALL requests.
-        m.d.comb += [
-            call_cdc.w_data.eq(ppus.call_req.payload),
-            call_cdc.w_en.eq(ppus.call_req.valid),
-            ppus.call_req.ready.eq(call_cdc.w_rdy),
-            net.call_req.payload.eq(call_cdc.r_data),
-            net.call_req.valid.eq(call_cdc.r_rdy),
-            call_cdc.r_en.eq(net.call_req.ready),
-        ]
+        _through_fifo(m, net.bus_cmd, cmd_cdc, ppus.bus_cmd)        # rti -> dtd
+        _through_fifo(m, ppus.bus_rdata, rdata_cdc, net.bus_rdata)  # dtd -> rti
+        _through_fifo(m, ppus.call_req, call_cdc, net.call_req)     # dtd -> rti
         return m
+
+
+def _through_fifo(m: Module, source, fifo_, sink) -> None:
+    """Join stream ``source`` to stream ``sink`` through ``fifo_`` (payloads as flat bits)."""
+    m.d.comb += [
+        fifo_.w_data.eq(source.payload),
+        fifo_.w_en.eq(source.valid),
+        source.ready.eq(fifo_.w_rdy),
+        sink.payload.eq(fifo_.r_data),
+        sink.valid.eq(fifo_.r_rdy),
+        fifo_.r_en.eq(sink.ready),
+    ]
 
 
 def generate_verilog(params: QSCParams | None = None, *, name: str = "qsc_top") -> str:
