@@ -99,22 +99,27 @@ class FloorPingPong:
         return list(memoryview(raw).cast("Q"))
 
 
-def run_loop(ring: LoopbackRing, request: bytes, expected: bytes | None, n: int,
+def run_loop(ring: LoopbackRing, requests: list[bytes], expected: list[bytes] | None, n: int,
              warmup: int) -> tuple[list[int], int]:
-    """``warmup + n`` round trips through ``ring``; returns the last ``n`` latencies (ns) and
-    how many responses differed from ``expected`` (``None``: not checked)."""
+    """``warmup + n`` round trips through ``ring``, request ``i`` being ``requests[i % k]``;
+    returns the last ``n`` latencies (ns) and how many responses differed from
+    ``expected[i % k]`` (``None``: not checked). Give ``k`` coprime with the slot count, so that
+    a slot's next request differs from its last one (a stale read shows as a wrong response)."""
     rx, tx = ring.rx_flags, ring.tx_flags
     slots = ring.num_slots
     req_addr = [ring.request_host_address(s) for s in range(slots)]
     flag_val = [ring.request_address(s) for s in range(slots)]
     resp_addr = [ring.response_host_address(s) for s in range(slots)]
-    size = len(request)
-    resp_len = len(expected) if expected is not None else size
+    k = len(requests)
+    size = len(requests[0])
+    resp_len = len(expected[0]) if expected is not None else size
     memmove, string_at, now = ctypes.memmove, ctypes.string_at, time.perf_counter_ns
     lat = [0] * (n + warmup)
     bad = 0
     slot = 0
+    j = 0
     for i in range(n + warmup):
+        request = requests[j]
         while rx[slot]:
             pass
         t0 = now()
@@ -125,9 +130,10 @@ def run_loop(ring: LoopbackRing, request: bytes, expected: bytes | None, n: int,
         data = string_at(resp_addr[slot], resp_len)
         tx[slot] = 0
         lat[i] = now() - t0
-        if expected is not None and data != expected:
+        if expected is not None and data != expected[j]:
             bad += 1
         slot = slot + 1 if slot + 1 < slots else 0
+        j = j + 1 if j + 1 < k else 0
     return lat[warmup:], bad
 
 

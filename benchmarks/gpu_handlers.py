@@ -134,9 +134,10 @@ def in_kernel(device: Device, calls: int, repeats: int) -> list[tuple[str, float
 
 
 def end_to_end(requests: int, warmup: int) -> list[tuple[str, dict, dict]]:
-    payload = bytes(range(32))
-    request = Request(fnv1a32("rpc_increment"), 7, 0, payload).pack()
-    expected = Response(0, 7, 0, bytes(b + 1 for b in payload)).pack()
+    payloads = [bytes((i * 5 + k) & 0xFF for i in range(32)) for k in range(13)]
+    request = [Request(fnv1a32("rpc_increment"), k, 0, p).pack() for k, p in enumerate(payloads)]
+    expected = [Response(0, k, 0, bytes((b + 1) & 0xFF for b in p)).pack()
+                for k, p in enumerate(payloads)]
     rows = []
     for lang in ("cpp", "numba"):
         for inline in (False, True):

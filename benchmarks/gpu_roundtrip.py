@@ -74,16 +74,12 @@ extern "C" __device__ int rpc_increment(const void* in, void* out, uint32_t arg_
 STAGES = ("copy in", "dispatch", "copy out", "fence", "flag", "flag->published")
 
 
-def sweep(a, request: bytes, expected: bytes, arr: TypeDesc) -> list[dict]:
+def sweep(a, request: list[bytes], expected: list[bytes], arr: TypeDesc) -> list[dict]:
     """N round trips per bridge variant with the stage trace; returns one row per variant."""
-    variants = [("ld.global.cv, 64-byte prefetch (default)", (), INCREMENT_SRC),
-                ("ld.volatile.global, 64-byte prefetch", ("-DQLINK_LOOPBACK_LOAD=1",),
-                 INCREMENT_SRC),
-                ("ld.global after the acquire, 64-byte prefetch", ("-DQLINK_LOOPBACK_LOAD=2",),
-                 INCREMENT_SRC),
-                ("ld.global.cv, 128-byte prefetch", ("-DQLINK_LOOPBACK_PREFETCH_BYTES=128",),
-                 INCREMENT_SRC),
-                ("default bridge, byte-loop handler", (), BYTE_LOOP_SRC)]
+    variants = [("default: ld.global after the acquire, shared staging", (), INCREMENT_SRC),
+                 ("device-memory staging", ("-DQLINK_LOOPBACK_SMEM_BYTES=0",), INCREMENT_SRC),
+                 ("ld.global.cv loads", ("-DQLINK_LOOPBACK_LOAD=0",), INCREMENT_SRC),
+                 ("default, byte-loop handler", (), BYTE_LOOP_SRC)]
     rows = []
     for label, opts, src in variants:
         bridge = TransportBridge(LOOPBACK_BRIDGE.name, LOOPBACK_BRIDGE.source, opts)
@@ -136,9 +132,12 @@ def main() -> int:
                             CudaHandler(INCREMENT_SRC)))
     plane.get_device_handler("rpc_increment")  # link + load before timing anything
     floor = FloorPingPong(plane.device, a.slots, a.slot_size, per_block + a.warmup)
-    payload = bytes(i & 0xFF for i in range(a.payload))
-    request = Request(fnv1a32("rpc_increment"), 1, 0, payload).pack()
-    expected = Response(0, 1, 0, bytes((b + 1) & 0xFF for b in payload)).pack()
+    # 13 different requests (coprime with the slot count): a stale read gives a wrong answer.
+    payloads = [bytes((i * 7 + k) & 0xFF for i in range(a.payload)) for k in range(13)]
+    request = [Request(fnv1a32("rpc_increment"), k, k << 20, p).pack()
+               for k, p in enumerate(payloads)]
+    expected = [Response(0, k, k << 20, bytes((b + 1) & 0xFF for b in p)).pack()
+                for k, p in enumerate(payloads)]
     swept = sweep(a, request, expected, arr) if a.sweep else []
     lat = {"floor": [], "dispatch": []}
     kern = {"floor": [], "dispatch": []}

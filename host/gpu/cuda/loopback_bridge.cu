@@ -10,16 +10,19 @@
 // again when both flags are 0. The kernel takes slots in strict ring order from slot 0, and
 // only the flag's being non-zero matters (the slot address always comes from the ring order).
 //
-// rx_poll copies each request from the pinned slot into a device-memory staging buffer with
-// 16-byte loads issued back to back (the first min(slot_size, QLINK_LOOPBACK_PREFETCH_BYTES)
-// bytes in one batch, the rest only when 24 + arg_len needs it), and hands out a device-memory
-// response buffer; so the kernel and the handler touch device memory only. tx_publish copies
+// rx_poll copies each request from the pinned slot into a staging buffer with 16-byte loads
+// issued back to back (the first min(slot_size, QLINK_LOOPBACK_PREFETCH_BYTES) bytes in one
+// batch, the rest only when 24 + arg_len needs it), and hands out a staging response buffer;
+// so the kernel and the handler touch on-chip memory only. The staging buffers are shared memory
+// when slot_size <= QLINK_LOOPBACK_SMEM_BYTES (default 1024), else the ctx's device memory. tx_publish copies
 // the response (24 + result_len bytes) into the pinned response slot with 16-byte stores, then
 // fences and sets the flag: a handful of PCIe writes per response, whatever the handler does.
 //
 // Compile-time options: QLINK_LOOPBACK_PREFETCH_BYTES (multiple of 16, default 64);
-// QLINK_LOOPBACK_LOAD (how the request is read after the acquire load of its flag: 0
-// ld.global.cv, the default; 1 ld.volatile.global; 2 plain ld.global, ordered by the acquire);
+// QLINK_LOOPBACK_LOAD (how the request is read after the acquire load of its flag: 2, the
+// default, plain ld.global, ordered after the acquire by the PTX memory model, as CUDA-Q's
+// dispatcher reads its slots; 0 ld.global.cv; 1 ld.volatile.global: both measured slower, their
+// loads do not overlap); QLINK_LOOPBACK_SMEM_BYTES (0: always device-memory staging);
 // QLINK_LOOPBACK_TRACE (record per-request stage times, %globaltimer, into ctx.trace).
 //
 // Ref: cuda-quantum realtime/include/cudaq/realtime/daemon/dispatcher/unified_device_transport.cuh
@@ -30,7 +33,10 @@
 #define QLINK_LOOPBACK_PREFETCH_BYTES 64u
 #endif
 #ifndef QLINK_LOOPBACK_LOAD
-#define QLINK_LOOPBACK_LOAD 0
+#define QLINK_LOOPBACK_LOAD 2
+#endif
+#ifndef QLINK_LOOPBACK_SMEM_BYTES
+#define QLINK_LOOPBACK_SMEM_BYTES 1024u
 #endif
 #define QLINK_LOOPBACK_CHUNKS (QLINK_LOOPBACK_PREFETCH_BYTES / 16u)
 static_assert(QLINK_LOOPBACK_PREFETCH_BYTES % 16u == 0 && QLINK_LOOPBACK_CHUNKS >= 2,
@@ -64,6 +70,11 @@ struct qlink_loopback_session {
 static_assert(sizeof(qlink_loopback_ctx) == 72, "ctx layout is shared with Python");
 static_assert(sizeof(qlink_loopback_session) <= CUDAQ_DEV_TRANSPORT_SESSION_BYTES,
               "session fits the kernel's storage");
+
+#if QLINK_LOOPBACK_SMEM_BYTES > 0
+static __shared__ __align__(16) uint8_t qlink_loopback_rx_smem[QLINK_LOOPBACK_SMEM_BYTES];
+static __shared__ __align__(16) uint8_t qlink_loopback_tx_smem[QLINK_LOOPBACK_SMEM_BYTES];
+#endif
 
 static __device__ __forceinline__ uint4 qlink_load16(const uint4* p) {
     uint4 v;
@@ -104,6 +115,12 @@ extern "C" __device__ void* cudaq_dev_transport_attach(void* storage, void* ctx,
     if (s->ctx.num_slots == 0 || s->ctx.slot_size < 32 || (s->ctx.slot_size & 15u) != 0) {
         return nullptr;
     }
+#if QLINK_LOOPBACK_SMEM_BYTES > 0
+    if (s->ctx.slot_size <= QLINK_LOOPBACK_SMEM_BYTES) {
+        s->ctx.rx_stage = qlink_loopback_rx_smem;
+        s->ctx.tx_stage = qlink_loopback_tx_smem;
+    }
+#endif
     s->shutdown_flag = shutdown_flag;
     s->next_slot = 0;
     s->cur_slot = 0;

@@ -8,23 +8,27 @@
 // can hold (max_arg_len). A handler whose result_len exceeds max_result_len gets status 1 and an
 // empty result.
 //
+// The first QLINK_SHARED_TABLE_ENTRIES (default 32) table entries are copied into shared memory
+// at start, with each entry's argument bytes precomputed from its schema, so a lookup costs no
+// global-memory round trip (the acquire loads that poll the ring invalidate the L1 cache); a
+// larger table is searched in global memory.
+//
 // Ref: cuda-quantum realtime/lib/daemon/dispatcher/unified_dispatch_kernel.cu (CUDA-Q's unified
 // kernel: the same loop and response rules); cudaq_realtime_message_protocol.md.
 #include "openqlink_dispatch.cuh"
 
-static __device__ __forceinline__ const qlink_function_entry* qlink_lookup(
-    const qlink_function_entry* table, uint32_t count, uint32_t function_id) {
-    for (uint32_t i = 0; i < count; ++i) {
-        if (table[i].function_id == function_id) return &table[i];
-    }
-    return nullptr;
-}
+#ifndef QLINK_SHARED_TABLE_ENTRIES
+#define QLINK_SHARED_TABLE_ENTRIES 32
+#endif
 
 static __device__ __forceinline__ uint32_t qlink_schema_arg_bytes(const qlink_handler_schema& s) {
     uint32_t n = 0;
     for (uint32_t i = 0; i < s.num_args && i < QLINK_MAX_ARGS; ++i) n += s.args[i].size_bytes;
     return n;
 }
+
+static __shared__ qlink_function_entry qlink_shared_table[QLINK_SHARED_TABLE_ENTRIES];
+static __shared__ uint32_t qlink_shared_arg_bytes[QLINK_SHARED_TABLE_ENTRIES];
 
 // transport_ctx: device-accessible bridge context; table/count: device function table;
 // max_arg_len: slot payload capacity (slot_size - 24); max_result_len: handler output capacity;
@@ -42,6 +46,14 @@ extern "C" __global__ void qlink_unified_dispatch(void* transport_ctx,
         storage[CUDAQ_DEV_TRANSPORT_SESSION_BYTES];
     void* session = cudaq_dev_transport_attach(storage, transport_ctx, shutdown_flag);
     if (session == nullptr) return;
+    const bool shared = count <= QLINK_SHARED_TABLE_ENTRIES;
+    if (shared) {
+        for (uint32_t i = 0; i < count; ++i) {
+            qlink_shared_table[i] = table[i];
+            qlink_shared_arg_bytes[i] = qlink_schema_arg_bytes(table[i].schema);
+        }
+        table = qlink_shared_table;
+    }
     uint64_t done = 0;
     for (;;) {
         void* request = nullptr;
@@ -53,12 +65,17 @@ extern "C" __global__ void qlink_unified_dispatch(void* transport_ctx,
         int32_t status = QLINK_STATUS_UNKNOWN_FUNCTION;
         uint32_t result_len = 0;
         if (h->magic == QLINK_RPC_REQUEST_MAGIC) {
-            const qlink_function_entry* e = qlink_lookup(table, count, h->function_id);
+            const uint32_t function_id = h->function_id;
+            uint32_t i = 0;
+            while (i < count && table[i].function_id != function_id) ++i;
+            const qlink_function_entry* e = i < count ? &table[i] : nullptr;
             if (e != nullptr && e->dispatch_mode == QLINK_DEVICE_CALL &&
                 e->handler.device_fn_ptr != nullptr) {
+                const uint32_t want = shared ? qlink_shared_arg_bytes[i]
+                                             : qlink_schema_arg_bytes(e->schema);
                 if (h->arg_len > max_arg_len) {
                     status = QLINK_STATUS_TRUNCATED;
-                } else if (h->arg_len != qlink_schema_arg_bytes(e->schema)) {
+                } else if (h->arg_len != want) {
                     status = QLINK_STATUS_BAD_ARG_LEN;
                 } else {
                     status = qlink_call_handler(e, h + 1, r + 1, h->arg_len, max_result_len,

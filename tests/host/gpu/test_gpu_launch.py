@@ -48,8 +48,11 @@ def call(plane: GPUDataPlane, data: bytes) -> Response:
     return wait_response(plane)[1]
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["pointer", "inline"])
+@pytest.fixture(params=[False, True], ids=["pointer", "inline"])
 def plane(request):
+    # One data plane per test: while a persistent kernel runs, CUDA module loads and allocations
+    # of another data plane can block until it stops (seen on the H200), so none outlives its
+    # test. The link cache makes the second and later links free.
     p = GPUDataPlane(num_slots=4, slot_size=128, inline_handlers=request.param,
                      timing_capacity=256)
     for e in device_entries():
@@ -84,7 +87,7 @@ def test_protocol_errors_always_answered(plane):
 
 def test_ring_wrap_back_pressure_and_processed(plane):
     before = plane.processed
-    first = plane.ring.next_post  # the module's plane has served other tests
+    first = plane.ring.next_post
     sent = 0
     got = []
     n = 3 * plane.num_slots + 1
