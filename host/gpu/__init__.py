@@ -38,8 +38,16 @@ from .toolchain import (
     toolchain_versions,
 )
 
+
+def get_device_handler(plane: GPUDataPlane, name: str) -> int:
+    """``plane.get_device_handler(name)``: the handler's device address in the linked module
+    (links and loads the module on the first lookup)."""
+    return plane.get_device_handler(name)
+
+
 __all__ = [
     "GPUDataPlane",
+    "get_device_handler",
     "ENTRY_BYTES",
     "pack_device_entry",
     "Device",
@@ -67,10 +75,3 @@ __all__ = [
     "toolchain_versions",
 ]
 
-
-def get_device_handler(plane: GPUDataPlane, name: str) -> int:
-    """``plane.get_device_handler(name)``: the handler's device address in the linked module."""
-    return plane.get_device_handler(name)
-
-
-__all__.append("get_device_handler")
