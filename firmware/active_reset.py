@@ -22,7 +22,7 @@ from pathlib import Path
 from openqlink.dispatch import FunctionTable, TypeDesc
 from openqlink.isa import Program, assemble
 
-__all__ = ["table", "reset_decision", "SOURCE", "program"]
+__all__ = ["table", "reset_decision", "SOURCE", "program", "device_table", "RESET_DECISION_CUDA"]
 
 #: The assembly source of the example.
 SOURCE = Path(__file__).with_name("active_reset.s")
@@ -49,3 +49,30 @@ def reset_decision(bits: list[int]) -> int:
 def program() -> Program:
     """The assembled example program (default QSC parameters)."""
     return assemble(SOURCE.read_text(), str(SOURCE))
+
+
+#: The same decision as a DEVICE_CALL handler in CUDA C++, for the GPU unified dispatch kernel
+#: (``qlink sim --gpu``): one BIT_PACKED byte in, one UINT8 out; status 1 for anything but a
+#: single 0/1 bit, as the Python handler.
+RESET_DECISION_CUDA = r'''
+#include "openqlink_dispatch.cuh"
+extern "C" __device__ int reset_decision(const void* in, void* out, uint32_t arg_len,
+                                         uint32_t max_result_len, uint32_t* result_len) {
+    if (arg_len != 1 || max_result_len < 1) return 1;
+    const uint8_t bits = *static_cast<const uint8_t*>(in);
+    if (bits & 0xFEu) return 1;                 // only bit 0 is a measurement
+    *static_cast<uint8_t*>(out) = bits;         // 1: play the pi pulse; 0: nothing to do
+    *result_len = 1;
+    return 0;
+}
+'''
+
+
+def device_table() -> FunctionTable:
+    """The function table with ``reset_decision`` as a DEVICE_CALL (CUDA C++), for ``--gpu``."""
+    from openqlink.gpu import CudaHandler
+
+    gpu = FunctionTable()
+    gpu.device_call("reset_decision", CudaHandler(RESET_DECISION_CUDA),
+                    args=[TypeDesc.bits(1)], results=[TypeDesc.uint8()])
+    return gpu

@@ -164,11 +164,15 @@ def isa_tables_command(output: Path | None) -> None:
               "top (for machines without Yosys).")
 @click.option("--max-run-us", type=float, default=2000.0, show_default=True,
               help="Simulated time the host waits for the PPU to reach DONE or ERROR.")
+@click.option("--gpu", is_flag=True,
+              help="Serve the program's CALLs from the GPU unified dispatch kernel: the "
+              "DEVICE_CALL handlers of the handlers file's device_table() (needs a GPU and "
+              "the [gpu] extra).")
 @click.option("--quiet", is_flag=True, help="Print only the final status line.")
 def sim_command(program: Path, handlers: Path | None, json_path: Path | None,
                 pcap_path: Path | None, waves_path: Path | None, seed: int,
                 host_turnaround_ns: int, build_dir: Path | None, verilog_path: Path | None,
-                max_run_us: float, quiet: bool) -> None:
+                max_run_us: float, gpu: bool, quiet: bool) -> None:
     """Simulate PROGRAM end to end: the QSC gateware's Verilog on Icarus (cocotb) against the
     host package and its dispatcher. Exit status 0 when the PPU ends DONE, 1 otherwise."""
     from .errors import QlinkError
@@ -179,7 +183,7 @@ def sim_command(program: Path, handlers: Path | None, json_path: Path | None,
         results = run_sim(program, handlers=handlers, json_path=json_path, pcap_path=pcap_path,
                           waves_path=waves_path, build_dir=build_dir, seed=seed,
                           host_turnaround_ns=host_turnaround_ns, verilog_path=verilog_path,
-                          max_run_ns=round(max_run_us * 1000))
+                          max_run_ns=round(max_run_us * 1000), gpu=gpu)
     except AssemblerError as exc:
         _fail(str(exc))
         return

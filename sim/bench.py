@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 import traceback
 from pathlib import Path
 
@@ -97,6 +98,8 @@ class TB:
         self._roce_in: list[tuple[int, bytes]] = []
         self._roce_wake = Event()
         self.done = False
+        self.gpu_service_ns: list[int] = []
+        self.gpu_start_s = 0.0
 
     # --- time ---------------------------------------------------------------------------------
 
@@ -177,7 +180,19 @@ class TB:
             if wait_ns > 0:
                 await Timer(round(wait_ns * 1000), "ps")
             self.qsc.handle_frame(frame)
+            forwarded = self.dispatcher.forwarded
+            t0 = time.perf_counter_ns()
             self.dispatcher.poll()
+            if self.dispatcher.forwarded > forwarded:
+                # The GPU answers in wall-clock time while simulated time stands still: the
+                # timeline stays deterministic (it uses the modelled turnaround) and the GPU's
+                # service time is measured and reported beside it.
+                deadline = t0 + 2_000_000_000
+                while self.dispatcher.gpu_outstanding:
+                    if time.perf_counter_ns() > deadline:
+                        raise TimeoutError("the GPU dispatch kernel did not answer in 2 s")
+                    self.dispatcher.poll()
+                self.gpu_service_ns.append(time.perf_counter_ns() - t0)
 
     # --- the PTD side -------------------------------------------------------------------------
 
@@ -270,7 +285,7 @@ class TB:
         cfg = self.cfg
         self.program = assemble(Path(cfg["program"]).read_text(), filename=cfg["program"],
                                 dtd_clk_hz=self.params.dtd_clk_hz)
-        table = load_function_table(cfg.get("handlers"))
+        table = load_function_table(cfg.get("handlers"), gpu=cfg.get("gpu", False))
         self.function_names = {fid: name for name, fid in self.program.functions.items()}
         self.function_names.update({e.function_id: e.name for e in table.entries()})
         self.ring = SlotRing(cfg["num_slots"], cfg["slot_size"])
@@ -280,7 +295,11 @@ class TB:
         self.dispatcher = Dispatcher(
             table, self.ring,
             send_response=lambda slot, data: self.qsc.send_response(self.ppu, slot, data),
-            max_result_bytes=MAILBOX_BYTES - HEADER_BYTES)
+            max_result_bytes=MAILBOX_BYTES - HEADER_BYTES, gpu=self._gpu_plane(cfg))
+        if self.dispatcher.gpu is not None:
+            t0 = time.perf_counter()
+            self.dispatcher.start()      # NVRTC/numba -> LTO-IR -> nvJitLink -> launch
+            self.gpu_start_s = time.perf_counter() - t0
         host_log = _LogCollector()
         logging.getLogger("openqlink").addHandler(host_log)
         cocotb.start_soon(self._dispatch_loop())
@@ -291,6 +310,7 @@ class TB:
         await Timer(1, "us")
         if self.pcap is not None:
             self.pcap.close()
+        gpu = self._gpu_results()
         status = host["status"]
         return {
             "program": cfg["program"],
@@ -317,8 +337,36 @@ class TB:
             "max_run_ns": cfg["max_run_ns"],
             "host_log": host_log.lines,
             "dispatcher": {"processed": self.dispatcher.processed},
+            **({"gpu": gpu} if gpu is not None else {}),
         }
 
+    def _gpu_plane(self, cfg: dict):
+        if not cfg.get("gpu"):
+            return None
+        from ..gpu import GPUDataPlane
+
+        return GPUDataPlane(num_slots=cfg["num_slots"], slot_size=cfg["slot_size"],
+                            timing_capacity=1024)
+
+    def _gpu_results(self) -> dict | None:
+        """What the GPU did, measured in wall-clock time (so not part of the deterministic
+        results): the only section that differs between two ``--gpu`` runs."""
+        d = self.dispatcher
+        if d.gpu is None:
+            return None
+        plane = d.gpu
+        d.stop()
+        service = sorted(self.gpu_service_ns)
+        return {
+            "device": plane.device.name, "arch": plane.arch,
+            "kernel_processed": plane.processed,
+            "forwarded": d.forwarded,
+            "link_and_launch_s": round(self.gpu_start_s, 3),
+            "measured_note": "wall-clock, measured while simulated time stood still",
+            "service_ns": self.gpu_service_ns,
+            "service_p50_ns": service[len(service) // 2] if service else None,
+            "in_kernel_turnaround_ns": plane.timings_ns(),
+        }
     def _fault_location(self, status, registers: dict) -> str | None:
         """``file:line: source`` of the instruction at PC when the PPU stopped on an error."""
         if status.state != PPUState.ERROR:

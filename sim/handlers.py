@@ -2,7 +2,9 @@
 
 A program ``foo.s`` keeps its handlers in ``foo.py`` beside it (or in a file named with
 ``--handlers``): a Python module with a module-level ``table``, an
-:class:`openqlink.dispatch.FunctionTable`.
+:class:`openqlink.dispatch.FunctionTable`. For ``qlink sim --gpu`` the module also has a
+function ``device_table()`` returning the table whose DEVICE_CALL entries the GPU unified
+dispatch kernel serves (a function, so that CPU-only runs never import CUDA).
 """
 
 from __future__ import annotations
@@ -22,12 +24,16 @@ def default_handlers_path(program: str | Path) -> Path | None:
     return candidate if candidate.is_file() else None
 
 
-def load_function_table(path: str | Path | None) -> FunctionTable:
-    """Import ``path`` and return its ``table``; an empty table when ``path`` is None.
+def load_function_table(path: str | Path | None, *, gpu: bool = False) -> FunctionTable:
+    """Import ``path`` and return its ``table`` (``gpu``: what its ``device_table()`` returns);
+    an empty table when ``path`` is None.
 
-    Raises :class:`DispatchError` when the file has no ``table`` or it is not a FunctionTable.
+    Raises :class:`DispatchError` when the file has no ``table`` (``device_table``) or it does
+    not give a FunctionTable.
     """
     if path is None:
+        if gpu:
+            raise DispatchError("--gpu needs a handlers file with a device_table() function")
         return FunctionTable()
     path = Path(path)
     spec = importlib.util.spec_from_file_location(f"openqlink_handlers_{path.stem}", path)
@@ -35,7 +41,14 @@ def load_function_table(path: str | Path | None) -> FunctionTable:
         raise DispatchError(f"{path}: cannot be imported as a Python module")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    table = getattr(module, "table", None)
+    if gpu:
+        make = getattr(module, "device_table", None)
+        if not callable(make):
+            raise DispatchError(f"{path}: --gpu needs a function device_table() returning the "
+                                "FunctionTable of DEVICE_CALL handlers")
+        table = make()
+    else:
+        table = getattr(module, "table", None)
     if not isinstance(table, FunctionTable):
         raise DispatchError(f"{path}: needs a module-level `table` (openqlink.dispatch."
                             f"FunctionTable), found {type(table).__name__}")

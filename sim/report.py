@@ -67,6 +67,14 @@ def print_report(results: dict, console: Console | None = None) -> None:
         console.print(f"[bold red]run limit reached:[/bold red] the PPU was still "
                       f"{results['status']['state']} after {results['max_run_ns'] / 1000:g} us "
                       "of simulated time (raise it with --max-run-us)")
+    gpu = results.get("gpu")
+    if gpu:
+        p50 = gpu["service_p50_ns"]
+        console.print(f"GPU: {gpu['device']} ({gpu['arch']}): the unified dispatch kernel served "
+                      f"{gpu['kernel_processed']} CALL(s); link + launch "
+                      f"{gpu['link_and_launch_s']} s" + (
+                          f"; per request, host poll -> response sent: p50 {p50 / 1000:.2f} us "
+                          "(measured, wall clock)" if p50 is not None else ""))
     if results.get("fault_location"):
         console.print(f"[bold]stopped at:[/bold] {results['fault_location']}")
     console.print(status_line(results))

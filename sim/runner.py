@@ -96,6 +96,7 @@ def SimConfig(**overrides) -> dict:
         "start_margin_cycles": 2000,
         "status_poll_ns": 2000,
         "max_run_ns": 2_000_000,
+        "gpu": False,
         "qubit": {},
     }
     cfg.update(overrides)
@@ -205,7 +206,14 @@ def run_sim(program: str | Path, *, handlers: str | Path | None = None,
     assemble(program.read_text(), filename=str(program), dtd_clk_hz=params.dtd_clk_hz)
     if handlers is None:
         handlers = default_handlers_path(program)
-    load_function_table(handlers)   # fail fast on a bad handlers file, before the build
+    # Fail fast on a bad handlers file or a missing GPU, before the build.
+    load_function_table(handlers, gpu=bool(bench.get("gpu", False)))
+    if bench.get("gpu"):
+        from ..gpu import gpu_available
+
+        ok, why = gpu_available()
+        if not ok:
+            raise SimulationError(f"--gpu needs a CUDA GPU: {why}")
     cfg = SimConfig(**bench)
     cfg.update({
         "program": str(program),
