@@ -1,0 +1,24 @@
+"""openqlink: the host side of an NVQLink-style real-time link between a QPU control system
+(QSC) and CPUs/GPUs.
+
+Subpackages and modules:
+
+* :mod:`openqlink.wire`: codecs of every header on the wire (Ethernet, IPv4, UDP, RoCEv2 BTH/RETH/
+  ImmDt with the ICRC, the control plane, CUDA-Q realtime's RPC messages).
+* :mod:`openqlink.isa`: the PPU instruction layout shared with the gateware, the assembler.
+* :mod:`openqlink.qsc`: :class:`~openqlink.qsc.QSC`, the device client (connect, configure,
+  upload, trigger, read status and counters) over a :mod:`openqlink.bridges` transport.
+* :mod:`openqlink.dispatch`: CUDA-Q style function table and the non-blocking dispatcher
+  (HOST_CALL in Python, DEVICE_CALL through :mod:`openqlink.gpu`).
+* :mod:`openqlink.gateware`: the Amaranth QSC gateware; :mod:`openqlink.sim`: the cocotb bench.
+* :mod:`openqlink.memory_map`: the memory map and QP contract shared by all of the above.
+"""
+
+from importlib.metadata import PackageNotFoundError, version
+
+__all__ = ["__version__"]
+
+try:
+    __version__ = version("openqlink")
+except PackageNotFoundError:  # running from a source tree that is not installed
+    __version__ = "0+unknown"
