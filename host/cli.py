@@ -117,7 +117,10 @@ def disasm_command(binary: Path, base: int, functions: tuple[str, ...]) -> None:
     try:
         click.echo(disassemble(data, base=base, functions=names), nl=False)
     except WireFormatError as exc:
-        _fail(f"{binary}: {exc}")
+        hint = ""
+        if binary.suffix in (".s", ".asm") or data[:1].isascii() and data.isascii():
+            hint = " (disasm takes the binary image that `qlink asm FILE -o OUT` writes)"
+        _fail(f"{binary}: {exc}{hint}")
 
 
 @main.group("docs")

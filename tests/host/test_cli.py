@@ -95,3 +95,11 @@ def test_verilog_command_writes_the_top_for_icarus(tmp_path):
     bad = CliRunner().invoke(main, ["verilog", "--num-ppus", "0"])
     assert bad.exit_code == 2
     assert "num_ppus must be 1..16" in bad.output
+
+
+def test_disasm_of_assembly_text_says_what_it_wants(tmp_path):
+    src = tmp_path / "p.s"
+    src.write_text("nop\nend\n")
+    res = CliRunner().invoke(main, ["disasm", str(src)])
+    assert res.exit_code == 2
+    assert "qlink asm FILE -o OUT" in res.output
