@@ -118,7 +118,7 @@ def disasm_command(binary: Path, base: int, functions: tuple[str, ...]) -> None:
         click.echo(disassemble(data, base=base, functions=names), nl=False)
     except WireFormatError as exc:
         hint = ""
-        if binary.suffix in (".s", ".asm") or data[:1].isascii() and data.isascii():
+        if binary.suffix in (".s", ".asm") or data.isascii():
             hint = " (disasm takes the binary image that `qlink asm FILE -o OUT` writes)"
         _fail(f"{binary}: {exc}{hint}")
 
