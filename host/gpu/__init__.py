@@ -1,6 +1,6 @@
 """openqlink.gpu: the GPU data plane, CUDA-Q's unified dispatch kernel linked at run time.
 
-One persistent kernel (<<<1, 1>>>, CUDA C++ shipped as package data) receives each RPC request
+One persistent kernel (one warp, CUDA C++ shipped as package data) receives each RPC request
 through the transport bridge's hooks, looks its function_id up in the device function table,
 calls the DEVICE_CALL handler and always answers with an ``RPCResponse``. The kernel, the
 bridge's hooks and the handlers (CUDA C++ through NVRTC, or Python through numba-cuda) are

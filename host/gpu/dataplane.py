@@ -11,7 +11,7 @@ Life cycle::
     plane = GPUDataPlane(num_slots=8, slot_size=256)
     plane.add_handler("add", CudaHandler(SRC), args=(INT32, INT32), results=(INT32,))
     addr = plane.get_device_handler("add")      # links and loads the module
-    plane.start([entry, ...])                   # device table, rings, launch <<<1,1>>>
+    plane.start([entry, ...])                   # device table, rings, launch (one warp)
     slot = plane.submit(request_bytes)          # host -> ring (strict ring order)
     plane.poll_response()                       # -> (slot, response bytes) | None
     plane.stop()                                # shutdown flag, wait for the kernel
@@ -272,8 +272,8 @@ class GPUDataPlane:
         dev.make_current()
         self._pinned = dev.alloc_pinned(LoopbackRing.size_for(self.num_slots, self.slot_size))
         self.ring = LoopbackRing(self._pinned, self.num_slots, self.slot_size)
-        rx_stage = dev.alloc(self.slot_size)
-        tx_stage = dev.alloc(self.slot_size)
+        rx_stage = dev.alloc(self.ring.stride)  # used when a slot is too large for shared memory
+        tx_stage = dev.alloc(self.ring.stride)
         self._dev_buffers = [rx_stage, tx_stage]
         if self.trace_capacity:
             self._trace = dev.alloc(64 * self.trace_capacity)

@@ -55,6 +55,8 @@ __all__ = [
     "DispatchProgram",
     "BUILTIN_KERNEL_ENTRY",
     "FNPTR_PREFIX",
+    "builtin_launch",
+    "warp_launch",
 ]
 
 log = logging.getLogger(__name__)
@@ -90,16 +92,23 @@ class LaunchArgs:
     timing_capacity: int
 
 
-def builtin_launch(args: LaunchArgs) -> None:
-    """Launch the built-in kernel <<<1, 1>>> with its nine parameters."""
+def builtin_launch(args: LaunchArgs, threads: int = 1) -> None:
+    """Launch a kernel with the built-in parameter list (nine parameters) <<<1, threads>>>:
+    one thread by default, as CUDA-Q launches its unified kernel."""
     import ctypes
 
     from .driver import launch
     p, u32 = ctypes.c_void_p, ctypes.c_uint32
-    launch(args.function, args.stream, grid=(1, 1, 1), block=(1, 1, 1), params=[
+    launch(args.function, args.stream, grid=(1, 1, 1), block=(threads, 1, 1), params=[
         (args.transport_ctx, p), (args.table, p), (args.count, u32), (args.max_arg_len, u32),
         (args.max_result_len, u32), (args.shutdown_flag, p), (args.processed, p),
         (args.timing_ns, p), (args.timing_capacity, u32)])
+
+
+def warp_launch(args: LaunchArgs) -> None:
+    """Launch the built-in ``qlink_unified_dispatch`` <<<1, 32>>>: one warp, whose lanes call
+    the transport hooks together (the loopback bridge reads a request line in one load)."""
+    builtin_launch(args, threads=32)
 
 
 @dataclass(frozen=True)
@@ -108,9 +117,10 @@ class DispatchKernel:
     ``entry``, and the ``launch`` callable that starts it from a :class:`LaunchArgs`.
 
     The source may ``#include "openqlink_dispatch.cuh"`` and call the transport hooks and
-    ``qlink_call_handler``. ``launch=None`` means the built-in launcher (<<<1, 1>>>, the nine
+    ``qlink_call_handler``. ``launch=None`` means :func:`builtin_launch` (<<<1, 1>>>, the nine
     parameters of ``qlink_unified_dispatch`` in order), so a custom kernel with the built-in
-    parameter list needs no launcher of its own.
+    parameter list needs no launcher of its own. :meth:`builtin` launches one warp
+    (:func:`warp_launch`).
     """
 
     source: str
@@ -122,7 +132,7 @@ class DispatchKernel:
     @classmethod
     def builtin(cls) -> DispatchKernel:
         """The packaged unified dispatch kernel (``unified_dispatch.cu``)."""
-        return cls(read_source("unified_dispatch.cu"), BUILTIN_KERNEL_ENTRY, None,
+        return cls(read_source("unified_dispatch.cu"), BUILTIN_KERNEL_ENTRY, warp_launch,
                    "unified_dispatch.cu")
 
     def launcher(self) -> Callable[[LaunchArgs], None]:

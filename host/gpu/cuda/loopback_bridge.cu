@@ -1,73 +1,90 @@
 // openqlink GPU loopback bridge: the unified transport hooks over mapped pinned host memory.
 //
 // Memory (one cuMemHostAlloc(DEVICEMAP) allocation, seen by the host and, through its device
-// pointer, by the kernel): rx_flags[num_slots] u64, tx_flags[num_slots] u64, then the request
-// ring rx_data (num_slots x slot_size bytes) and the response ring tx_data (same geometry).
-// Flags follow CUDA-Q's address-as-flag convention: 0 = empty; the host sets rx_flags[s] to the
-// address of request slot s after writing the request; the kernel sets tx_flags[s] to the
-// address of response slot s after writing the response (and a __threadfence_system), then
-// clears rx_flags[s]. The host reads the response, then clears tx_flags[s]; slot s is free
-// again when both flags are 0. The kernel takes slots in strict ring order from slot 0, and
-// only the flag's being non-zero matters (the slot address always comes from the ring order).
+// pointer, by the kernel): the request ring rx_data and the response ring tx_data, num_slots
+// slots of `stride` bytes each (stride = 8 + slot_size rounded up to 64; slots 64-byte aligned).
+// A slot is [seq: u64][message: RPCHeader / RPCResponse + payload, at most slot_size bytes], so
+// the sequence word and the first 56 message bytes share the slot's first 64-byte line.
 //
-// rx_poll copies each request from the pinned slot into a staging buffer with 16-byte loads
-// issued back to back (the first min(slot_size, QLINK_LOOPBACK_PREFETCH_BYTES) bytes in one
-// batch, the rest only when 24 + arg_len needs it), and hands out a staging response buffer;
-// so the kernel and the handler touch on-chip memory only. The staging buffers are shared memory
-// when slot_size <= QLINK_LOOPBACK_SMEM_BYTES (default 1024), else the ctx's device memory. tx_publish copies
-// the response (24 + result_len bytes) into the pinned response slot with 16-byte stores, then
-// fences and sets the flag: a handful of PCIe writes per response, whatever the handler does.
+// Sequence words: request k (k = 1, 2, ... since the kernel started) goes into slot
+// (k - 1) % num_slots; the host writes the message, then stores k in the slot's sequence word
+// (x86-64 stores are seen in program order). The kernel waits for the word to equal k, takes
+// the request, writes the response message into the same response slot, fences
+// (__threadfence_system) and stores k in the response slot's sequence word; the host waits for
+// that, reads the response and may reuse the slot. Nobody clears a word: a slot's old value
+// (k - num_slots, or 0) never equals the one awaited.
 //
-// Compile-time options: QLINK_LOOPBACK_PREFETCH_BYTES (multiple of 16, default 64);
-// QLINK_LOOPBACK_LOAD (how the request is read after the acquire load of its flag: 2, the
-// default, plain ld.global, ordered after the acquire by the PTX memory model, as CUDA-Q's
-// dispatcher reads its slots; 0 ld.global.cv; 1 ld.volatile.global: both measured slower, their
-// loads do not overlap); QLINK_LOOPBACK_SMEM_BYTES (0: always device-memory staging);
-// QLINK_LOOPBACK_TRACE (record per-request stage times, %globaltimer, into ctx.trace).
+// rx_poll, when four or more lanes of a warp call the hooks (the built-in kernel runs one warp):
+// four lanes read the slot's first 64-byte line with ONE coalesced load instruction (16 bytes
+// each, ld.acquire.sys), so each poll is one 64-byte PCIe read that returns the sequence word
+// and a request of up to 56 bytes (header + 32 argument bytes) together; the poll is repeated
+// until the word equals k. That the bytes beside the word are the request's, not older ones,
+// rests on a hardware property, not on the PTX memory model (which orders nothing between the
+// lanes' four loads): the root complex serves one aligned 64-byte read as one coherent read of
+// the CPU's cache line, and the CPU's stores to that line are ordered, so a line that holds k
+// holds the message written before it (docs/gpu.md; benchmarks/gpu_roundtrip.py counts any
+// wrong response). The rest of a longer request (bytes 56 on) is read after a __syncwarp with
+// strong loads, one more PCIe round trip. With fewer lanes (CUDA-Q's single thread), or
+// QLINK_LOOPBACK_LINE_POLL=0, the leader polls the 8-byte word with ld.acquire.sys and then
+// reads the request (ordered by the acquire): two PCIe round trips.
+//
+// The request is staged in shared memory (device memory for slots above
+// QLINK_LOOPBACK_SMEM_BYTES, default 1024) in the slot's own layout, so the kernel and the
+// handler touch on-chip memory only; tx_publish copies the staged response into the pinned
+// slot with 16-byte strong stores spread over the lanes, fences, and the leader stores the
+// sequence word.
+//
+// Compile-time options: QLINK_LOOPBACK_LINE_POLL (1 default, 0: the two-round-trip poll);
+// QLINK_LOOPBACK_FENCE (0 default: fence.sc.sys, i.e. __threadfence_system; 1: fence.acq_rel.sys,
+// also a release pattern in the PTX model; 2, diagnostic only: a response that fits the first
+// line goes out with its sequence word in the same coalesced store and no fence, resting on the
+// same line property as the request side); QLINK_LOOPBACK_SMEM_BYTES (0: always device-memory
+// staging); QLINK_LOOPBACK_TRACE (record per-request stage times, %globaltimer, into ctx.trace).
 //
 // Ref: cuda-quantum realtime/include/cudaq/realtime/daemon/dispatcher/unified_device_transport.cuh
-// (hook contract); cudaq_realtime.h cudaq_ringbuffer_t (flags, strides, address-as-flag).
+// (hook contract); PTX ISA "Memory Consistency Model" (release/acquire patterns, bar.warp.sync).
 #include "openqlink_dispatch.cuh"
 
-#ifndef QLINK_LOOPBACK_PREFETCH_BYTES
-#define QLINK_LOOPBACK_PREFETCH_BYTES 64u
+#ifndef QLINK_LOOPBACK_LINE_POLL
+#define QLINK_LOOPBACK_LINE_POLL 1
 #endif
-#ifndef QLINK_LOOPBACK_LOAD
-#define QLINK_LOOPBACK_LOAD 2
+#ifndef QLINK_LOOPBACK_FENCE
+#define QLINK_LOOPBACK_FENCE 0
 #endif
 #ifndef QLINK_LOOPBACK_SMEM_BYTES
 #define QLINK_LOOPBACK_SMEM_BYTES 1024u
 #endif
-#define QLINK_LOOPBACK_CHUNKS (QLINK_LOOPBACK_PREFETCH_BYTES / 16u)
-static_assert(QLINK_LOOPBACK_PREFETCH_BYTES % 16u == 0 && QLINK_LOOPBACK_CHUNKS >= 2,
-              "prefetch is whole 16-byte chunks, at least the 24-byte header");
+#define QLINK_LOOPBACK_SEQ_BYTES 8u
+#define QLINK_LOOPBACK_LINE_BYTES 64u
 
-// Device-accessible context (in device memory), filled by openqlink.gpu.loopback (72 bytes).
+// Device-accessible context (in device memory), filled by openqlink.gpu.loopback (56 bytes).
 struct qlink_loopback_ctx {
-    volatile uint64_t* rx_flags;  // mapped pinned, device pointer
-    volatile uint64_t* tx_flags;  // mapped pinned, device pointer
-    uint8_t* rx_data;             // mapped pinned, device pointer
-    uint8_t* tx_data;             // mapped pinned, device pointer
-    uint8_t* rx_stage;            // device memory, slot_size bytes, 16-byte aligned
-    uint8_t* tx_stage;            // device memory, slot_size bytes, 16-byte aligned
-    uint64_t* trace;              // device memory, 8 x trace_capacity u64, or NULL
+    uint8_t* rx_data;         // request ring, mapped pinned, device pointer
+    uint8_t* tx_data;         // response ring, mapped pinned, device pointer
+    uint8_t* rx_stage;        // device memory, stride bytes, 16-byte aligned
+    uint8_t* tx_stage;        // device memory, stride bytes, 16-byte aligned
+    uint64_t* trace;          // device memory, 8 x trace_capacity u64, or NULL
     uint32_t num_slots;
-    uint32_t slot_size;           // multiple of 16
+    uint32_t slot_size;       // message capacity, multiple of 16
+    uint32_t stride;          // bytes per slot: 8 + slot_size rounded up to 64
     uint32_t trace_capacity;
-    uint32_t reserved;
 };
 
 struct qlink_loopback_session {
     qlink_loopback_ctx ctx;
     volatile int* shutdown_flag;
-    uint32_t next_slot;  // the slot rx_poll waits on
-    uint32_t cur_slot;   // the slot handed out, answered by tx_publish
-    uint64_t count;      // requests handed out
-    uint64_t t_flag;     // trace: flag seen
-    uint64_t t_copied;   // trace: request staged
+    uint64_t seq;              // sequence number of the request handed out last (0: none)
+    uint64_t t_flag;           // trace: request seen
+    uint64_t t_copied;         // trace: request staged
+    uint32_t next_slot;        // the slot rx_poll waits on
+    uint32_t cur_slot;         // the slot handed out, answered by tx_publish
+    uint32_t mask;             // the lanes that attached
+    uint32_t lanes;            // how many
+    uint32_t rank;             // this lane's rank among them (0: the leader)
+    uint32_t rank_lane[4];     // lane ids of ranks 0..3 (the readers of the first line)
 };
 
-static_assert(sizeof(qlink_loopback_ctx) == 72, "ctx layout is shared with Python");
+static_assert(sizeof(qlink_loopback_ctx) == 56, "ctx layout is shared with Python");
 static_assert(sizeof(qlink_loopback_session) <= CUDAQ_DEV_TRANSPORT_SESSION_BYTES,
               "session fits the kernel's storage");
 
@@ -76,35 +93,25 @@ static __shared__ __align__(16) uint8_t qlink_loopback_rx_smem[QLINK_LOOPBACK_SM
 static __shared__ __align__(16) uint8_t qlink_loopback_tx_smem[QLINK_LOOPBACK_SMEM_BYTES];
 #endif
 
-static __device__ __forceinline__ uint4 qlink_load16(const uint4* p) {
-    uint4 v;
-#if QLINK_LOOPBACK_LOAD == 0
-    asm volatile("ld.global.cv.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-#elif QLINK_LOOPBACK_LOAD == 1
-    asm volatile("ld.volatile.global.v4.u32 {%0, %1, %2, %3}, [%4];"
-                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
-#else
-    v = *p;
-#endif
-    return v;
+static __device__ __forceinline__ void qlink_store_relaxed_sys_v4(void* p, uint4 v) {
+    asm volatile("st.relaxed.sys.global.v4.u32 [%0], {%1, %2, %3, %4};"
+                 :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
 }
 
-// Copy whole 16-byte chunks [begin, end) of src to dst: all loads issued before the first store.
-static __device__ __forceinline__ void qlink_stage_in(uint8_t* dst, const uint8_t* src,
-                                                      uint32_t begin, uint32_t end) {
-    for (uint32_t off = begin; off < end; off += QLINK_LOOPBACK_PREFETCH_BYTES) {
-        const uint32_t n = min(end - off, QLINK_LOOPBACK_PREFETCH_BYTES) / 16u;
-        uint4 v[QLINK_LOOPBACK_CHUNKS];
-#pragma unroll
-        for (uint32_t i = 0; i < QLINK_LOOPBACK_CHUNKS; ++i) {
-            if (i < n) v[i] = qlink_load16(reinterpret_cast<const uint4*>(src + off) + i);
-        }
-#pragma unroll
-        for (uint32_t i = 0; i < QLINK_LOOPBACK_CHUNKS; ++i) {
-            if (i < n) reinterpret_cast<uint4*>(dst + off)[i] = v[i];
-        }
-    }
+static __device__ __forceinline__ void qlink_loopback_fence() {
+#if QLINK_LOOPBACK_FENCE == 1
+    asm volatile("fence.acq_rel.sys;" ::: "memory");
+#else
+    __threadfence_system();
+#endif
+}
+
+// Bytes of a slot [0, end) that hold a message of `message_len` bytes (whole 16-byte chunks,
+// the sequence word included), bounded by the slot.
+static __device__ __forceinline__ uint32_t qlink_loopback_end(uint32_t message_len,
+                                                              uint32_t slot_size) {
+    const uint32_t n = min(message_len, slot_size);
+    return (QLINK_LOOPBACK_SEQ_BYTES + n + 15u) & ~15u;
 }
 
 extern "C" __device__ void* cudaq_dev_transport_attach(void* storage, void* ctx,
@@ -112,19 +119,34 @@ extern "C" __device__ void* cudaq_dev_transport_attach(void* storage, void* ctx,
     if (storage == nullptr || ctx == nullptr) return nullptr;
     qlink_loopback_session* s = static_cast<qlink_loopback_session*>(storage);
     s->ctx = *static_cast<const qlink_loopback_ctx*>(ctx);
-    if (s->ctx.num_slots == 0 || s->ctx.slot_size < 32 || (s->ctx.slot_size & 15u) != 0) {
+    const qlink_loopback_ctx& c = s->ctx;
+    if (c.num_slots == 0 || c.slot_size < 32 || (c.slot_size & 15u) != 0 ||
+        (c.stride % QLINK_LOOPBACK_LINE_BYTES) != 0 ||
+        c.stride < c.slot_size + QLINK_LOOPBACK_SEQ_BYTES) {
         return nullptr;
     }
 #if QLINK_LOOPBACK_SMEM_BYTES > 0
-    if (s->ctx.slot_size <= QLINK_LOOPBACK_SMEM_BYTES) {
+    if (c.stride <= QLINK_LOOPBACK_SMEM_BYTES) {
         s->ctx.rx_stage = qlink_loopback_rx_smem;
         s->ctx.tx_stage = qlink_loopback_tx_smem;
     }
 #endif
+    uint32_t lane;
+    asm("mov.u32 %0, %%laneid;" : "=r"(lane));
+    const uint32_t mask = __activemask();
+    s->mask = mask;
+    s->lanes = __popc(mask);
+    s->rank = __popc(mask & ((1u << lane) - 1u));
+    uint32_t m = mask;
+#pragma unroll
+    for (uint32_t r = 0; r < 4; ++r) {
+        s->rank_lane[r] = m != 0 ? static_cast<uint32_t>(__ffs(m) - 1) : 0u;
+        m &= m - 1u;
+    }
     s->shutdown_flag = shutdown_flag;
+    s->seq = 0;
     s->next_slot = 0;
     s->cur_slot = 0;
-    s->count = 0;
     s->t_flag = s->t_copied = 0;
     return s;
 }
@@ -133,67 +155,151 @@ extern "C" __device__ cudaq_rx_dev_status_t cudaq_dev_rx_poll(void* session, voi
                                                               void** out_response) {
     qlink_loopback_session* s = static_cast<qlink_loopback_session*>(session);
     const uint32_t slot = s->next_slot;
-    const volatile uint64_t* flag = s->ctx.rx_flags + slot;
+    const uint64_t want = s->seq + 1;
+    const uint32_t mask = s->mask;
+    const uint32_t leader = s->rank_lane[0];
+    const uint32_t rank = s->rank;
+    const uint8_t* src = s->ctx.rx_data + static_cast<uint64_t>(slot) * s->ctx.stride;
+    uint8_t* stage = s->ctx.rx_stage;
     uint32_t spins = 0;
-    while (qlink_load_acquire_sys(flag) == 0) {
-        if ((++spins & 255u) == 0 && *s->shutdown_flag != 0) return CUDAQ_RX_DEV_SHUTDOWN;
-    }
+#if QLINK_LOOPBACK_LINE_POLL
+    if (s->lanes >= 4) {
+        // One 64-byte read per poll: ranks 0..3 load the line's four 16-byte parts together.
+        uint4 v = make_uint4(0u, 0u, 0u, 0u);
+        for (;;) {
+            __syncwarp(mask);  // the four loads must be one instruction of the converged lanes
+            if (rank < 4) v = qlink_load_acquire_sys_v4(src + 16u * rank);
+            const uint64_t seq = __shfl_sync(
+                mask, (static_cast<uint64_t>(v.y) << 32) | static_cast<uint64_t>(v.x), leader);
+            if (seq == want) break;
+            if ((++spins & 255u) == 0) {
+                int stop = 0;
+                if (rank == 0) stop = *s->shutdown_flag;
+                if (__shfl_sync(mask, stop, leader) != 0) return CUDAQ_RX_DEV_SHUTDOWN;
+            }
+        }
 #ifdef QLINK_LOOPBACK_TRACE
-    s->t_flag = qlink_globaltimer_ns();
+        s->t_flag = qlink_globaltimer_ns();
 #endif
-    const uint32_t stride = s->ctx.slot_size;
-    const uint8_t* src = s->ctx.rx_data + static_cast<uint64_t>(slot) * stride;
-    const uint32_t first = min(stride, QLINK_LOOPBACK_PREFETCH_BYTES);
-    qlink_stage_in(s->ctx.rx_stage, src, 0, first);
-    const uint32_t arg_len = reinterpret_cast<const qlink_rpc_header*>(s->ctx.rx_stage)->arg_len;
-    if (arg_len <= stride - QLINK_RPC_HEADER_BYTES) {
-        const uint32_t need = (QLINK_RPC_HEADER_BYTES + arg_len + 15u) & ~15u;
-        if (need > first) qlink_stage_in(s->ctx.rx_stage, src, first, min(need, stride));
+        if (rank < 4) reinterpret_cast<uint4*>(stage)[rank] = v;
+        // arg_len is message bytes 8..11: slot bytes 16..19, the first word of rank 1's part.
+        const uint32_t arg_len = __shfl_sync(mask, v.x, s->rank_lane[1]);
+        const uint32_t end = qlink_loopback_end(
+            arg_len <= s->ctx.slot_size ? QLINK_RPC_HEADER_BYTES + arg_len : s->ctx.slot_size,
+            s->ctx.slot_size);
+        if (end > QLINK_LOOPBACK_LINE_BYTES) {
+            // The rest of a longer request: after the leader's acquire (bar.warp.sync orders it
+            // for every lane), one strong 16-byte load per lane and chunk.
+            __syncwarp(mask);
+            for (uint32_t off = QLINK_LOOPBACK_LINE_BYTES + 16u * rank; off < end;
+                 off += 16u * s->lanes) {
+                *reinterpret_cast<uint4*>(stage + off) = qlink_load_relaxed_sys_v4(src + off);
+            }
+        }
+        __syncwarp(mask);
+    } else
+#endif
+    {
+        // The leader polls the sequence word, then reads the request (ordered by the acquire).
+        int stop = 0;
+        if (rank == 0) {
+            const volatile uint64_t* word = reinterpret_cast<const volatile uint64_t*>(src);
+            while (qlink_load_acquire_sys(word) != want) {
+                if ((++spins & 255u) == 0 && *s->shutdown_flag != 0) {
+                    stop = 1;
+                    break;
+                }
+            }
+        }
+        if (__shfl_sync(mask, stop, leader) != 0) return CUDAQ_RX_DEV_SHUTDOWN;
+#ifdef QLINK_LOOPBACK_TRACE
+        s->t_flag = qlink_globaltimer_ns();
+#endif
+        if (rank == 0) {
+            // The first line, then (if the header asks for it) the rest: loads issued together.
+            uint4 v[4];
+#pragma unroll
+            for (uint32_t i = 0; i < 4; ++i) v[i] = reinterpret_cast<const uint4*>(src)[i];
+#pragma unroll
+            for (uint32_t i = 0; i < 4; ++i) reinterpret_cast<uint4*>(stage)[i] = v[i];
+            const uint32_t arg_len = v[1].x;
+            const uint32_t end = qlink_loopback_end(
+                arg_len <= s->ctx.slot_size ? QLINK_RPC_HEADER_BYTES + arg_len
+                                            : s->ctx.slot_size,
+                s->ctx.slot_size);
+            for (uint32_t off = QLINK_LOOPBACK_LINE_BYTES; off < end; off += 64u) {
+                const uint32_t n = min(end - off, 64u) / 16u;
+#pragma unroll
+                for (uint32_t i = 0; i < 4; ++i) {
+                    if (i < n) v[i] = reinterpret_cast<const uint4*>(src + off)[i];
+                }
+#pragma unroll
+                for (uint32_t i = 0; i < 4; ++i) {
+                    if (i < n) reinterpret_cast<uint4*>(stage + off)[i] = v[i];
+                }
+            }
+        }
+        __syncwarp(mask);
     }
 #ifdef QLINK_LOOPBACK_TRACE
     s->t_copied = qlink_globaltimer_ns();
 #endif
+    s->seq = want;
     s->cur_slot = slot;
     s->next_slot = slot + 1 == s->ctx.num_slots ? 0 : slot + 1;
-    *out_request = s->ctx.rx_stage;
-    *out_response = s->ctx.tx_stage;
+    *out_request = stage + QLINK_LOOPBACK_SEQ_BYTES;
+    *out_response = s->ctx.tx_stage + QLINK_LOOPBACK_SEQ_BYTES;
     return CUDAQ_RX_DEV_READY;
 }
 
 extern "C" __device__ void cudaq_dev_tx_publish(void* session, void* response) {
     qlink_loopback_session* s = static_cast<qlink_loopback_session*>(session);
-    const uint32_t slot = s->cur_slot;
-    const uint32_t stride = s->ctx.slot_size;
+    __syncwarp(s->mask);  // what any calling lane wrote into the response frame
 #ifdef QLINK_LOOPBACK_TRACE
     const uint64_t t_publish = qlink_globaltimer_ns();
 #endif
-    // The staged response (device memory) -> the pinned response slot, whole 16-byte chunks.
+    const uint32_t slot = s->cur_slot;
+    const uint32_t rank = s->rank;
+    const uint64_t seq = s->seq;
+    // The staged frame has the slot's layout: copy whole 16-byte chunks, the lanes side by side.
+    const uint8_t* stage = static_cast<const uint8_t*>(response) - QLINK_LOOPBACK_SEQ_BYTES;
     const uint32_t result_len = static_cast<const qlink_rpc_response*>(response)->result_len;
-    const uint32_t bytes =
-        QLINK_RPC_HEADER_BYTES + min(result_len, stride - QLINK_RPC_HEADER_BYTES);
-    const uint32_t end = min((bytes + 15u) & ~15u, stride);
-    uint8_t* dst = s->ctx.tx_data + static_cast<uint64_t>(slot) * stride;
-    const uint4* src = static_cast<const uint4*>(response);
-    for (uint32_t i = 0; i < end / 16u; ++i) reinterpret_cast<uint4*>(dst)[i] = src[i];
+    const uint32_t room = s->ctx.slot_size - QLINK_RPC_HEADER_BYTES;
+    const uint32_t end = qlink_loopback_end(
+        QLINK_RPC_HEADER_BYTES + min(result_len, room), s->ctx.slot_size);
+    uint8_t* dst = s->ctx.tx_data + static_cast<uint64_t>(slot) * s->ctx.stride;
+#if QLINK_LOOPBACK_FENCE == 2
+    const bool one_line = end <= QLINK_LOOPBACK_LINE_BYTES;
+#else
+    const bool one_line = false;
+#endif
+    for (uint32_t off = 16u * rank; off < end; off += 16u * s->lanes) {
+        uint4 v = *reinterpret_cast<const uint4*>(stage + off);
+        if (off == 0) {  // the sequence word: stored last, unless it rides in the same line store
+            v.x = one_line ? static_cast<uint32_t>(seq) : 0u;
+            v.y = one_line ? static_cast<uint32_t>(seq >> 32) : 0u;
+        }
+        qlink_store_relaxed_sys_v4(dst + off, v);
+    }
 #ifdef QLINK_LOOPBACK_TRACE
     const uint64_t t_copied_out = qlink_globaltimer_ns();
 #endif
-    __threadfence_system();
+    if (!one_line) {
+        qlink_loopback_fence();  // every lane that stored (one instruction for the warp)
+    }
 #ifdef QLINK_LOOPBACK_TRACE
     const uint64_t t_fenced = qlink_globaltimer_ns();
 #endif
-    s->ctx.tx_flags[slot] = reinterpret_cast<uint64_t>(dst);
-    s->ctx.rx_flags[slot] = 0;
+    if (!one_line && rank == 0) *reinterpret_cast<volatile uint64_t*>(dst) = seq;
 #ifdef QLINK_LOOPBACK_TRACE
-    if (s->ctx.trace != nullptr && s->ctx.trace_capacity != 0) {
-        uint64_t* t = s->ctx.trace + 8u * (s->count % s->ctx.trace_capacity);
-        t[0] = s->t_copied - s->t_flag;        // request copied in
-        t[1] = t_publish - s->t_copied;        // lookup, handler, response header
-        t[2] = t_copied_out - t_publish;       // response copied out
-        t[3] = t_fenced - t_copied_out;        // __threadfence_system
-        t[4] = qlink_globaltimer_ns() - t_fenced;  // flag stores
-        t[5] = qlink_globaltimer_ns() - s->t_flag; // flag seen -> published
+    if (rank == 0 && s->ctx.trace != nullptr && s->ctx.trace_capacity != 0) {
+        uint64_t* t = s->ctx.trace + 8u * ((seq - 1) % s->ctx.trace_capacity);
+        t[0] = s->t_copied - s->t_flag;            // request staged
+        t[1] = t_publish - s->t_copied;            // lookup, handler, response header
+        t[2] = t_copied_out - t_publish;           // response copied out
+        t[3] = t_fenced - t_copied_out;            // fence
+        t[4] = qlink_globaltimer_ns() - t_fenced;  // sequence word store
+        t[5] = qlink_globaltimer_ns() - s->t_flag; // request seen -> published
     }
 #endif
-    ++s->count;
 }

@@ -95,6 +95,11 @@ typedef int (*qlink_device_rpc_fn)(const void* in, void* out, uint32_t arg_len,
                                    uint32_t max_result_len, uint32_t* result_len);
 
 // ---- Unified transport hooks, supplied by the bridge as separate LTO-IR ----
+// CUDA-Q calls them from one thread. openqlink's hooks may also be called by several lanes of
+// one warp together (the built-in kernel runs one warp): every lane active at attach calls
+// every hook, converged, and gets the same session state and frames back; the bridge may use
+// those lanes for one coalesced access (the loopback bridge reads a request's first 64-byte
+// line in one load of four lanes). One thread alone is always valid.
 #define CUDAQ_DEV_TRANSPORT_SESSION_BYTES 256
 #define CUDAQ_DEV_TRANSPORT_SESSION_ALIGN 16
 
@@ -104,10 +109,13 @@ enum cudaq_rx_dev_status_t { CUDAQ_RX_DEV_READY = 0, CUDAQ_RX_DEV_SHUTDOWN = 1 }
 extern "C" __device__ void* cudaq_dev_transport_attach(void* storage, void* ctx,
                                                        volatile int* shutdown_flag);
 // Blocks until a request is ready (READY: *out_request, *out_response set) or shutdown.
+// Frames are at least 8-byte aligned (the loopback bridge's: header at 8 mod 16, so the
+// arguments and the result start 16-byte aligned).
 extern "C" __device__ cudaq_rx_dev_status_t cudaq_dev_rx_poll(void* session, void** out_request,
                                                               void** out_response);
 // Publishes the response of the request last handed out and frees its slot; called exactly
-// once per request handed out, also for undispatchable ones.
+// once per request handed out, also for undispatchable ones. What the calling lanes wrote into
+// the response frame before the call is published (the hook synchronises them first).
 extern "C" __device__ void cudaq_dev_tx_publish(void* session, void* response);
 
 // ---- Handler call, generated per link by openqlink.gpu (direct calls or the table pointer) ----
@@ -126,6 +134,22 @@ static __device__ __forceinline__ uint64_t qlink_globaltimer_ns() {
 static __device__ __forceinline__ uint64_t qlink_load_acquire_sys(const volatile uint64_t* p) {
     uint64_t v;
     asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// 16 bytes with acquire semantics at system scope (one lane's part of a coalesced line read).
+static __device__ __forceinline__ uint4 qlink_load_acquire_sys_v4(const void* p) {
+    uint4 v;
+    asm volatile("ld.acquire.sys.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
+    return v;
+}
+
+// 16 bytes, strong (relaxed) at system scope: never served from a stale L1 line.
+static __device__ __forceinline__ uint4 qlink_load_relaxed_sys_v4(const void* p) {
+    uint4 v;
+    asm volatile("ld.relaxed.sys.global.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p) : "memory");
     return v;
 }
 

@@ -1,17 +1,22 @@
-// openqlink unified dispatch kernel: one persistent thread that receives, dispatches and answers.
+// openqlink unified dispatch kernel: one persistent warp that receives, dispatches and answers.
 //
-// Launched <<<1, 1>>>. Loop: rx_poll -> look the function_id up in the device function table ->
-// call the DEVICE_CALL handler -> ALWAYS write the RPCResponse (CUQS, status, result_len,
+// Launched <<<1, 32>>> (one warp; <<<1, 1>>>, CUDA-Q's single thread, works too; other warps and
+// blocks exit at once). Loop: rx_poll -> look the function_id up in the device function table
+// -> call the DEVICE_CALL handler -> ALWAYS write the RPCResponse (CUQS, status, result_len,
 // echoed request_id and ptp_timestamp) -> tx_publish, until the transport reports shutdown.
 // Status: 0 ok, > 0 the handler's error, -1 bad magic or unknown function_id (or an entry that
 // is not DEVICE_CALL), -2 arg_len differs from the entry's schema, -3 arg_len larger than a slot
 // can hold (max_arg_len). A handler whose result_len exceeds max_result_len gets status 1 and an
 // empty result.
 //
-// The first QLINK_SHARED_TABLE_ENTRIES (default 32) table entries are copied into shared memory
-// at start, with each entry's argument bytes precomputed from its schema, so a lookup costs no
-// global-memory round trip (the acquire loads that poll the ring invalidate the L1 cache); a
-// larger table is searched in global memory.
+// The lanes of the warp call the transport hooks together (openqlink_dispatch.cuh), so a bridge
+// can use them for coalesced accesses; the lookup, the handler call and the response header are
+// the leader's (lane 0's) alone, so a handler runs on one thread as in CUDA-Q. When the table
+// has no more entries than the warp has lanes, each lane holds one entry's function_id,
+// argument bytes and validity in registers and a lookup is one ballot and two shuffles, no
+// memory access. The first QLINK_SHARED_TABLE_ENTRIES (default 32) entries are also copied into
+// shared memory at start, with each entry's argument bytes precomputed from its schema (the
+// handler call reads its entry there); a larger table is searched in global memory.
 //
 // Ref: cuda-quantum realtime/lib/daemon/dispatcher/unified_dispatch_kernel.cu (CUDA-Q's unified
 // kernel: the same loop and response rules); cudaq_realtime_message_protocol.md.
@@ -30,6 +35,12 @@ static __device__ __forceinline__ uint32_t qlink_schema_arg_bytes(const qlink_ha
 static __shared__ qlink_function_entry qlink_shared_table[QLINK_SHARED_TABLE_ENTRIES];
 static __shared__ uint32_t qlink_shared_arg_bytes[QLINK_SHARED_TABLE_ENTRIES];
 
+static __device__ __forceinline__ uint32_t qlink_lane_id() {
+    uint32_t lane;
+    asm("mov.u32 %0, %%laneid;" : "=r"(lane));
+    return lane;
+}
+
 // transport_ctx: device-accessible bridge context; table/count: device function table;
 // max_arg_len: slot payload capacity (slot_size - 24); max_result_len: handler output capacity;
 // shutdown_flag: set to 1 by the host to stop; processed: requests answered so far (updated
@@ -42,19 +53,39 @@ extern "C" __global__ void qlink_unified_dispatch(void* transport_ctx,
                                                   volatile int* shutdown_flag,
                                                   volatile uint64_t* processed,
                                                   uint64_t* timing_ns, uint32_t timing_capacity) {
+    if (blockIdx.x != 0 || blockIdx.y != 0 || blockIdx.z != 0 || threadIdx.x >= 32 ||
+        threadIdx.y != 0 || threadIdx.z != 0) {
+        return;  // one warp serves
+    }
+    const uint32_t mask = __activemask();
+    const uint32_t lanes = __popc(mask);
+    const uint32_t rank = __popc(mask & ((1u << qlink_lane_id()) - 1u));
     __align__(CUDAQ_DEV_TRANSPORT_SESSION_ALIGN) unsigned char
         storage[CUDAQ_DEV_TRANSPORT_SESSION_BYTES];
     void* session = cudaq_dev_transport_attach(storage, transport_ctx, shutdown_flag);
     if (session == nullptr) return;
     const bool shared = count <= QLINK_SHARED_TABLE_ENTRIES;
     if (shared) {
-        for (uint32_t i = 0; i < count; ++i) {
+        for (uint32_t i = rank; i < count; i += lanes) {
             qlink_shared_table[i] = table[i];
             qlink_shared_arg_bytes[i] = qlink_schema_arg_bytes(table[i].schema);
         }
-        table = qlink_shared_table;
     }
+    // Entry `rank` in this lane's registers when the whole table fits the lanes.
+    const bool in_registers = count <= lanes;
+    uint32_t my_function_id = 0;
+    uint32_t my_arg_bytes = 0;
+    int my_callable = 0;
+    if (in_registers && rank < count) {
+        my_function_id = table[rank].function_id;
+        my_arg_bytes = qlink_schema_arg_bytes(table[rank].schema);
+        my_callable = table[rank].dispatch_mode == QLINK_DEVICE_CALL &&
+                      table[rank].handler.device_fn_ptr != nullptr;
+    }
+    __syncwarp(mask);
+    if (shared) table = qlink_shared_table;
     uint64_t done = 0;
+    uint32_t timing_slot = 0;
     for (;;) {
         void* request = nullptr;
         void* response = nullptr;
@@ -62,46 +93,75 @@ extern "C" __global__ void qlink_unified_dispatch(void* transport_ctx,
         const uint64_t t0 = timing_ns != nullptr ? qlink_globaltimer_ns() : 0;
         const qlink_rpc_header* h = static_cast<const qlink_rpc_header*>(request);
         qlink_rpc_response* r = static_cast<qlink_rpc_response*>(response);
-        int32_t status = QLINK_STATUS_UNKNOWN_FUNCTION;
-        uint32_t result_len = 0;
-        if (h->magic == QLINK_RPC_REQUEST_MAGIC) {
-            const uint32_t function_id = h->function_id;
-            uint32_t i = 0;
-            while (i < count && table[i].function_id != function_id) ++i;
-            const qlink_function_entry* e = i < count ? &table[i] : nullptr;
-            if (e != nullptr && e->dispatch_mode == QLINK_DEVICE_CALL &&
-                e->handler.device_fn_ptr != nullptr) {
-                const uint32_t want = shared ? qlink_shared_arg_bytes[i]
-                                             : qlink_schema_arg_bytes(e->schema);
-                if (h->arg_len > max_arg_len) {
+        // The whole header at once, three independent 8-byte loads (frames are 8-byte aligned).
+        const uint64_t* hw = static_cast<const uint64_t*>(request);
+        const uint64_t head0 = hw[0];  // magic, function_id
+        const uint64_t head1 = hw[1];  // arg_len, request_id
+        const uint64_t ptp_timestamp = hw[2];
+        const uint32_t magic = static_cast<uint32_t>(head0);
+        const uint32_t function_id = static_cast<uint32_t>(head0 >> 32);
+        const uint32_t arg_len = static_cast<uint32_t>(head1);
+        // Lookup: the first entry with this function_id (-1: none).
+        int32_t index = -1;
+        int callable = 0;
+        uint32_t want = 0;
+        if (in_registers) {
+            const uint32_t hit =
+                __ballot_sync(mask, rank < count && my_function_id == function_id);
+            if (hit != 0) {
+                const uint32_t src = static_cast<uint32_t>(__ffs(hit) - 1);
+                index = __popc(mask & ((1u << src) - 1u));
+                callable = __shfl_sync(mask, my_callable, src);
+                want = __shfl_sync(mask, my_arg_bytes, src);
+            }
+        }
+        if (rank == 0) {
+            if (!in_registers) {
+                uint32_t i = 0;
+                while (i < count && table[i].function_id != function_id) ++i;
+                if (i < count) {
+                    index = static_cast<int32_t>(i);
+                    callable = table[i].dispatch_mode == QLINK_DEVICE_CALL &&
+                               table[i].handler.device_fn_ptr != nullptr;
+                    want = shared ? qlink_shared_arg_bytes[i]
+                                  : qlink_schema_arg_bytes(table[i].schema);
+                }
+            }
+            int32_t status = QLINK_STATUS_UNKNOWN_FUNCTION;
+            uint32_t result_len = 0;
+            if (magic == QLINK_RPC_REQUEST_MAGIC && index >= 0 && callable) {
+                if (arg_len > max_arg_len) {
                     status = QLINK_STATUS_TRUNCATED;
-                } else if (h->arg_len != want) {
+                } else if (arg_len != want) {
                     status = QLINK_STATUS_BAD_ARG_LEN;
                 } else {
-                    status = qlink_call_handler(e, h + 1, r + 1, h->arg_len, max_result_len,
-                                                &result_len);
+                    status = qlink_call_handler(&table[index], h + 1, r + 1, arg_len,
+                                                max_result_len, &result_len);
                     if (result_len > max_result_len) {
                         status = QLINK_STATUS_HANDLER_ERROR;
                         result_len = 0;
                     }
                 }
             }
+            // The response header in three 8-byte stores (frames are 8-byte aligned).
+            uint64_t* w = reinterpret_cast<uint64_t*>(r);
+            w[0] = QLINK_RPC_RESPONSE_MAGIC |
+                   (static_cast<uint64_t>(static_cast<uint32_t>(status)) << 32);
+            w[1] = result_len | (head1 & 0xFFFFFFFF00000000ull);  // request_id echoed
+            w[2] = ptp_timestamp;
         }
-        // The response header in two stores (16 + 8 bytes; frames are 16-byte aligned).
-        uint4 head;
-        head.x = QLINK_RPC_RESPONSE_MAGIC;
-        head.y = static_cast<uint32_t>(status);
-        head.z = result_len;
-        head.w = h->request_id;
-        *reinterpret_cast<uint4*>(r) = head;
-        r->ptp_timestamp = h->ptp_timestamp;
         cudaq_dev_tx_publish(session, response);
         ++done;
-        *processed = done;
-        if (timing_ns != nullptr && timing_capacity != 0) {
-            timing_ns[(done - 1) % timing_capacity] = qlink_globaltimer_ns() - t0;
+        if (rank == 0) {
+            *processed = done;
+            if (timing_ns != nullptr && timing_capacity != 0) {
+                timing_ns[timing_slot] = qlink_globaltimer_ns() - t0;
+                if (++timing_slot == timing_capacity) timing_slot = 0;
+            }
         }
     }
-    *processed = done;
-    __threadfence_system();
+    if (rank == 0) {
+        *processed = done;
+        __threadfence_system();
+    }
 }
