@@ -122,7 +122,7 @@ Impl = Callable[[bytes, int], tuple[int, bytes]]
 class KernelModel:
     """Reference model of the unified kernel + loopback bridge: the same response rules
     (status -1 bad magic / unknown / not DEVICE_CALL, -3 arg_len beyond the slot, -2 arg_len
-    against the schema, 1 result too long), the same flags, strict ring order."""
+    against the schema, 1 result too long), the same sequence words, strict ring order."""
 
     def __init__(self, ring: LoopbackRing, impls: dict[str, tuple[FunctionEntry, Impl]],
                  max_result_len: int):
@@ -130,12 +130,14 @@ class KernelModel:
         self.table = {fnv1a32(n): v for n, v in impls.items()}
         self.max_result_len = max_result_len
         self.next_slot = 0
+        self.seq = 0  # the last request taken
 
     def step(self) -> int:
         done = 0
         r = self.ring
-        while r.rx_flags[self.next_slot]:
+        while r.rx_seq[self.next_slot].value == self.seq + 1:
             slot = self.next_slot
+            self.seq += 1
             buf = bytes(r.memory_view(slot))
             magic, fid, arg_len, rid, ts = struct.unpack_from("<IIIIQ", buf)
             status, result = -1, b""
@@ -150,7 +152,7 @@ class KernelModel:
                                           self.max_result_len)
                     if len(result) > self.max_result_len:
                         status, result = 1, b""
-            r.write_response_for_model(slot, Response(status, rid, ts, result).pack())
+            r.write_response_for_model(slot, Response(status, rid, ts, result).pack(), self.seq)
             self.next_slot = (slot + 1) % r.num_slots
             done += 1
         r.model_processed += done
@@ -169,11 +171,10 @@ class ModelRing(LoopbackRing):
         import ctypes
         return ctypes.string_at(self.request_host_address(slot), self.slot_size)
 
-    def write_response_for_model(self, slot: int, data: bytes) -> None:
+    def write_response_for_model(self, slot: int, data: bytes, seq: int) -> None:
         import ctypes
         ctypes.memmove(self.response_host_address(slot), data, len(data))
-        self.tx_flags[slot] = self.response_address(slot)
-        self.rx_flags[slot] = 0
+        self.tx_seq[slot].value = seq
 
 
 class ModelPlane:

@@ -16,6 +16,7 @@ from openqlink.dispatch import (
     FunctionTable,
     Outcome,
     SlotRing,
+    TypeDesc,
 )
 from openqlink.errors import DispatchError
 from openqlink.gpu import (
@@ -153,6 +154,62 @@ def test_get_device_handler_and_dispatcher_end_to_end():
         other.start([FunctionEntry("add_i32", DispatchMode.DEVICE_CALL, (P.INT32, P.INT32),
                                    (P.INT32,), address + 16)])
     other.close()
+
+
+XOR_LONG_SRC = r'''
+#include "openqlink_dispatch.cuh"
+// 96 argument bytes (the request spans two 64-byte lines of a slot), each XOR 0x5A.
+extern "C" __device__ int xor_long(const void* in, void* out, uint32_t arg_len,
+                                   uint32_t max_result_len, uint32_t* result_len) {
+    if (arg_len > max_result_len) { *result_len = 0; return 2; }
+    for (uint32_t i = 0; i < arg_len; ++i) {
+        static_cast<uint8_t*>(out)[i] = static_cast<const uint8_t*>(in)[i] ^ 0x5A;
+    }
+    *result_len = arg_len;
+    return 0;
+}
+'''
+
+
+@pytest.mark.parametrize("single_thread", [False, True], ids=["warp", "one-thread"])
+def test_distinct_requests_short_and_multi_line_never_stale(single_thread):
+    # Every request differs from the one its slot held before, so a response computed from
+    # stale bytes (a torn line, an early read) cannot pass; responses span one and two lines.
+    import random
+
+    kernel = None
+    if single_thread:  # CUDA-Q's launch: the bridge's two-round-trip path
+        builtin = DispatchKernel.builtin()
+        kernel = DispatchKernel(builtin.source, builtin.entry, builtin_launch, builtin.name)
+    plane = GPUDataPlane(num_slots=3, slot_size=128, kernel=kernel)
+    plane.add(device_entries()[1])  # rpc_increment, 8 bytes
+    plane.add_handler("xor_long", CudaHandler(XOR_LONG_SRC),
+                      args=(TypeDesc.array(P.ARRAY_UINT8, 96),),
+                      results=(TypeDesc.array(P.ARRAY_UINT8, 96),))
+    plane.start()
+    rng = random.Random(3)
+    want = {}
+    sent = 0
+    n = 1500
+    try:
+        got = 0
+        while got < n:
+            while sent < n and plane.can_submit():
+                if sent % 3 == 2:
+                    payload = rng.randbytes(96)
+                    want[sent] = bytes(b ^ 0x5A for b in payload)
+                    plane.submit(request("xor_long", payload, rid=sent, ts=sent))
+                else:
+                    payload = rng.randbytes(8)
+                    want[sent] = bytes((b + 1) & 0xFF for b in payload)
+                    plane.submit(request("rpc_increment", payload, rid=sent, ts=sent))
+                sent += 1
+            _, r = wait_response(plane)
+            assert (r.status, r.request_id, r.ptp_timestamp) == (0, got, got)
+            assert r.result == want.pop(got), f"request {got}"
+            got += 1
+    finally:
+        plane.close()
 
 
 CUSTOM_KERNEL = r'''
