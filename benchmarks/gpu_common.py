@@ -1,8 +1,9 @@
 """Shared parts of the GPU benchmarks: the Python host poller, the floor kernel, statistics.
 
-The poller is the same for every variant: write the request into the next slot of the loopback
-ring, set its rx flag, spin on its tx flag, copy the response out, clear the tx flag; one
-``time.perf_counter_ns()`` pair around each round trip.
+The poller is the same for every variant: write the request message into the next slot of the
+loopback ring, store the request's sequence number in the slot's sequence word, spin until the
+response slot's word holds it, copy the response out; one ``time.perf_counter_ns()`` pair around
+each round trip.
 
 # Ref: cuda-quantum realtime/include/cudaq/realtime/cudaq_realtime.h (host ring helpers)
 """
@@ -21,34 +22,52 @@ from openqlink.gpu.driver import launch
 from openqlink.gpu.sources import headers
 from openqlink.gpu.toolchain import LinkInput
 
-__all__ = ["FloorPingPong", "run_loop", "summary", "print_table", "environment", "write_json"]
+__all__ = ["FloorPingPong", "FENCES", "run_loop", "summary", "print_table", "environment",
+           "write_json"]
 
-#: The floor: a bare flag ping-pong over the same loopback memory, no data read, no dispatch.
+#: The fences the floor and the loopback bridge can be built with (QLINK_*_FENCE).
+FENCES = {0: "fence.sc.sys", 1: "fence.acq_rel.sys", 2: "none"}
+
+#: The floor: a bare ping-pong of sequence words over the same loopback memory, no data read, no
+#: dispatch: wait for the request slot's word to hold k (8-byte ld.acquire.sys polls), fence as
+#: the bridge does before it publishes (QLINK_FLOOR_FENCE, default __threadfence_system), store k
+#: in the response slot's word.
 FLOOR_SRC = r'''
 #include "openqlink_dispatch.cuh"
-extern "C" __global__ void qlink_pingpong(volatile uint64_t* rx_flags, volatile uint64_t* tx_flags,
-                                          uint8_t* tx_data, uint32_t num_slots,
-                                          uint32_t slot_size, volatile int* shutdown_flag,
+#ifndef QLINK_FLOOR_FENCE
+#define QLINK_FLOOR_FENCE 0
+#endif
+extern "C" __global__ void qlink_pingpong(const uint8_t* rx_data, uint8_t* tx_data,
+                                          uint32_t num_slots, uint32_t stride,
+                                          volatile int* shutdown_flag,
                                           volatile uint64_t* processed, uint64_t* timing_ns,
                                           uint32_t timing_capacity) {
     uint32_t slot = 0;
     uint64_t done = 0;
+    uint32_t timing_slot = 0;
     for (;;) {
+        const uint64_t want = done + 1;
+        const uint64_t offset = static_cast<uint64_t>(slot) * stride;
+        const volatile uint64_t* word =
+            reinterpret_cast<const volatile uint64_t*>(rx_data + offset);
         uint32_t spins = 0;
-        while (qlink_load_acquire_sys(rx_flags + slot) == 0) {
+        while (qlink_load_acquire_sys(word) != want) {
             if ((++spins & 255u) == 0 && *shutdown_flag != 0) {
                 *processed = done;
                 return;
             }
         }
         const uint64_t t0 = qlink_globaltimer_ns();
+#if QLINK_FLOOR_FENCE == 0
         __threadfence_system();
-        const uint64_t offset = static_cast<uint64_t>(slot) * slot_size;
-        tx_flags[slot] = reinterpret_cast<uint64_t>(tx_data + offset);
-        rx_flags[slot] = 0;
+#elif QLINK_FLOOR_FENCE == 1
+        asm volatile("fence.acq_rel.sys;" ::: "memory");
+#endif
+        *reinterpret_cast<volatile uint64_t*>(tx_data + offset) = want;
         *processed = ++done;
         if (timing_ns != nullptr) {
-            timing_ns[(done - 1) % timing_capacity] = qlink_globaltimer_ns() - t0;
+            timing_ns[timing_slot] = qlink_globaltimer_ns() - t0;
+            if (++timing_slot == timing_capacity) timing_slot = 0;
         }
         slot = slot + 1 == num_slots ? 0 : slot + 1;
     }
@@ -57,14 +76,18 @@ extern "C" __global__ void qlink_pingpong(volatile uint64_t* rx_flags, volatile 
 
 
 class FloorPingPong:
-    """The floor kernel on its own loopback ring (mapped pinned memory, same layout)."""
+    """The floor kernel (<<<1, 1>>>) on its own loopback ring (mapped pinned memory, the same
+    layout as the data plane's); ``fence`` as :data:`FENCES`."""
 
-    def __init__(self, device: Device, num_slots: int, slot_size: int, timing_capacity: int):
+    def __init__(self, device: Device, num_slots: int, slot_size: int, timing_capacity: int,
+                 fence: int = 0):
         arch = device.arch
-        ltoir = nvrtc_compile(FLOOR_SRC, "pingpong.cu", arch, headers=headers())
+        ltoir = nvrtc_compile(FLOOR_SRC, "pingpong.cu", arch, headers=headers(),
+                              options=(f"-DQLINK_FLOOR_FENCE={fence}",))
         self.module = device.load(nvjitlink_link([LinkInput("pingpong.cu", ltoir)], arch))
         self.function = self.module.function("qlink_pingpong")
         self.device = device
+        self.fence = fence
         self.num_slots, self.slot_size = num_slots, slot_size
         self.pinned = device.alloc_pinned(LoopbackRing.size_for(num_slots, slot_size))
         self.timing = device.alloc(8 * timing_capacity)
@@ -79,13 +102,15 @@ class FloorPingPong:
         p, u32 = ctypes.c_void_p, ctypes.c_uint32
         self.stream = self.device.stream()
         launch(self.function, self.stream, params=[
-            (d + self.ring.rx_flags_offset, p), (d + self.ring.tx_flags_offset, p),
-            (d + self.ring.tx_data_offset, p), (self.num_slots, u32), (self.slot_size, u32),
+            (d + self.ring.rx_data_offset, p), (d + self.ring.tx_data_offset, p),
+            (self.num_slots, u32), (self.ring.stride, u32),
             (self.ring.shutdown_device_ptr, p), (self.ring.processed_device_ptr, p),
             (self.timing.ptr, p), (self.timing_capacity, u32)])
         return self.ring
 
     def stop(self) -> list[int]:
+        """Stop the kernel; the in-kernel turnarounds (ns) of its requests, oldest first (at
+        most ``timing_capacity``)."""
         assert self.ring is not None and self.stream is not None
         self.ring.shutdown = True
         deadline = time.monotonic() + 10
@@ -94,21 +119,29 @@ class FloorPingPong:
                 raise RuntimeError("floor kernel did not stop")
             time.sleep(1e-4)
         self.stream.destroy()
-        n = min(self.ring.processed, self.timing_capacity)
-        raw = self.timing.download(8 * n)
-        return list(memoryview(raw).cast("Q"))
+        count = self.ring.processed
+        raw = list(memoryview(self.timing.download(8 * self.timing_capacity)).cast("Q"))
+        if count <= self.timing_capacity:
+            return raw[:count]
+        start = count % self.timing_capacity
+        return raw[start:] + raw[:start]
+
+    def close(self) -> None:
+        self.timing.free()
+        self.pinned.free()
+        self.module.unload()
 
 
 def run_loop(ring: LoopbackRing, requests: list[bytes], expected: list[bytes] | None, n: int,
              warmup: int) -> tuple[list[int], int]:
-    """``warmup + n`` round trips through ``ring``, request ``i`` being ``requests[i % k]``;
-    returns the last ``n`` latencies (ns) and how many responses differed from
-    ``expected[i % k]`` (``None``: not checked). Give ``k`` coprime with the slot count, so that
-    a slot's next request differs from its last one (a stale read shows as a wrong response)."""
-    rx, tx = ring.rx_flags, ring.tx_flags
+    """``warmup + n`` round trips through ``ring`` (a fresh one, or one only this function has
+    used), request ``i`` being ``requests[i % k]``; returns the last ``n`` latencies (ns) and how
+    many responses differed from ``expected[i % k]`` (``None``: not checked). Give ``k`` coprime
+    with the slot count, so that a slot's next request differs from its last one (a stale read
+    shows as a wrong response)."""
+    rx, tx = ring.rx_seq, ring.tx_seq
     slots = ring.num_slots
     req_addr = [ring.request_host_address(s) for s in range(slots)]
-    flag_val = [ring.request_address(s) for s in range(slots)]
     resp_addr = [ring.response_host_address(s) for s in range(slots)]
     k = len(requests)
     size = len(requests[0])
@@ -116,24 +149,25 @@ def run_loop(ring: LoopbackRing, requests: list[bytes], expected: list[bytes] | 
     memmove, string_at, now = ctypes.memmove, ctypes.string_at, time.perf_counter_ns
     lat = [0] * (n + warmup)
     bad = 0
-    slot = 0
+    slot = ring.next_post
+    seq = ring.next_seq
     j = 0
     for i in range(n + warmup):
         request = requests[j]
-        while rx[slot]:
-            pass
+        word = tx[slot]
         t0 = now()
         memmove(req_addr[slot], request, size)
-        rx[slot] = flag_val[slot]
-        while not tx[slot]:
+        rx[slot].value = seq
+        while word.value != seq:
             pass
         data = string_at(resp_addr[slot], resp_len)
-        tx[slot] = 0
         lat[i] = now() - t0
         if expected is not None and data != expected[j]:
             bad += 1
+        seq += 1
         slot = slot + 1 if slot + 1 < slots else 0
         j = j + 1 if j + 1 < k else 0
+    ring.next_seq, ring.next_post, ring.next_take = seq, slot, slot
     return lat[warmup:], bad
 
 

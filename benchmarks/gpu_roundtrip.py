@@ -2,18 +2,23 @@
 
 A 32-byte payload (CUDA-Q's ``rpc_increment``: every byte + 1, a CUDA C++ DEVICE_CALL handler
 that works 8 bytes at a time; ``gpu_handlers.py`` compares byte-loop handlers) goes through the
-whole path: the Python poller writes the request into mapped pinned memory and
-sets the slot's flag, the persistent kernel copies it, dispatches through the function table,
-writes the response and its flag, the poller reads it. Next to it, in the same run and the same
-kind of memory, the floor: a bare flag ping-pong kernel (no data read, no dispatch). Blocks of
-the two alternate (``--rounds``) so that drift hits both. Also reported: the in-kernel
-turnaround (%globaltimer, from the request in hand to the response published).
+whole path: the Python poller writes the request into mapped pinned memory and then the slot's
+sequence word, the persistent kernel (one warp) reads the request line, dispatches through the
+function table, writes the response and its sequence word, the poller reads it. Next to it, in
+the same run and the same kind of memory, the floor: a bare ping-pong of sequence words (no data
+read, no dispatch) with the same fence before its store. Blocks of the two alternate
+(``--rounds``) so that drift hits both. Also reported: the in-kernel turnaround (%globaltimer,
+from the request in hand to the response published). 13 different requests go round in turn
+(coprime with the slot count): a stale read of any request or response byte gives a wrong
+response, counted (the exit status is 1 if any).
 
-``--sweep N`` first runs N requests through each loopback-bridge variant (how the request is
-read, how much is prefetched) with the bridge's stage trace, and prints where the time goes.
+``--fence`` (repeatable; 0 fence.sc.sys, the default, 1 fence.acq_rel.sys) picks the fence of
+both the bridge and the floor for the main comparison. ``--sweep N`` first runs N requests
+through each variant (floors with each fence; the bridge with the stage trace: inlined handler
+call, two-round-trip poll, other fences, CUDA-Q's single thread) and prints where the time goes.
 
-Usage: python benchmarks/gpu_roundtrip.py [--requests 100000] [--inline] [--sweep 20000]
-       [--bridge-option -DQLINK_LOOPBACK_LOAD=2 ...] [--json out.json]
+Usage: python benchmarks/gpu_roundtrip.py [--requests 100000] [--fence 0] [--sweep 20000]
+       [--inline] [--bridge-option -DQLINK_LOOPBACK_LINE_POLL=0 ...] [--json out.json]
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ import sys
 
 # The script's folder is on sys.path when it runs as a script: gpu_common is its neighbour.
 from gpu_common import (
+    FENCES,
     FloorPingPong,
     environment,
     print_table,
@@ -33,7 +39,14 @@ from gpu_common import (
 )
 
 from openqlink.dispatch import DispatchMode, FunctionEntry, TypeDesc
-from openqlink.gpu import LOOPBACK_BRIDGE, CudaHandler, GPUDataPlane, TransportBridge
+from openqlink.gpu import (
+    LOOPBACK_BRIDGE,
+    CudaHandler,
+    DispatchKernel,
+    GPUDataPlane,
+    TransportBridge,
+)
+from openqlink.gpu.program import builtin_launch
 from openqlink.wire.rpc import PayloadType, Request, Response, fnv1a32
 
 INCREMENT_SRC = r'''
@@ -71,41 +84,111 @@ extern "C" __device__ int rpc_increment(const void* in, void* out, uint32_t arg_
 }
 '''
 
-STAGES = ("copy in", "dispatch", "copy out", "fence", "flag", "flag->published")
+STAGES = ("staged", "dispatch", "copy out", "fence", "seq store", "seen->published")
+
+
+def make_plane(a, arr: TypeDesc, options: tuple[str, ...] = (), *, inline: bool = False,
+               src: str = INCREMENT_SRC, single_thread: bool = False, timing: int = 0,
+               trace: int = 0) -> GPUDataPlane:
+    bridge = TransportBridge(LOOPBACK_BRIDGE.name, LOOPBACK_BRIDGE.source, options)
+    kernel = None
+    if single_thread:  # CUDA-Q's launch: the built-in kernel on one thread
+        builtin = DispatchKernel.builtin()
+        kernel = DispatchKernel(builtin.source, builtin.entry, builtin_launch, builtin.name)
+    plane = GPUDataPlane(a.slots, a.slot_size, bridge=bridge, kernel=kernel,
+                         inline_handlers=inline, timing_capacity=timing, trace_capacity=trace)
+    plane.add(FunctionEntry("rpc_increment", DispatchMode.DEVICE_CALL, (arr,), (arr,),
+                            CudaHandler(src)))
+    plane.get_device_handler("rpc_increment")  # link + load before anything runs
+    return plane
 
 
 def sweep(a, request: list[bytes], expected: list[bytes], arr: TypeDesc) -> list[dict]:
-    """N round trips per bridge variant with the stage trace; returns one row per variant."""
-    variants = [("default: ld.global after the acquire, shared staging", (), INCREMENT_SRC),
-                 ("device-memory staging", ("-DQLINK_LOOPBACK_SMEM_BYTES=0",), INCREMENT_SRC),
-                 ("ld.global.cv loads", ("-DQLINK_LOOPBACK_LOAD=0",), INCREMENT_SRC),
-                 ("default, byte-loop handler", (), BYTE_LOOP_SRC)]
+    """N round trips per variant; the bridge variants with the stage trace."""
+    floors = [(f"floor, {FENCES[f]}", f) for f in (0, 1, 2)]
+    variants = [
+        ("line poll, fence.sc.sys (default)", (), {}),
+        ("line poll, fence.sc.sys, inlined handler call", (), {"inline": True}),
+        ("two-round-trip poll (LINE_POLL=0), fence.sc.sys", ("-DQLINK_LOOPBACK_LINE_POLL=0",),
+         {}),
+        ("line poll, fence.acq_rel.sys", ("-DQLINK_LOOPBACK_FENCE=1",), {}),
+        ("line poll, no fence: one-line response (diagnostic)", ("-DQLINK_LOOPBACK_FENCE=2",),
+         {}),
+        ("single thread <<<1,1>>> (CUDA-Q launch), fence.sc.sys", (), {"single_thread": True}),
+        ("line poll, fence.sc.sys, byte-loop handler", (), {"src": BYTE_LOOP_SRC}),
+    ]
+    n = a.sweep + a.warmup
     rows = []
-    for label, opts, src in variants:
-        bridge = TransportBridge(LOOPBACK_BRIDGE.name, LOOPBACK_BRIDGE.source, opts)
-        plane = GPUDataPlane(a.slots, a.slot_size, bridge=bridge, inline_handlers=a.inline,
-                             trace_capacity=a.sweep + a.warmup)
-        plane.add(FunctionEntry("rpc_increment", DispatchMode.DEVICE_CALL, (arr,), (arr,),
-                                CudaHandler(src)))
+    for label, fence in floors:
+        floor = FloorPingPong(a.device, a.slots, a.slot_size, n, fence=fence)
+        lat, _ = run_loop(floor.start(), request, None, a.sweep, a.warmup)
+        kern = floor.stop()[a.warmup:]
+        floor.close()
+        rows.append({"variant": label, "round_trip": summary(lat), "in_kernel": summary(kern),
+                     "wrong": 0, "stage_median_ns": {}})
+    for label, opts, kw in variants:
+        plane = make_plane(a, arr, opts, trace=n, timing=n, **kw)
         plane.start()
         assert plane.ring is not None
         lat, bad = run_loop(plane.ring, request, expected, a.sweep, a.warmup)
         plane.stop()
         traces = plane.traces_ns()[a.warmup:]
+        kern = plane.timings_ns()[a.warmup:]
         plane.close()
         med = [statistics.median(t[i] for t in traces) for i in range(len(STAGES))]
-        rows.append({"variant": label, "round_trip": summary(lat), "wrong": bad,
-                     "stage_median_ns": dict(zip(STAGES, med, strict=True))})
-    print(f"\nLoopback bridge variants, {a.sweep} round trips each (stage medians in ns, "
-          "%globaltimer, 32 ns ticks)")
-    print(f"| {'variant':<46} | {'p50 us':>6} | {'p99 us':>6} | "
+        rows.append({"variant": label, "round_trip": summary(lat), "in_kernel": summary(kern),
+                     "wrong": bad, "stage_median_ns": dict(zip(STAGES, med, strict=True))})
+    print(f"\nVariants, {a.sweep} round trips each (us; stage medians in ns, %globaltimer, "
+          "32 ns ticks; wrong = responses that differed from the expected one)")
+    print(f"| {'variant':<54} | {'p50':>5} | {'p99':>5} | {'kern':>5} | {'wrong':>5} | "
           + " | ".join(f"{s:>8}" for s in STAGES) + " |")
-    print(f"|{'-' * 48}|{'-' * 8}|{'-' * 8}|" + "|".join("-" * 10 for _ in STAGES) + "|")
+    print(f"|{'-' * 56}|{'-' * 7}|{'-' * 7}|{'-' * 7}|{'-' * 7}|"
+          + "|".join("-" * 10 for _ in STAGES) + "|")
     for r in rows:
-        rt = r["round_trip"]
-        print(f"| {r['variant']:<46} | {rt['p50_us']:>6.2f} | {rt['p99_us']:>6.2f} | "
-              + " | ".join(f"{r['stage_median_ns'][s]:>8.0f}" for s in STAGES) + " |")
+        rt, kn, st = r["round_trip"], r["in_kernel"], r["stage_median_ns"]
+        print(f"| {r['variant']:<54} | {rt['p50_us']:>5.2f} | {rt['p99_us']:>5.2f} | "
+              f"{kn['p50_us']:>5.2f} | {r['wrong']:>5} | "
+              + " | ".join(f"{st[s]:>8.0f}" if st else f"{'':>8}" for s in STAGES) + " |")
     return rows
+
+
+def compare(a, fence: int, request: list[bytes], expected: list[bytes],
+            arr: TypeDesc) -> dict:
+    """The main comparison for one fence: floor and dispatch in alternating blocks."""
+    per_block = a.requests // a.rounds
+    options = (f"-DQLINK_LOOPBACK_FENCE={fence}", *a.bridge_option)
+    plane = make_plane(a, arr, options, inline=a.inline, timing=per_block + a.warmup)
+    floor = FloorPingPong(plane.device, a.slots, a.slot_size, per_block + a.warmup, fence=fence)
+    lat = {"floor": [], "dispatch": []}
+    kern = {"floor": [], "dispatch": []}
+    bad = 0
+    for _ in range(a.rounds):
+        got, _ = run_loop(floor.start(), request, None, per_block, a.warmup)
+        lat["floor"] += got
+        kern["floor"] += floor.stop()[a.warmup:]
+        plane.start()
+        assert plane.ring is not None
+        got, b = run_loop(plane.ring, request, expected, per_block, a.warmup)
+        bad += b
+        lat["dispatch"] += got
+        plane.stop()
+        kern["dispatch"] += plane.timings_ns()[a.warmup:]
+    plane.close()
+    floor.close()
+    mode = "inlined" if a.inline else "table pointer"
+    print(f"\n{FENCES[fence]}: {a.payload}-byte payload, {a.slots} x {a.slot_size}-byte slots, "
+          f"{a.rounds} alternating blocks of {per_block} (+{a.warmup} warm-up) per variant; "
+          f"handler call: {mode}; bridge options: {' '.join(options)}; wrong responses: {bad}")
+    rows = [("floor: seq ping-pong, no dispatch (round trip)", summary(lat["floor"])),
+            ("unified dispatch kernel (round trip)", summary(lat["dispatch"])),
+            ("floor: in-kernel turnaround (%globaltimer)", summary(kern["floor"])),
+            ("dispatch: in-kernel turnaround (%globaltimer)", summary(kern["dispatch"]))]
+    print_table(f"Round trip host -> GPU -> host, Python poller, {FENCES[fence]} "
+                "(microseconds)", rows)
+    ratio = rows[1][1]["p50_us"] / rows[0][1]["p50_us"]
+    print(f"\np50 dispatch / floor = {ratio:.3f} (target <= 1.2)")
+    return {"fence": FENCES[fence], "wrong_responses": bad, "ratio_p50": ratio,
+            "rows": dict(rows)}
 
 
 def main() -> int:
@@ -117,61 +200,31 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--slot-size", type=int, default=256)
     ap.add_argument("--inline", action="store_true", help="LTO-inlined handler call")
-    ap.add_argument("--sweep", type=int, default=0, help="requests per bridge variant (0: none)")
+    ap.add_argument("--fence", type=int, action="append", choices=(0, 1),
+                    help="fence of the bridge and the floor (repeatable; default 0)")
+    ap.add_argument("--sweep", type=int, default=0, help="requests per variant (0: none)")
     ap.add_argument("--bridge-option", action="append", default=[],
                     help="NVRTC option for the loopback bridge (repeatable)")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
-    per_block = a.requests // a.rounds
     arr = TypeDesc.array(PayloadType.ARRAY_UINT8, a.payload)
-    bridge = TransportBridge(LOOPBACK_BRIDGE.name, LOOPBACK_BRIDGE.source,
-                             tuple(a.bridge_option))
-    plane = GPUDataPlane(a.slots, a.slot_size, inline_handlers=a.inline, bridge=bridge,
-                         timing_capacity=per_block + a.warmup)
-    plane.add(FunctionEntry("rpc_increment", DispatchMode.DEVICE_CALL, (arr,), (arr,),
-                            CudaHandler(INCREMENT_SRC)))
-    plane.get_device_handler("rpc_increment")  # link + load before timing anything
-    floor = FloorPingPong(plane.device, a.slots, a.slot_size, per_block + a.warmup)
-    # 13 different requests (coprime with the slot count): a stale read gives a wrong answer.
     payloads = [bytes((i * 7 + k) & 0xFF for i in range(a.payload)) for k in range(13)]
     request = [Request(fnv1a32("rpc_increment"), k, k << 20, p).pack()
                for k, p in enumerate(payloads)]
     expected = [Response(0, k, k << 20, bytes((b + 1) & 0xFF for b in p)).pack()
                 for k, p in enumerate(payloads)]
-    swept = sweep(a, request, expected, arr) if a.sweep else []
-    lat = {"floor": [], "dispatch": []}
-    kern = {"floor": [], "dispatch": []}
-    bad = 0
-    for _ in range(a.rounds):
-        ring = floor.start()
-        got, _ = run_loop(ring, request, None, per_block, a.warmup)
-        lat["floor"] += got
-        kern["floor"] += floor.stop()[a.warmup:]
-        plane.start()
-        assert plane.ring is not None
-        got, b = run_loop(plane.ring, request, expected, per_block, a.warmup)
-        bad += b
-        lat["dispatch"] += got
-        plane.stop()
-        kern["dispatch"] += plane.timings_ns()[a.warmup:]
-    plane.close()
-    env = environment(plane.device)
-    mode = "inlined" if a.inline else "table pointer"
+    probe = make_plane(a, arr)
+    a.device = probe.device
+    env = environment(probe.device)
+    probe.close()
     print(f"GPU {env['gpu']} ({env['arch']}), driver CUDA {env['driver_cuda_version']}, NVRTC "
           f"{env['nvrtc']}, nvJitLink {env['nvjitlink']}, Python {env['python']}, {env['date']}")
-    print(f"{a.payload}-byte payload, {a.slots} x {a.slot_size}-byte slots, {a.rounds} "
-          f"alternating blocks of {per_block} (+{a.warmup} warm-up) per variant; handler call: "
-          f"{mode}; bridge options: {' '.join(a.bridge_option) or '(default)'}; wrong "
-          f"responses: {bad}")
-    rows = [("floor: flag ping-pong, no dispatch (round trip)", summary(lat["floor"])),
-            ("unified dispatch kernel (round trip)", summary(lat["dispatch"])),
-            ("floor: in-kernel turnaround (%globaltimer)", summary(kern["floor"])),
-            ("dispatch: in-kernel turnaround (%globaltimer)", summary(kern["dispatch"]))]
-    print_table("Round trip host -> GPU -> host, Python poller (microseconds)", rows)
-    ratio = rows[1][1]["p50_us"] / rows[0][1]["p50_us"]
-    print(f"\np50 dispatch / floor = {ratio:.3f} (target <= 1.2)")
-    write_json(a.json, {"environment": env, "args": vars(a), "wrong_responses": bad,
-                        "ratio_p50": ratio, "rows": dict(rows), "sweep": swept})
+    swept = sweep(a, request, expected, arr) if a.sweep else []
+    results = [compare(a, f, request, expected, arr) for f in (a.fence or [0])]
+    bad = sum(r["wrong_responses"] for r in results) + sum(r["wrong"] for r in swept)
+    args = {k: v for k, v in vars(a).items() if k != "device"}
+    write_json(a.json, {"environment": env, "args": args, "wrong_responses": bad,
+                        "main": results, "sweep": swept})
     return 1 if bad else 0
 
 
