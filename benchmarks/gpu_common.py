@@ -23,7 +23,7 @@ from openqlink.gpu.sources import headers
 from openqlink.gpu.toolchain import LinkInput
 
 __all__ = ["FloorPingPong", "FENCES", "run_loop", "summary", "print_table", "environment",
-           "write_json"]
+           "write_json", "pin_cpu"]
 
 #: The fences the floor and the loopback bridge can be built with (QLINK_*_FENCE).
 FENCES = {0: "fence.sc.sys", 1: "fence.acq_rel.sys", 2: "none"}
@@ -89,13 +89,18 @@ class FloorPingPong:
         self.device = device
         self.fence = fence
         self.num_slots, self.slot_size = num_slots, slot_size
-        self.pinned = device.alloc_pinned(LoopbackRing.size_for(num_slots, slot_size))
+        self.pinned = None
         self.timing = device.alloc(8 * timing_capacity)
         self.timing_capacity = timing_capacity
         self.ring: LoopbackRing | None = None
         self.stream = None
 
     def start(self) -> LoopbackRing:
+        """Fresh rings (new pinned memory, as the data plane takes at each start) and launch."""
+        if self.pinned is not None:
+            self.pinned.free()
+        self.pinned = self.device.alloc_pinned(LoopbackRing.size_for(self.num_slots,
+                                                                     self.slot_size))
         ctypes.memset(self.pinned.host_ptr, 0, self.pinned.size_bytes)
         self.ring = LoopbackRing(self.pinned, self.num_slots, self.slot_size)
         d = self.pinned.device_ptr
@@ -128,7 +133,9 @@ class FloorPingPong:
 
     def close(self) -> None:
         self.timing.free()
-        self.pinned.free()
+        if self.pinned is not None:
+            self.pinned.free()
+            self.pinned = None
         self.module.unload()
 
 
@@ -169,6 +176,19 @@ def run_loop(ring: LoopbackRing, requests: list[bytes], expected: list[bytes] | 
         j = j + 1 if j + 1 < k else 0
     ring.next_seq, ring.next_post, ring.next_take = seq, slot, slot
     return lat[warmup:], bad
+
+
+def pin_cpu(cpu: int | None = None) -> int | None:
+    """Keep this process on one CPU (default: the last one it may use), so that the poller's
+    cache lines and timer stay on one core for floor and dispatch alike; returns the CPU, or
+    ``None`` where affinity cannot be set."""
+    import os
+    if not hasattr(os, "sched_setaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    cpu = allowed[-1] if cpu is None else cpu
+    os.sched_setaffinity(0, {cpu})
+    return cpu
 
 
 def summary(values_ns: list[int]) -> dict[str, float]:

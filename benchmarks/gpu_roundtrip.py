@@ -12,13 +12,18 @@ from the request in hand to the response published). 13 different requests go ro
 (coprime with the slot count): a stale read of any request or response byte gives a wrong
 response, counted (the exit status is 1 if any).
 
-``--fence`` (repeatable; 0 fence.sc.sys, the default, 1 fence.acq_rel.sys) picks the fence of
-both the bridge and the floor for the main comparison. ``--sweep N`` first runs N requests
-through each variant (floors with each fence; the bridge with the stage trace: inlined handler
-call, two-round-trip poll, other fences, CUDA-Q's single thread) and prints where the time goes.
+Every block runs on fresh rings (new pinned memory, floor and dispatch alike) and the poller is
+pinned to one CPU, so that where an allocation lands and which core polls weigh on both sides
+alike; the per-block ratios are printed next to the pooled one. ``--call`` (repeatable:
+``pointer``, the default, through the table's pointer; ``inline``, LTO-inlined direct call)
+picks the handler call of the main comparison, ``--fence`` (0 fence.sc.sys, the default, 1
+fence.acq_rel.sys) the fence of both the bridge and the floor. ``--sweep N`` first runs N
+requests through each variant (floors with each fence; the bridge with the stage trace: inlined
+handler call, two-round-trip poll, other fences, CUDA-Q's single thread) and prints where the
+time goes.
 
-Usage: python benchmarks/gpu_roundtrip.py [--requests 100000] [--fence 0] [--sweep 20000]
-       [--inline] [--bridge-option -DQLINK_LOOPBACK_LINE_POLL=0 ...] [--json out.json]
+Usage: python benchmarks/gpu_roundtrip.py [--requests 100000] [--rounds 10] [--call pointer]
+       [--call inline] [--fence 0] [--sweep 20000] [--bridge-option -D...] [--json out.json]
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from gpu_common import (
     FENCES,
     FloorPingPong,
     environment,
+    pin_cpu,
     print_table,
     run_loop,
     summary,
@@ -152,19 +158,21 @@ def sweep(a, request: list[bytes], expected: list[bytes], arr: TypeDesc) -> list
     return rows
 
 
-def compare(a, fence: int, request: list[bytes], expected: list[bytes],
+def compare(a, fence: int, inline: bool, request: list[bytes], expected: list[bytes],
             arr: TypeDesc) -> dict:
-    """The main comparison for one fence: floor and dispatch in alternating blocks."""
+    """The main comparison: floor and dispatch in alternating blocks, each block on fresh rings
+    (new pinned memory for both), so that where an allocation lands weighs on both alike."""
     per_block = a.requests // a.rounds
     options = (f"-DQLINK_LOOPBACK_FENCE={fence}", *a.bridge_option)
-    plane = make_plane(a, arr, options, inline=a.inline, timing=per_block + a.warmup)
+    plane = make_plane(a, arr, options, inline=inline, timing=per_block + a.warmup)
     floor = FloorPingPong(plane.device, a.slots, a.slot_size, per_block + a.warmup, fence=fence)
     lat = {"floor": [], "dispatch": []}
     kern = {"floor": [], "dispatch": []}
+    block_ratios = []
     bad = 0
     for _ in range(a.rounds):
-        got, _ = run_loop(floor.start(), request, None, per_block, a.warmup)
-        lat["floor"] += got
+        got_floor, _ = run_loop(floor.start(), request, None, per_block, a.warmup)
+        lat["floor"] += got_floor
         kern["floor"] += floor.stop()[a.warmup:]
         plane.start()
         assert plane.ring is not None
@@ -173,40 +181,46 @@ def compare(a, fence: int, request: list[bytes], expected: list[bytes],
         lat["dispatch"] += got
         plane.stop()
         kern["dispatch"] += plane.timings_ns()[a.warmup:]
+        block_ratios.append(round(statistics.median(got) / statistics.median(got_floor), 3))
     plane.close()
     floor.close()
-    mode = "inlined" if a.inline else "table pointer"
-    print(f"\n{FENCES[fence]}: {a.payload}-byte payload, {a.slots} x {a.slot_size}-byte slots, "
-          f"{a.rounds} alternating blocks of {per_block} (+{a.warmup} warm-up) per variant; "
-          f"handler call: {mode}; bridge options: {' '.join(options)}; wrong responses: {bad}")
+    mode = "inlined" if inline else "table pointer"
+    print(f"\n{FENCES[fence]}, handler call {mode}: {a.payload}-byte payload, {a.slots} x "
+          f"{a.slot_size}-byte slots, {a.rounds} alternating blocks of {per_block} "
+          f"(+{a.warmup} warm-up) per variant; bridge options: {' '.join(options)}; wrong "
+          f"responses: {bad}")
     rows = [("floor: seq ping-pong, no dispatch (round trip)", summary(lat["floor"])),
-            ("unified dispatch kernel (round trip)", summary(lat["dispatch"])),
+            (f"unified dispatch kernel, {mode} (round trip)", summary(lat["dispatch"])),
             ("floor: in-kernel turnaround (%globaltimer)", summary(kern["floor"])),
             ("dispatch: in-kernel turnaround (%globaltimer)", summary(kern["dispatch"]))]
-    print_table(f"Round trip host -> GPU -> host, Python poller, {FENCES[fence]} "
+    print_table(f"Round trip host -> GPU -> host, Python poller, {FENCES[fence]}, {mode} "
                 "(microseconds)", rows)
     ratio = rows[1][1]["p50_us"] / rows[0][1]["p50_us"]
-    print(f"\np50 dispatch / floor = {ratio:.3f} (target <= 1.2)")
-    return {"fence": FENCES[fence], "wrong_responses": bad, "ratio_p50": ratio,
-            "rows": dict(rows)}
+    print(f"\np50 dispatch / floor = {ratio:.3f} (target <= 1.2); per block: "
+          f"{' '.join(f'{r:.3f}' for r in block_ratios)}")
+    return {"fence": FENCES[fence], "handler_call": mode, "wrong_responses": bad,
+            "ratio_p50": ratio, "block_ratios": block_ratios, "rows": dict(rows)}
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--requests", type=int, default=100_000, help="per variant (>= 100000)")
-    ap.add_argument("--warmup", type=int, default=2_000)
-    ap.add_argument("--rounds", type=int, default=2, help="alternating blocks per variant")
+    ap.add_argument("--warmup", type=int, default=1_000, help="per block")
+    ap.add_argument("--rounds", type=int, default=10, help="alternating blocks per variant")
     ap.add_argument("--payload", type=int, default=32, help="payload bytes")
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--slot-size", type=int, default=256)
-    ap.add_argument("--inline", action="store_true", help="LTO-inlined handler call")
-    ap.add_argument("--fence", type=int, action="append", choices=(0, 1),
-                    help="fence of the bridge and the floor (repeatable; default 0)")
+    ap.add_argument("--call", action="append", choices=("pointer", "inline"),
+                    help="handler call of the main comparison (repeatable; default pointer)")
+    ap.add_argument("--fence", type=int, default=0, choices=(0, 1),
+                    help="fence of the bridge and the floor in the main comparison")
+    ap.add_argument("--cpu", type=int, help="CPU to pin the poller to (default: the last)")
     ap.add_argument("--sweep", type=int, default=0, help="requests per variant (0: none)")
     ap.add_argument("--bridge-option", action="append", default=[],
                     help="NVRTC option for the loopback bridge (repeatable)")
     ap.add_argument("--json", help="write the results here")
     a = ap.parse_args()
+    cpu = pin_cpu(a.cpu)
     arr = TypeDesc.array(PayloadType.ARRAY_UINT8, a.payload)
     payloads = [bytes((i * 7 + k) & 0xFF for i in range(a.payload)) for k in range(13)]
     request = [Request(fnv1a32("rpc_increment"), k, k << 20, p).pack()
@@ -218,13 +232,15 @@ def main() -> int:
     env = environment(probe.device)
     probe.close()
     print(f"GPU {env['gpu']} ({env['arch']}), driver CUDA {env['driver_cuda_version']}, NVRTC "
-          f"{env['nvrtc']}, nvJitLink {env['nvjitlink']}, Python {env['python']}, {env['date']}")
+          f"{env['nvrtc']}, nvJitLink {env['nvjitlink']}, Python {env['python']}, {env['date']}; "
+          f"poller pinned to CPU {cpu}")
     swept = sweep(a, request, expected, arr) if a.sweep else []
-    results = [compare(a, f, request, expected, arr) for f in (a.fence or [0])]
+    results = [compare(a, a.fence, c == "inline", request, expected, arr)
+               for c in (a.call or ["pointer"])]
     bad = sum(r["wrong_responses"] for r in results) + sum(r["wrong"] for r in swept)
     args = {k: v for k, v in vars(a).items() if k != "device"}
-    write_json(a.json, {"environment": env, "args": args, "wrong_responses": bad,
-                        "main": results, "sweep": swept})
+    write_json(a.json, {"environment": env, "poller_cpu": cpu, "args": args,
+                        "wrong_responses": bad, "main": results, "sweep": swept})
     return 1 if bad else 0
 
 
