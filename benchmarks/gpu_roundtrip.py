@@ -13,17 +13,16 @@ from the request in hand to the response published). 13 different requests go ro
 response, counted (the exit status is 1 if any).
 
 Every block runs on fresh rings (new pinned memory, floor and dispatch alike) and the poller is
-pinned to one CPU, so that where an allocation lands and which core polls weigh on both sides
-alike; the per-block ratios are printed next to the pooled one. ``--call`` (repeatable:
-``pointer``, the default, through the table's pointer; ``inline``, LTO-inlined direct call)
-picks the handler call of the main comparison, ``--fence`` (0 fence.sc.sys, the default, 1
-fence.acq_rel.sys) the fence of both the bridge and the floor. ``--sweep N`` first runs N
-requests through each variant (floors with each fence; the bridge with the stage trace: inlined
-handler call, two-round-trip poll, other fences, CUDA-Q's single thread) and prints where the
-time goes.
+pinned to one CPU; the per-block ratios are printed next to the pooled one. ``--call``
+(repeatable: ``inline``, the data plane's default, LTO-inlined direct call; ``pointer``, through
+the table's pointer as CUDA-Q) picks the handler call of the main comparison, ``--fence`` (0
+fence.sc.sys, the default, 1 fence.acq_rel.sys) the fence of both the bridge and the floor.
+``--sweep N`` first runs N requests through each variant (floors with each fence; the bridge with
+the stage trace: pointer and inlined call, two-round-trip poll, other fences, CUDA-Q's single
+thread, a byte-loop handler) and prints where the time goes.
 
-Usage: python benchmarks/gpu_roundtrip.py [--requests 100000] [--rounds 10] [--call pointer]
-       [--call inline] [--fence 0] [--sweep 20000] [--bridge-option -D...] [--json out.json]
+Usage: python benchmarks/gpu_roundtrip.py [--requests 100000] [--rounds 10] [--call inline]
+       [--call pointer] [--fence 0] [--sweep 20000] [--bridge-option -D...] [--json out.json]
 """
 
 from __future__ import annotations
@@ -110,11 +109,12 @@ def make_plane(a, arr: TypeDesc, options: tuple[str, ...] = (), *, inline: bool 
 
 
 def sweep(a, request: list[bytes], expected: list[bytes], arr: TypeDesc) -> list[dict]:
-    """N round trips per variant; the bridge variants with the stage trace."""
+    """N round trips per variant; the bridge variants with the stage trace (handler call through
+    the table's pointer unless the label says inlined)."""
     floors = [(f"floor, {FENCES[f]}", f) for f in (0, 1, 2)]
     variants = [
-        ("line poll, fence.sc.sys (default)", (), {}),
-        ("line poll, fence.sc.sys, inlined handler call", (), {"inline": True}),
+        ("line poll, fence.sc.sys, pointer call", (), {}),
+        ("line poll, fence.sc.sys, inlined call (default)", (), {"inline": True}),
         ("two-round-trip poll (LINE_POLL=0), fence.sc.sys", ("-DQLINK_LOOPBACK_LINE_POLL=0",),
          {}),
         ("line poll, fence.acq_rel.sys", ("-DQLINK_LOOPBACK_FENCE=1",), {}),
@@ -211,7 +211,8 @@ def main() -> int:
     ap.add_argument("--slots", type=int, default=8)
     ap.add_argument("--slot-size", type=int, default=256)
     ap.add_argument("--call", action="append", choices=("pointer", "inline"),
-                    help="handler call of the main comparison (repeatable; default pointer)")
+                    help="handler call of the main comparison (repeatable; default inline, the "
+                         "data plane's default)")
     ap.add_argument("--fence", type=int, default=0, choices=(0, 1),
                     help="fence of the bridge and the floor in the main comparison")
     ap.add_argument("--cpu", type=int, help="CPU to pin the poller to (default: the last)")
@@ -236,7 +237,7 @@ def main() -> int:
           f"poller pinned to CPU {cpu}")
     swept = sweep(a, request, expected, arr) if a.sweep else []
     results = [compare(a, a.fence, c == "inline", request, expected, arr)
-               for c in (a.call or ["pointer"])]
+               for c in (a.call or ["inline"])]
     bad = sum(r["wrong_responses"] for r in results) + sum(r["wrong"] for r in swept)
     args = {k: v for k, v in vars(a).items() if k != "device"}
     write_json(a.json, {"environment": env, "poller_cpu": cpu, "args": args,

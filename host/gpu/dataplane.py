@@ -92,7 +92,11 @@ class GPUDataPlane:
     kernel : DispatchKernel, optional
         A custom dispatch kernel and launcher instead of the built-in one.
     inline_handlers : bool
-        Direct (LTO-inlinable) handler calls instead of calls through the table's pointer.
+        Default ``True``: the kernel calls the program's handlers directly (a ``switch`` on
+        function_id that LTO inlines; the table's pointer stays the fallback for other
+        function_ids); ``False``: every call through the table's pointer, as CUDA-Q. Both run
+        the same handler for every table :meth:`start` accepts (with ``True`` it refuses an
+        entry whose address is another of the program's handlers than its function_id's).
     cache : LinkCache | bool
         Link cache (default: the on-disk one); ``False`` for none.
     timing_capacity : int
@@ -113,7 +117,7 @@ class GPUDataPlane:
 
     def __init__(self, num_slots: int = 8, slot_size: int = 256, *, device: int = 0,
                  arch: str | None = None, kernel: DispatchKernel | None = None,
-                 inline_handlers: bool = False, cache: LinkCache | bool = True,
+                 inline_handlers: bool = True, cache: LinkCache | bool = True,
                  timing_capacity: int = 0, bridge: TransportBridge | None = None,
                  trace_capacity: int = 0):
         LoopbackRing.check_geometry(num_slots, slot_size)
@@ -228,6 +232,17 @@ class GPUDataPlane:
                 if not self.owns_address(h):
                     raise DispatchError(f"DEVICE_CALL {e.name!r}: address {h:#x} did not come "
                                         "from get_device_handler() of this dispatch module")
+                if self._inline:
+                    # The inlined switch calls the program's handler of this function_id: the
+                    # table's address must be that one, or the two call paths would differ.
+                    for other in self.program.entries:
+                        if (other.function_id == e.function_id
+                                and self._addresses.get(other.name) != h):
+                            raise DispatchError(
+                                f"DEVICE_CALL {e.name!r}: address {h:#x} is not the program's "
+                                f"handler {other.name!r} of function_id {e.function_id:#010x}, "
+                                "which inline_handlers=True calls directly; use that handler's "
+                                "address or inline_handlers=False")
                 out.append((e, h))
                 continue
             if isinstance(h, DeviceHandler) and e.name not in self.program:

@@ -177,3 +177,28 @@ def test_arch_and_cubin_checks():
             parse_arch(bad)
     with pytest.raises(GPUError, match="ELF"):
         cubin_symbols(b"not an elf")
+
+
+def test_inline_handlers_refuse_an_address_of_another_program_handler():
+    # The inlined switch calls the program's handler of a function_id: a table entry of that
+    # function_id with another handler's address would run differently through the pointer.
+    # Checked before any GPU work, so the loaded module is stood in for here.
+    from openqlink.gpu import GPUDataPlane
+
+    entries = {e.name: e for e in device_entries()}
+    for inline in (True, False):
+        plane = GPUDataPlane(4, 64, arch=ARCH, cache=False, inline_handlers=inline)
+        plane.add(entries["add_i32"])
+        plane.add(entries["fail7"])
+        plane._module = object()  # as after get_device_handler(): addresses known
+        plane._addresses = {"add_i32": 0x1000, "fail7": 0x2000}
+        own = dataclasses.replace(entries["add_i32"], handler=0x1000)
+        other = dataclasses.replace(entries["add_i32"], handler=0x2000)
+        alias = FunctionEntry("alias", DispatchMode.DEVICE_CALL, (P.INT32, P.INT32), (P.INT32,),
+                              0x2000)  # no program handler of this function_id: pointer call
+        assert [a for _, a in plane._resolve([own, alias])] == [0x1000, 0x2000]
+        if inline:
+            with pytest.raises(DispatchError, match="inline_handlers=True"):
+                plane.start([other])
+        else:
+            assert [a for _, a in plane._resolve([other])] == [0x2000]
