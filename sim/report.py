@@ -70,8 +70,10 @@ def print_report(results: dict, console: Console | None = None) -> None:
     gpu = results.get("gpu")
     if gpu:
         p50 = gpu["service_p50_ns"]
+        calls = gpu["kernel_processed"] - gpu.get("warmup_requests", 0)
         console.print(f"GPU: {gpu['device']} ({gpu['arch']}): the unified dispatch kernel served "
-                      f"{gpu['kernel_processed']} CALL(s); link + launch "
+                      f"{calls} CALL(s) after {gpu.get('warmup_requests', 0)} warm-up requests; "
+                      "link + launch "
                       f"{gpu['link_and_launch_s']} s" + (
                           f"; per request, host poll -> response sent: p50 {p50 / 1000:.2f} us "
                           "(measured, wall clock)" if p50 is not None else ""))
