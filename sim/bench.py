@@ -374,16 +374,23 @@ class TB:
         plane = d.gpu
         d.stop()
         service = sorted(self.gpu_service_ns)
+        turnaround = plane.timings_ns()
         return {
             "device": plane.device.name, "arch": plane.arch,
             "kernel_processed": plane.processed,
             "warmup_requests": self.gpu_warmup,
             "forwarded": d.forwarded,
             "link_and_launch_s": round(self.gpu_start_s, 3),
-            "measured_note": "wall-clock, measured while simulated time stood still",
+            "measured_note": "wall-clock, measured while simulated time stood still; "
+                             "service_ns: host poll -> response frame handed to the MAC model, "
+                             "all in Python (request decode, GPU ring, response frame build "
+                             "with its ICRC); call_in_kernel_ns: request seen -> response "
+                             "published inside the kernel (%globaltimer)",
             "service_ns": self.gpu_service_ns,
             "service_p50_ns": service[len(service) // 2] if service else None,
-            "in_kernel_turnaround_ns": plane.timings_ns(),
+            "call_in_kernel_ns": turnaround[len(turnaround) - d.forwarded:]
+            if d.forwarded else [],
+            "in_kernel_turnaround_ns": turnaround,
         }
     def _fault_location(self, status, registers: dict) -> str | None:
         """``file:line: source`` of the instruction at PC when the PPU stopped on an error."""

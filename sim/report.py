@@ -71,12 +71,16 @@ def print_report(results: dict, console: Console | None = None) -> None:
     if gpu:
         p50 = gpu["service_p50_ns"]
         calls = gpu["kernel_processed"] - gpu.get("warmup_requests", 0)
-        console.print(f"GPU: {gpu['device']} ({gpu['arch']}): the unified dispatch kernel served "
-                      f"{calls} CALL(s) after {gpu.get('warmup_requests', 0)} warm-up requests; "
-                      "link + launch "
-                      f"{gpu['link_and_launch_s']} s" + (
-                          f"; per request, host poll -> response sent: p50 {p50 / 1000:.2f} us "
-                          "(measured, wall clock)" if p50 is not None else ""))
+        in_kernel = gpu.get("call_in_kernel_ns") or []
+        console.print(
+            f"GPU: {gpu['device']} ({gpu['arch']}): the unified dispatch kernel served {calls} "
+            f"CALL(s) after {gpu.get('warmup_requests', 0)} warm-up requests; link + launch "
+            f"{gpu['link_and_launch_s']} s"
+            + (f"; in the kernel, request seen -> response published: "
+               f"{', '.join(f'{t / 1000:.2f}' for t in in_kernel)} us" if in_kernel else "")
+            + (f"; host poll -> response frame sent (Python): p50 {p50 / 1000:.1f} us"
+               if p50 is not None else "")
+            + " (measured, wall clock)")
     if results.get("fault_location"):
         console.print(f"[bold]stopped at:[/bold] {results['fault_location']}")
     console.print(status_line(results))
