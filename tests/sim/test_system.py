@@ -146,3 +146,43 @@ def test_results_json_has_the_documented_keys(run_one):
     assert set(data["events"][0]) >= {"channel", "kind", "dtd_cycle", "time_ns"}
     assert set(data["rpc"][0]) >= {"function", "request_id", "status", "round_trip_cycles",
                                    "round_trip_ns"}
+
+
+MULTI_CALL = """\
+; ten CALLs: the host ring of 8 slots wraps; each answer is the argument plus one
+        set r1, 0
+        set r3, 0
+loop:   call incr(r1:8) -> r2
+        add r1, r2, 0
+        add r3, r3, 1
+        blt r3, 10, loop
+        end
+"""
+MULTI_CALL_HANDLERS = """\
+from openqlink.dispatch import FunctionTable, TypeDesc
+table = FunctionTable()
+@table.host_call("incr", args=[TypeDesc.uint8()], results=[TypeDesc.uint8()])
+def incr(x):
+    return (x + 1) & 0xFF
+"""
+
+
+def test_calls_fill_the_host_ring_round_robin_and_wrap(build_dir, tmp_path):
+    from openqlink.wire.roce import split_slot_immediate
+
+    (tmp_path / "multi.s").write_text(MULTI_CALL)
+    (tmp_path / "multi.py").write_text(MULTI_CALL_HANDLERS)
+    results = run_sim(tmp_path / "multi.s", build_dir=build_dir, pcap_path=tmp_path / "m.pcap",
+                      num_slots=8, slot_size=256)
+    assert results["status"]["state"] == "DONE"
+    assert results["registers"]["R1"] == 10 and results["registers"]["CALL_COUNT"] == 10
+    assert [r["status"] for r in results["rpc"]] == [0] * 10
+    assert [r["request_id"] for r in results["rpc"]] == list(range(10))
+    writes = [parse_frame(f) for _, f in read_pcap(tmp_path / "m.pcap")]
+    writes = [f for f in writes if f.bth is not None and f.bth["opcode"] == 0x2B]
+    slots = [split_slot_immediate(f.immdt["imm"])[1] for f in writes]
+    assert slots == [0, 1, 2, 3, 4, 5, 6, 7, 0, 1]
+    assert [f.reth["va"] for f in writes] == [256 * s for s in slots]
+    psns = [f.bth["psn"] for f in writes]
+    assert psns == list(range(psns[0], psns[0] + 10))
+    assert [split_slot_immediate(f.immdt["imm"])[0] for f in writes] == psns
