@@ -97,7 +97,6 @@ class TB:
         self.host_qpn = cfg["host_qpn"]
         self._roce_in: list[tuple[int, bytes]] = []
         self._roce_wake = Event()
-        self.done = False
         self.gpu_service_ns: list[int] = []
         self.gpu_start_s = 0.0
         self.gpu_warmup = 0

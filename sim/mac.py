@@ -80,6 +80,7 @@ class PacketSource:
         self.ifg_cycles = ifg_cycles
         self.on_sent = on_sent
         self.queue: collections.deque[bytes] = collections.deque()
+        self._busy = False
         self._wake = Event()
         self.valid.value = 0
         self._task = cocotb.start_soon(self._run())
@@ -90,9 +91,8 @@ class PacketSource:
 
     @property
     def idle(self) -> bool:
+        """No frame queued or on the bus."""
         return not self.queue and not self._busy
-
-    _busy = False
 
     async def _run(self) -> None:
         while True:
