@@ -3,8 +3,11 @@
 A packet is a run of transfers on an :class:`amaranth.lib.stream` interface whose payload is
 :func:`beat_layout`: ``data`` (``data_width`` bits; byte ``i`` of the beat, the ``i``-th byte
 on the wire, at bits ``[8*i+7 : 8*i]``), ``keep`` (one bit per byte; all ones on every beat but
-the last, whose ones are contiguous from bit 0), ``first`` (set on the first beat) and ``last``
-(set on the last beat). A one-beat packet sets both. The four transfer rules of
+the last, whose ones are contiguous from bit 0), ``first`` (set on the first beat), ``last``
+(set on the last beat) and ``error`` (meaningful on the last beat only: the MAC found the frame
+bad, e.g. an FCS mismatch or a PHY receive error, and the receiver must drop the whole frame
+without acting on any of it; transmitters set it to 0). A one-beat packet sets ``first`` and
+``last``. The four transfer rules of
 ``amaranth.lib.stream`` hold: ``valid`` never waits for ``ready``, and payload stays stable while
 ``valid`` is set and ``ready`` is not.
 
@@ -21,7 +24,7 @@ DATA_WIDTH = 64
 
 
 def beat_layout(data_width: int = DATA_WIDTH) -> data.StructLayout:
-    """Payload layout of one beat: ``data``, ``keep``, ``first``, ``last``."""
+    """Payload layout of one beat: ``data``, ``keep``, ``first``, ``last``, ``error``."""
     if data_width % 8 or data_width <= 0:
         raise ValueError(f"data_width must be a positive multiple of 8, not {data_width}")
     return data.StructLayout({
@@ -29,6 +32,7 @@ def beat_layout(data_width: int = DATA_WIDTH) -> data.StructLayout:
         "keep": data_width // 8,
         "first": 1,
         "last": 1,
+        "error": 1,
     })
 
 
