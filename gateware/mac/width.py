@@ -1,0 +1,169 @@
+"""Packet stream width converters: :class:`PacketUpsizer` (narrow to wide, receive side) and
+:class:`PacketDownsizer` (wide to narrow, transmit side).
+
+# Ref: the packet convention of :mod:`openqlink.gateware.packet` (byte ``i`` of a beat is the
+# ``i``-th byte on the wire, at bits ``[8i+7:8i]``; ``keep`` contiguous from lane 0 on the last
+# beat, all ones before it).
+
+Both are written in ``sync``. Neither reorders, adds or removes bytes; ``first`` goes with the
+first byte of a packet, ``last`` and ``error`` with its last.
+"""
+
+from __future__ import annotations
+
+from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.lib import wiring
+from amaranth.lib.wiring import In, Out
+
+from ..packet import beat_layout, packet_signature
+
+__all__ = ["PacketUpsizer", "PacketDownsizer"]
+
+
+def _check_widths(narrow: int, wide: int) -> int:
+    for name, width in (("narrow", narrow), ("wide", wide)):
+        if not isinstance(width, int) or width <= 0 or width % 8:
+            raise ValueError(f"{name} width must be a positive multiple of 8 bits, not {width!r}")
+    if wide % narrow or wide == narrow:
+        raise ValueError(f"wide width {wide} must be a multiple of narrow width {narrow} (> 1x)")
+    return wide // narrow
+
+
+class PacketUpsizer(wiring.Component):
+    """Gathers ``ratio`` = ``o_width // i_width`` narrow beats into one wide beat.
+
+    A wide beat is offered on the cycle after its last narrow beat was taken (its ``ratio``-th,
+    or the packet's last); latency 1 cycle. ``i.ready`` is low only when a completed wide beat
+    is waiting in the output register and is not being taken, so a packet at one narrow beat per
+    cycle passes without stalls while ``o.ready`` is high at least one cycle in ``ratio``.
+
+    Parameters
+    ----------
+    i_width, o_width : int
+        Data widths in bits (multiples of 8; ``o_width`` a multiple of ``i_width``).
+
+    Members
+    -------
+    i : In(packet_signature(i_width))
+    o : Out(packet_signature(o_width))
+    """
+
+    def __init__(self, i_width: int = 8, o_width: int = 64):
+        self.ratio = _check_widths(i_width, o_width)
+        self.i_width = i_width
+        self.o_width = o_width
+        super().__init__({
+            "i": In(packet_signature(i_width)),
+            "o": Out(packet_signature(o_width)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        ratio, iw = self.ratio, self.i_width
+        ik = iw // 8
+        i, o = self.i.payload, self.o.payload
+
+        lane = Signal(range(ratio))
+        acc = Signal(self.o_width)
+        acc_keep = Signal(self.o_width // 8)
+        acc_first = Signal()
+
+        merged = Signal(self.o_width)
+        merged_keep = Signal(self.o_width // 8)
+        m.d.comb += [merged.eq(acc), merged_keep.eq(acc_keep)]
+        m.d.comb += [
+            merged.word_select(lane, iw).eq(i.data),
+            merged_keep.word_select(lane, ik).eq(i.keep),
+        ]
+        completes = (lane == ratio - 1) | i.last
+
+        with m.If(self.o.ready):
+            m.d.sync += self.o.valid.eq(0)
+        m.d.comb += self.i.ready.eq(~completes | ~self.o.valid | self.o.ready)
+
+        with m.If(self.i.valid & self.i.ready):
+            with m.If(completes):
+                m.d.sync += [
+                    self.o.valid.eq(1),
+                    o.data.eq(merged),
+                    o.keep.eq(merged_keep),
+                    o.first.eq(Mux(lane == 0, i.first, acc_first)),
+                    o.last.eq(i.last),
+                    o.error.eq(i.error & i.last),
+                    lane.eq(0),
+                    acc.eq(0),
+                    acc_keep.eq(0),
+                    acc_first.eq(0),
+                ]
+            with m.Else():
+                m.d.sync += [
+                    acc.eq(merged),
+                    acc_keep.eq(merged_keep),
+                    lane.eq(lane + 1),
+                ]
+                with m.If(lane == 0):
+                    m.d.sync += acc_first.eq(i.first)
+        return m
+
+
+class PacketDownsizer(wiring.Component):
+    """Splits each wide beat into ``ratio`` = ``i_width // o_width`` narrow beats, skipping the
+    lanes ``keep`` leaves out on the last beat.
+
+    A wide beat is taken into a register (1 cycle) and then offered one narrow beat per cycle;
+    the next wide beat is taken in the cycle its predecessor's final narrow beat leaves, so a
+    packet streams without bubbles while ``i`` keeps up. Back-pressure passes through: ``i.ready``
+    is high when the register is empty or its final narrow beat is being taken.
+
+    Parameters
+    ----------
+    i_width, o_width : int
+        Data widths in bits (multiples of 8; ``i_width`` a multiple of ``o_width``).
+
+    Members
+    -------
+    i : In(packet_signature(i_width))
+    o : Out(packet_signature(o_width))
+    """
+
+    def __init__(self, i_width: int = 64, o_width: int = 8):
+        self.ratio = _check_widths(o_width, i_width)
+        self.i_width = i_width
+        self.o_width = o_width
+        super().__init__({
+            "i": In(packet_signature(i_width)),
+            "o": Out(packet_signature(o_width)),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        ratio, ow = self.ratio, self.o_width
+        ok = ow // 8
+
+        beat = Signal(beat_layout(self.i_width))
+        full = Signal()
+        lane = Signal(range(ratio))
+
+        # The lane after this one holds data (its first keep bit) unless this is the last lane.
+        next_keep = Signal()
+        m.d.comb += next_keep.eq(Cat(beat.keep[k * ok] for k in range(1, ratio))
+                                 .bit_select(lane, 1))
+        final = (lane == ratio - 1) | (beat.last & ~next_keep)
+
+        o = self.o.payload
+        m.d.comb += [
+            self.o.valid.eq(full),
+            o.data.eq(beat.data.word_select(lane, ow)),
+            o.keep.eq(beat.keep.word_select(lane, ok)),
+            o.first.eq(beat.first & (lane == 0)),
+            o.last.eq(beat.last & final),
+            o.error.eq(beat.error & beat.last & final),
+            self.i.ready.eq(~full | (self.o.ready & final)),
+        ]
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += lane.eq(lane + 1)
+            with m.If(final):
+                m.d.sync += [lane.eq(0), full.eq(0)]
+        with m.If(self.i.valid & self.i.ready):
+            m.d.sync += [beat.eq(self.i.payload), full.eq(1), lane.eq(0)]
+        return m
