@@ -69,11 +69,11 @@ def rx_frame_signature() -> stream.Signature:
 class MACRx(wiring.Component):
     """Receive MAC: strips preamble and SFD, checks and strips the FCS, flags bad frames.
 
-    Cut-through: a byte leaves 5 cycles after it arrived (4 to tell the FCS from the payload, 1
-    to know which byte is the last); the last beat, with ``error``, leaves 2 cycles after the
-    last FCS byte (the cycle ``gmii.en`` falls, plus the output register). Bytes before the SFD
-    are ignored (a shortened preamble is accepted); ``gmii.er`` outside a frame (false carrier)
-    is ignored. No maximum length is enforced.
+    Cut-through: a byte leaves 6 cycles after it arrived (4 to tell the FCS from the payload, 1
+    to know which byte is the last, 1 output register); the last beat, with ``error``, leaves 2
+    cycles after the last FCS byte (the cycle ``gmii.en`` falls, plus the output register).
+    Bytes before the SFD are ignored (a shortened preamble is accepted); ``gmii.er`` outside a
+    frame (false carrier) is ignored. No maximum length is enforced.
 
     ``error`` is set on the last beat when the FCS does not match (CRC-32 residue check over the
     frame and its FCS), when ``gmii.er`` was seen during the frame (SFD included), or when the
