@@ -6,6 +6,11 @@ one ``AsyncFIFO`` (``rti`` -> ``dtd``), in order; reads are answered with a :cla
 through a second ``AsyncFIFO`` (``dtd`` -> ``rti``), in order. CALL requests leave the PPUs as
 :class:`CallRequest` through a third ``AsyncFIFO`` (``dtd`` -> ``rti``).
 
+Every READ carries a tag of :data:`READ_TAG_BITS` bits in ``data`` that its answer echoes, so the
+network side can tell the answer it waits for from a late answer to a READ it has given up on
+(the ``dtd`` side stopped or was reset; see :class:`~openqlink.gateware.top.QSCTop` for how the
+crossings behave when either domain is in reset or has no clock).
+
 Because the network core only emits the commands of a packet after the packet's ICRC has checked
 good (the commit rule), and the FIFO keeps their order, a PPU sees the writes of a packet before
 any later packet's writes, and an atomic trigger sees all instructions written before it.
@@ -15,12 +20,20 @@ any later packet's writes, and an atomic trigger sees all instructions written b
 from amaranth.hdl import unsigned
 from amaranth.lib import data, enum
 
-__all__ = ["BusOp", "BusCommand", "BusReadData", "CallRequest", "MAX_CALL_ARG_BYTES"]
+__all__ = [
+    "BusOp", "BusCommand", "BusReadData", "CallRequest", "MAX_CALL_ARG_BYTES", "READ_TAG_BITS",
+]
+
+#: Width of a READ's tag (``BusCommand.data[READ_TAG_BITS-1:0]``, echoed in ``BusReadData.tag``).
+#: Tags of READs still in flight never repeat as long as fewer than ``2**READ_TAG_BITS`` READs
+#: fit between the network side and the PPUs (the top checks this against its FIFO depths).
+READ_TAG_BITS = 6
 
 
 class BusOp(enum.Enum, shape=2):
     WRITE = 0           #: write ``data`` at ``word_addr`` under byte enable ``be``
     READ = 1            #: read the 64-bit word at ``word_addr``; answered by one BusReadData
+    #:                     that echoes the tag in ``data[READ_TAG_BITS-1:0]`` (other bits 0)
     MAILBOX_COMMIT = 2  #: a SEND of ``data[15:0]`` bytes has been written to the mailbox at
     #:                     ``word_addr`` (the mailbox base): hand it to the PPU's CALL unit
 
@@ -39,6 +52,7 @@ class BusReadData(data.Struct):
 
     data: unsigned(64)
     error: unsigned(1)
+    tag: unsigned(READ_TAG_BITS)    #: the READ's ``data[READ_TAG_BITS-1:0]``
 
 
 #: A CALL carries at most this many argument bytes (one 32-bit register for now).

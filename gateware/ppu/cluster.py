@@ -9,7 +9,7 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ...memory_map import PPU_BASE, PPU_STRIDE, QSCParams
-from ..bus import BusCommand, BusOp, BusReadData, CallRequest
+from ..bus import READ_TAG_BITS, BusCommand, BusOp, BusReadData, CallRequest
 from .channels import PTDSignature
 from .core import LOCAL_ADDR_BITS, PPU
 
@@ -40,7 +40,7 @@ class PPUCluster(wiring.Component):
         been taken from ``bus_rdata`` (at most one read in flight; an answer is valid two
         cycles after its READ was taken).
     bus_rdata : ``Out(stream.Signature(BusReadData))``
-        Exactly one answer per READ, in order.
+        Exactly one answer per READ, in order, echoing the READ's tag.
     call_req : ``Out(stream.Signature(CallRequest))``
         The PPUs' CALL requests, arbitrated round robin (a request offered is held until taken).
     ptd : ``Out(PTDSignature(n_drive, n_readout, n_marker)).array(num_ppus)``
@@ -101,7 +101,8 @@ class PPUCluster(wiring.Component):
                 ppu.bus_cmd.eq(cmd),
             ]
         with m.If(accept & (cmd.op == BusOp.READ)):
-            m.d.sync += [rd_wait.eq(1), rd_sel.eq(sel), rd_hit.eq(hit)]
+            m.d.sync += [rd_wait.eq(1), rd_sel.eq(sel), rd_hit.eq(hit),
+                         resp.tag.eq(cmd.data[:READ_TAG_BITS])]   # echoed with the answer
         with m.If(rd_wait):
             answer = BusReadData(Array(ppu.bus_rdata.as_value() for ppu in ppus)[rd_sel])
             m.d.sync += [
