@@ -27,9 +27,9 @@ Arithmetic (all sizes fixed at elaboration):
   equally likely sums; the table is antisymmetric (mean exactly 0) and scaled so that the sum's
   standard deviation, rounding included, is ``noise_sigma`` to 0.5% or better for
   ``noise_sigma >= 10`` (:attr:`QubitEmulator.noise_std` gives the exact value). Its tails end
-  at about 4.4 sigma and its excess kurtosis is about -0.02 (a Gaussian's is 0). Both tables share one 1024 x 18-bit block RAM
-  read through its two ports (the P(1) lookup takes port A for one cycle per window, when the
-  ADC output is not used).
+  at about 4.4 sigma and its excess kurtosis is about -0.02 (a Gaussian's is 0). Both tables
+  share one 1024 x 18-bit block RAM read through its two ports (the P(1) lookup takes port A for
+  one cycle per window, when the ADC output is not used).
 * **Uniform bits.** One 32-bit xorshift generator (Marsaglia's 13/17/5) steps on every cycle:
   its low 18 bits index the noise table twice, and on the cycle a window's P(1) is read its top
   16 bits are kept as the outcome's draw (the noise sample made from that step is never output).
