@@ -23,7 +23,7 @@ in a flushed cycle is discarded).
 """
 
 # No ``from __future__ import annotations``: data.Struct reads its annotations as shapes.
-from amaranth.hdl import Module, ResetInserter, Signal, signed, unsigned
+from amaranth.hdl import Module, Mux, ResetInserter, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFO
 from amaranth.lib.wiring import In, Out
@@ -136,15 +136,93 @@ class MarkerEvent(data.Struct):
     duration_cycles: unsigned(16)  #: cycles high (0: drive it low)
 
 
-def _event_fifo(m: Module, event: stream.Interface, layout: type[data.Struct]):
-    """Add the event FIFO to ``m``; returns ``(fifo, head view)``."""
-    fifo = m.submodules.fifo = SyncFIFO(width=layout.as_shape().size, depth=FIFO_DEPTH)
-    m.d.comb += [
-        fifo.w_data.eq(event.payload),
-        fifo.w_en.eq(event.valid),
-        event.ready.eq(fifo.w_rdy),
-    ]
-    return fifo, layout(fifo.r_data)
+class TimedQueue(wiring.Component):
+    """A channel's event queue: a FIFO and a head register with its time already compared.
+
+    The head register ``head`` holds the oldest event. Its comparisons with the timeline are
+    computed in the cycle before (from the FIFO's output or the head itself and a registered
+    ``now + 1 + fire_lead``), so ``on_time`` and ``past`` are flip-flops: no 64-bit compare
+    sits on a channel's fire decision.
+
+    Parameters
+    ----------
+    layout : data.Struct subclass
+        The event; its ``time`` member (``unsigned(64)``) is compared.
+    fire_lead : int
+        Cycles between the fire decision and the event's time.
+
+    Members
+    -------
+    event : ``In(stream.Signature(layout))``
+        Events from the core; ``ready`` is low while the queue holds :data:`FIFO_DEPTH` events.
+    now : ``In(64)``
+        The timeline counter; it must advance by one every cycle.
+    flush : ``In(1)``
+        Synchronous reset: the queue is empty from the next cycle.
+    head : ``Out(layout)``; ``valid : Out(1)``
+        The head event.
+    on_time : ``Out(1)``; ``past : Out(1)``
+        ``valid`` and ``head.time == now + fire_lead`` (resp. ``<``).
+    pop : ``In(1)``
+        Drop the head this cycle; the next event is the head from the next cycle on.
+    empty : ``Out(1)``
+        Nothing queued.
+
+    Latency: an event pushed in cycle ``c`` is the head (with its compares) from ``c + 2`` when
+    the queue was empty, so it must be pushed at least ``fire_lead + 2`` cycles before its time.
+    """
+
+    def __init__(self, layout, fire_lead: int):
+        self._layout = layout
+        self._fire_lead = fire_lead
+        super().__init__({
+            "event": In(stream.Signature(layout)),
+            "now": In(64),
+            "flush": In(1),
+            "head": Out(layout),
+            "valid": Out(1),
+            "on_time": Out(1),
+            "past": Out(1),
+            "pop": In(1),
+            "empty": Out(1),
+        })
+
+    def elaborate(self, platform):
+        m = Module()
+        # ``now + fire_lead`` of the next cycle. Reset-less: a flush must not touch it (the
+        # timeline keeps running); after a domain reset it is right from the second cycle,
+        # before any event can be queued.
+        due_next = Signal(64, init=1 + self._fire_lead, reset_less=True)
+        m.d.sync += due_next.eq(self.now + 2 + self._fire_lead)
+
+        q = Module()
+        fifo = q.submodules.fifo = SyncFIFO(width=self._layout.as_shape().size,
+                                            depth=FIFO_DEPTH - 1)
+        valid = Signal()
+        on_time = Signal()
+        past = Signal()
+        load = ~valid | self.pop
+        first = self._layout(fifo.r_data)
+        q.d.comb += [
+            fifo.w_data.eq(self.event.payload),
+            fifo.w_en.eq(self.event.valid),
+            self.event.ready.eq(fifo.w_rdy),
+            fifo.r_en.eq(load),
+        ]
+        with q.If(load):
+            q.d.sync += [valid.eq(fifo.r_rdy), self.head.eq(fifo.r_data)]
+        q.d.sync += [
+            on_time.eq(Mux(load, first.time == due_next, self.head.time == due_next)),
+            past.eq(Mux(load, first.time < due_next, self.head.time < due_next)),
+        ]
+        q.d.comb += [
+            self.valid.eq(valid),
+            self.on_time.eq(valid & on_time),
+            self.past.eq(valid & past),
+            self.empty.eq(~valid & ~fifo.r_rdy),
+        ]
+        m.submodules.queue = ResetInserter(self.flush)(q)
+        return m
 
 
 class DriveChannel(wiring.Component):
@@ -183,7 +261,8 @@ class DriveChannel(wiring.Component):
         High when the FIFO is empty and nothing is playing or in the pipeline.
     """
 
-    #: Cycles between the fire decision and the first sample on ``dac``.
+    #: Cycles an event must be queued before its time (fire decision: three cycles before,
+    #: then envelope read, envelope word register, product register).
     LEAD_CYCLES = 4
 
     def __init__(self, env_depth: int):
@@ -204,54 +283,66 @@ class DriveChannel(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        fifo, head = _event_fifo(m, self.event, DriveEvent)
-        due = self.now + self.LEAD_CYCLES
-        fire = fifo.r_rdy & (head.time == due)
-        late = fifo.r_rdy & (head.time < due)
-        m.d.comb += [fifo.r_en.eq(fire | late), self.late.eq(late)]
+        m.submodules.queue = q = TimedQueue(DriveEvent, self.LEAD_CYCLES - 1)
+        wiring.connect(m, wiring.flipped(self.event), q.event)
+        fire = q.on_time
+        late = q.past
+        m.d.comb += [q.now.eq(self.now), q.flush.eq(self.flush), q.pop.eq(fire | late),
+                     self.late.eq(late)]
+        head = q.head
 
-        # Stage 0: sample address generator (one sample per cycle).
+        # Fire stage: sample address generator, one sample per cycle. ``addr`` and ``rem``
+        # are the next sample's address and the samples left after the one being read.
         addr = Signal(range(self._env_depth))
         rem = Signal(16)
         amp = Signal(signed(SAMPLE_BITS))
+        rd_addr = Signal(range(self._env_depth))
+        reading = Signal()
         with m.If(fire):
+            m.d.comb += [rd_addr.eq(head.env_addr[:len(addr)]), reading.eq(head.env_len != 0)]
             m.d.sync += [
-                addr.eq(head.env_addr[:len(addr)]),
-                rem.eq(head.env_len),
+                addr.eq(head.env_addr[:len(addr)] + 1),
+                rem.eq(Mux(head.env_len != 0, head.env_len - 1, 0)),
                 amp.eq(head.amplitude),
             ]
-        with m.Elif(rem != 0):
-            m.d.sync += [addr.eq(addr + 1), rem.eq(rem - 1)]
-        m.d.comb += self.env_rd_addr.eq(addr >> 2)
+        with m.Else():
+            m.d.comb += [rd_addr.eq(addr), reading.eq(rem != 0)]
+            with m.If(rem != 0):
+                m.d.sync += [addr.eq(addr + 1), rem.eq(rem - 1)]
+        m.d.comb += self.env_rd_addr.eq(rd_addr >> 2)
 
-        # Stage 1: envelope read in flight.
+        # Envelope read stage: the memory's output is valid in this cycle.
         s1_valid = Signal()
         s1_lane = Signal(2)
         s1_amp = Signal(signed(SAMPLE_BITS))
-        m.d.sync += [s1_valid.eq(rem != 0), s1_lane.eq(addr[:2]), s1_amp.eq(amp)]
+        m.d.sync += [s1_valid.eq(reading), s1_lane.eq(rd_addr[:2]),
+                     s1_amp.eq(Mux(fire, head.amplitude, amp))]
 
-        # Stage 2: multiply.
-        sample = self.env_rd_data.word_select(s1_lane, SAMPLE_BITS).as_signed()
+        # Envelope word stage: the memory's output registered, nothing between them.
         s2_valid = Signal()
-        s2_prod = Signal(signed(2 * SAMPLE_BITS))
-        m.d.sync += [s2_valid.eq(s1_valid), s2_prod.eq(sample * s1_amp)]
+        s2_lane = Signal(2)
+        s2_amp = Signal(signed(SAMPLE_BITS))
+        s2_word = Signal(64)
+        m.d.sync += [s2_valid.eq(s1_valid), s2_lane.eq(s1_lane), s2_amp.eq(s1_amp),
+                     s2_word.eq(self.env_rd_data)]
 
-        # Stage 3: scale, saturate, register the output.
-        shifted = s2_prod >> (SAMPLE_BITS - 1)
-        hi, lo = (1 << (SAMPLE_BITS - 1)) - 1, -(1 << (SAMPLE_BITS - 1))
-        sat = Signal(signed(SAMPLE_BITS))
-        with m.If(shifted > hi):
-            m.d.comb += sat.eq(hi)
-        with m.Elif(shifted < lo):
-            m.d.comb += sat.eq(lo)
-        with m.Else():
-            m.d.comb += sat.eq(shifted)
+        # Product stage: multiply, scale and saturate into the output register. The only
+        # product out of range is -1 * -1 (2**30 >> 15 = 32768), detected on the operands.
+        sample = s2_word.word_select(s2_lane, SAMPLE_BITS).as_signed()
+        prod = Signal(signed(2 * SAMPLE_BITS))
+        m.d.comb += prod.eq(sample * s2_amp)
+        lo = -(1 << (SAMPLE_BITS - 1))
+        sat = (sample == lo) & (s2_amp == lo)
         with m.If(s2_valid):
-            m.d.sync += [self.dac.eq(sat), self.active.eq(1)]
+            m.d.sync += [
+                self.dac.eq(Mux(sat, (1 << (SAMPLE_BITS - 1)) - 1,
+                                prod[SAMPLE_BITS - 1:2 * SAMPLE_BITS - 1].as_signed())),
+                self.active.eq(1),
+            ]
         with m.Else():
             m.d.sync += [self.dac.eq(0), self.active.eq(0)]
 
-        m.d.comb += self.idle.eq(~fifo.r_rdy & (rem == 0) & ~s1_valid & ~s2_valid)
+        m.d.comb += self.idle.eq(q.empty & (rem == 0) & ~s1_valid & ~s2_valid)
         return ResetInserter(self.flush)(m)
 
 
@@ -281,8 +372,8 @@ class ReadoutChannel(wiring.Component):
         As :class:`DriveChannel`.
     """
 
-    #: Cycles between the fire decision and the first cycle of the window.
-    LEAD_CYCLES = 1
+    #: Cycles an event must be queued before its time (fire decision: one cycle before).
+    LEAD_CYCLES = 2
 
     def __init__(self):
         super().__init__({
@@ -300,37 +391,39 @@ class ReadoutChannel(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        fifo, head = _event_fifo(m, self.event, ReadoutEvent)
+        m.submodules.queue = q = TimedQueue(ReadoutEvent, self.LEAD_CYCLES - 1)
+        wiring.connect(m, wiring.flipped(self.event), q.event)
+        head = q.head
         rem = Signal(16)
-        acc = Signal(signed(32))
-        threshold = Signal(signed(32))
+        # ``acc`` starts at ``-threshold - 1`` (= ~threshold): ``sum > threshold`` is then
+        # ``acc + sum >= 0``, the sign of one adder. 34 bits hold every sum of 65535 samples.
+        acc = Signal(signed(34))
         rd = Signal(4)
 
-        due = self.now + self.LEAD_CYCLES
         free = rem <= 1          # no window, or its last cycle: a new one may start next cycle
-        fire = fifo.r_rdy & (head.time == due) & free
-        late = fifo.r_rdy & ((head.time < due) | ((head.time == due) & ~free))
-        m.d.comb += [fifo.r_en.eq(fire | late), self.late.eq(late)]
+        fire = q.on_time & free
+        late = q.past | (q.on_time & ~free)
+        m.d.comb += [q.now.eq(self.now), q.flush.eq(self.flush), q.pop.eq(fire | late),
+                     self.late.eq(late)]
 
-        total = Signal(signed(32))
+        total = Signal(signed(34))
         m.d.comb += [
             total.eq(acc + self.adc),
             self.window.eq(rem != 0),
             self.result_valid.eq(rem == 1),
             self.result_rd.eq(rd),
-            self.result_bit.eq(total > threshold),
+            self.result_bit.eq(~total[-1]),
         ]
         with m.If(fire):
             m.d.sync += [
                 rem.eq(head.window_cycles),
-                acc.eq(0),
-                threshold.eq(head.threshold),
+                acc.eq(~head.threshold),
                 rd.eq(head.rd),
             ]
         with m.Elif(rem != 0):
             m.d.sync += [rem.eq(rem - 1), acc.eq(total)]
 
-        m.d.comb += self.idle.eq(~fifo.r_rdy & (rem == 0))
+        m.d.comb += self.idle.eq(q.empty & (rem == 0))
         return ResetInserter(self.flush)(m)
 
 
@@ -350,8 +443,8 @@ class MarkerChannel(wiring.Component):
         As :class:`DriveChannel`.
     """
 
-    #: Cycles between the fire decision and the first cycle the marker is high.
-    LEAD_CYCLES = 1
+    #: Cycles an event must be queued before its time (fire decision: one cycle before).
+    LEAD_CYCLES = 2
 
     def __init__(self):
         super().__init__({
@@ -365,18 +458,19 @@ class MarkerChannel(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        fifo, head = _event_fifo(m, self.event, MarkerEvent)
+        m.submodules.queue = q = TimedQueue(MarkerEvent, self.LEAD_CYCLES - 1)
+        wiring.connect(m, wiring.flipped(self.event), q.event)
         rem = Signal(16)
-        due = self.now + self.LEAD_CYCLES
-        fire = fifo.r_rdy & (head.time == due)
-        late = fifo.r_rdy & (head.time < due)
-        m.d.comb += [fifo.r_en.eq(fire | late), self.late.eq(late)]
+        fire = q.on_time
+        late = q.past
+        m.d.comb += [q.now.eq(self.now), q.flush.eq(self.flush), q.pop.eq(fire | late),
+                     self.late.eq(late)]
         with m.If(fire):
-            m.d.sync += rem.eq(head.duration_cycles)
+            m.d.sync += rem.eq(q.head.duration_cycles)
         with m.Elif(rem != 0):
             m.d.sync += rem.eq(rem - 1)
         m.d.comb += [
             self.marker.eq(rem != 0),
-            self.idle.eq(~fifo.r_rdy & (rem == 0)),
+            self.idle.eq(q.empty & (rem == 0)),
         ]
         return ResetInserter(self.flush)(m)
