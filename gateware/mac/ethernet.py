@@ -219,6 +219,7 @@ class MACTx(wiring.Component):
         data_min = MIN_FRAME_BYTES - FCS_BYTES
         count = Signal(range(max(self.ifg_bytes, data_min) + 1))
         error = Signal()
+        short = Signal()     # fewer than 60 bytes taken so far: the frame needs padding
         fcs = crc.crc
 
         m.d.sync += [
@@ -245,7 +246,7 @@ class MACTx(wiring.Component):
                 ]
                 with m.If(count == PREAMBLE_BYTES - 1):
                     m.d.comb += crc.start.eq(1)
-                    m.d.sync += count.eq(0)
+                    m.d.sync += [count.eq(0), short.eq(1)]
                     m.next = "DATA"
             with m.State("DATA"):
                 payload = self.frames.payload
@@ -254,15 +255,20 @@ class MACTx(wiring.Component):
                     crc.data.eq(payload.data),
                     crc.valid.eq(self.frames.valid),
                 ]
+                # ``count`` (bytes taken) wraps on long frames; ``short`` stays set until the
+                # 60th byte is taken, so no wide compare sits on this path.
+                sixtieth = count == data_min - 1
                 with m.If(self.frames.valid):
                     m.d.sync += [
                         self.gmii.en.eq(1),
                         self.gmii.data.eq(payload.data),
-                        count.eq(Mux(count == data_min, count, count + 1)),
+                        count.eq(count + 1),
                     ]
+                    with m.If(sixtieth):
+                        m.d.sync += short.eq(0)
                     with m.If(payload.last):
                         m.d.sync += error.eq(payload.error)
-                        with m.If(count + 1 < data_min):
+                        with m.If(short & ~sixtieth):
                             m.next = "PAD"
                         with m.Else():
                             m.d.sync += count.eq(0)

@@ -11,7 +11,7 @@ first byte of a packet, ``last`` and ``error`` with its last.
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -33,9 +33,9 @@ class PacketUpsizer(wiring.Component):
     """Gathers ``ratio`` = ``o_width // i_width`` narrow beats into one wide beat.
 
     A wide beat is offered on the cycle after its last narrow beat was taken (its ``ratio``-th,
-    or the packet's last); latency 1 cycle. ``i.ready`` is low only when a completed wide beat
-    is waiting in the output register and is not being taken, so a packet at one narrow beat per
-    cycle passes without stalls while ``o.ready`` is high at least one cycle in ``ratio``.
+    or the packet's last); latency 1 cycle. ``i.ready`` is low only while a completed wide beat
+    waits in the output register and is not being taken, so a packet at one narrow beat per
+    cycle passes without stalls while ``o.ready`` is high.
 
     Parameters
     ----------
@@ -79,7 +79,8 @@ class PacketUpsizer(wiring.Component):
 
         with m.If(self.o.ready):
             m.d.sync += self.o.valid.eq(0)
-        m.d.comb += self.i.ready.eq(~completes | ~self.o.valid | self.o.ready)
+        # Not ``~completes | ...``: ``ready`` stays off the payload, off the critical path.
+        m.d.comb += self.i.ready.eq(~self.o.valid | self.o.ready)
 
         with m.If(self.i.valid & self.i.ready):
             with m.If(completes):
@@ -110,10 +111,11 @@ class PacketDownsizer(wiring.Component):
     """Splits each wide beat into ``ratio`` = ``i_width // o_width`` narrow beats, skipping the
     lanes ``keep`` leaves out on the last beat.
 
-    A wide beat is taken into a register (1 cycle) and then offered one narrow beat per cycle;
-    the next wide beat is taken in the cycle its predecessor's final narrow beat leaves, so a
-    packet streams without bubbles while ``i`` keeps up. Back-pressure passes through: ``i.ready``
-    is high when the register is empty or its final narrow beat is being taken.
+    A wide beat is taken into a shift register (1 cycle) and then offered one narrow beat per
+    cycle from its lowest lane; the next wide beat is taken in the cycle its predecessor's final
+    narrow beat leaves, so a packet streams without bubbles while ``i`` keeps up. Back-pressure
+    passes through: ``i.ready`` is high when the register is empty or its final narrow beat is
+    being taken.
 
     Parameters
     ----------
@@ -140,28 +142,29 @@ class PacketDownsizer(wiring.Component):
         ratio, ow = self.ratio, self.o_width
         ok = ow // 8
 
+        # The beat is shifted down one narrow lane per narrow beat taken, so the output is lane
+        # 0 of a register (no lane multiplexer in front of the consumer).
         beat = Signal(beat_layout(self.i_width))
         full = Signal()
         lane = Signal(range(ratio))
-
-        # The lane after this one holds data (its first keep bit) unless this is the last lane.
-        next_keep = Signal()
-        m.d.comb += next_keep.eq(Cat(beat.keep[k * ok] for k in range(1, ratio))
-                                 .bit_select(lane, 1))
-        final = (lane == ratio - 1) | (beat.last & ~next_keep)
+        final = (lane == ratio - 1) | (beat.last & ~beat.keep[ok])
 
         o = self.o.payload
         m.d.comb += [
             self.o.valid.eq(full),
-            o.data.eq(beat.data.word_select(lane, ow)),
-            o.keep.eq(beat.keep.word_select(lane, ok)),
+            o.data.eq(beat.data[:ow]),
+            o.keep.eq(beat.keep[:ok]),
             o.first.eq(beat.first & (lane == 0)),
             o.last.eq(beat.last & final),
             o.error.eq(beat.error & beat.last & final),
             self.i.ready.eq(~full | (self.o.ready & final)),
         ]
         with m.If(self.o.valid & self.o.ready):
-            m.d.sync += lane.eq(lane + 1)
+            m.d.sync += [
+                lane.eq(lane + 1),
+                beat.data.eq(beat.data >> ow),
+                beat.keep.eq(beat.keep >> ok),
+            ]
             with m.If(final):
                 m.d.sync += [lane.eq(0), full.eq(0)]
         with m.If(self.i.valid & self.i.ready):

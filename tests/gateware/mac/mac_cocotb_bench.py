@@ -93,7 +93,7 @@ class TB:
                     break
         self.dut.tx__valid.value = 0
 
-    async def wait_rx(self, count: int, timeout_cycles: int = 200000) -> None:
+    async def wait_rx(self, count: int, timeout_cycles: int = 50000) -> None:
         for _ in range(timeout_cycles):
             if len(self.rx_packets) >= count:
                 return
