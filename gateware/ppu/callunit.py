@@ -52,10 +52,11 @@ class CallUnit(wiring.Component):
         Stop waiting (the PPU stopped on an error). A request already offered on ``call_req``
         stays offered until it is taken (stream rule); its response will count as stale.
     done : ``Out(1)``; ``result : Out(32)``
-        One-cycle pulse: the awaited response arrived with status 0; ``result`` is its first 4
-        result bytes, little-endian, zero-extended when ``result_len < 4``.
+        One-cycle pulse, the cycle after the commit: the awaited response arrived with status
+        0; ``result`` is its first 4 result bytes, little-endian, zero-extended when
+        ``result_len < 4``.
     failed : ``Out(1)``
-        One-cycle pulse: the awaited response arrived with a status != 0.
+        One-cycle pulse, the cycle after the commit: the awaited response had a status != 0.
     timeout : ``Out(1)``
         One-cycle pulse: ``timeout_cycles`` (``In(32)``, 0 = never) cycles have passed since the
         issue cycle with no response; the unit stops waiting.
@@ -76,8 +77,9 @@ class CallUnit(wiring.Component):
     last_rtt_cycles : ``Out(32)``
         Cycles from the ``call_req`` handshake to the cycle the response was taken.
 
-    Latency: ``call_req`` is valid one cycle after ``issue``; a commit is parsed in its cycle and
-    ``done``/``failed`` pulse in that same cycle.
+    Latency: ``call_req`` is valid one cycle after ``issue``; a commit is parsed in its cycle
+    (``busy`` is low from the next) and ``done``/``failed`` pulse, with ``result``, in the cycle
+    after it (1 cycle).
     """
 
     def __init__(self, ppu: int):
@@ -178,9 +180,10 @@ class CallUnit(wiring.Component):
                  (header.request_id == awaited))
         result_len = Mux(header.result_len > 4, 4, header.result_len[:3])
         byte_mask = Array(Const((1 << (8 * i)) - 1, 32) for i in range(5))[result_len]
-        m.d.comb += self.result.eq(mailbox[3][:32] & byte_mask)
         taken = Signal()
         m.d.comb += taken.eq(self.commit & match)
+        # Result stage: done/failed/result registered, the cycle after the commit.
+        m.d.sync += [self.done.eq(0), self.failed.eq(0)]
         with m.If(self.commit):
             with m.If(match):
                 m.d.sync += [
@@ -188,11 +191,12 @@ class CallUnit(wiring.Component):
                     self.last_rtt_cycles.eq(rtt),
                     waiting.eq(0),
                     sent.eq(0),
+                    self.result.eq(mailbox[3][:32] & byte_mask),
                 ]
                 with m.If(header.status == 0):
-                    m.d.comb += self.done.eq(1)
+                    m.d.sync += self.done.eq(1)
                 with m.Else():
-                    m.d.comb += self.failed.eq(1)
+                    m.d.sync += self.failed.eq(1)
             with m.Else():
                 m.d.sync += self.stale.eq(self.stale + 1)
 

@@ -37,7 +37,7 @@ class PPUCluster(wiring.Component):
         (``PPU_BASE + n * PPU_STRIDE``, ``n < num_ppus``); a command outside them is unmapped: a
         WRITE or MAILBOX_COMMIT is ignored, a READ answered with ``error = 1``. A WRITE or
         MAILBOX_COMMIT is taken in one cycle; a READ holds ``ready`` low until its answer has
-        been taken from ``bus_rdata`` (at most one read in flight; an answer is valid two
+        been taken from ``bus_rdata`` (at most one read in flight; an answer is valid three
         cycles after its READ was taken).
     bus_rdata : ``Out(stream.Signature(BusReadData))``
         Exactly one answer per READ, in order, echoing the READ's tag.
@@ -84,13 +84,14 @@ class PPUCluster(wiring.Component):
         hit = (window >= first) & (window < first + n_ppus)
         assert len(window) == _WINDOW_BITS
 
-        rd_wait = Signal()        # a READ was forwarded last cycle; its answer is due now
+        rd_sent = Signal()        # a READ was forwarded last cycle
+        rd_wait = Signal()        # ... two cycles ago: its answer is due now
         rd_sel = Signal(range(n_ppus))
         rd_hit = Signal()
         resp_valid = Signal()
         resp = Signal(BusReadData)
         m.d.comb += [
-            self.bus_cmd.ready.eq(~rd_wait & ~resp_valid),
+            self.bus_cmd.ready.eq(~rd_sent & ~rd_wait & ~resp_valid),
             self.bus_rdata.valid.eq(resp_valid),
             self.bus_rdata.payload.eq(resp),
         ]
@@ -101,8 +102,10 @@ class PPUCluster(wiring.Component):
                 ppu.bus_cmd.eq(cmd),
             ]
         with m.If(accept & (cmd.op == BusOp.READ)):
-            m.d.sync += [rd_wait.eq(1), rd_sel.eq(sel), rd_hit.eq(hit),
+            m.d.sync += [rd_sent.eq(1), rd_sel.eq(sel), rd_hit.eq(hit),
                          resp.tag.eq(cmd.data[:READ_TAG_BITS])]   # echoed with the answer
+        with m.If(rd_sent):
+            m.d.sync += [rd_sent.eq(0), rd_wait.eq(1)]
         with m.If(rd_wait):
             answer = BusReadData(Array(ppu.bus_rdata.as_value() for ppu in ppus)[rd_sel])
             m.d.sync += [

@@ -91,12 +91,10 @@ class WindowRegion(enum.Enum, shape=2):
     REGS = 3
 
 
-class _CoreState(enum.Enum, shape=3):
+class _CoreMode(enum.Enum, shape=2):
     HALT = 0
-    FETCH = 1
-    EXEC = 2
-    CALL = 3
-    DRAIN = 4
+    RUN = 1        # fetching and executing
+    DRAIN = 2      # END executed: waiting for the channels to play out
 
 
 def _merge_bytes(old, new, be, nbytes: int):
@@ -125,7 +123,7 @@ class PPU(wiring.Component):
         A bus command for this PPU's window, one per cycle at most, always accepted.
         ``bus_cmd.word_addr[20:0]`` is the word offset inside the window.
     bus_rdata : ``Out(BusReadData)``
-        The answer to a READ, valid in the cycle after the READ (fixed latency 1); ``error`` is
+        The answer to a READ, valid two cycles after the READ (fixed latency 2); ``error`` is
         set for an unmapped offset.
     call_req : ``Out(stream.Signature(CallRequest))``
         CALL requests.
@@ -198,8 +196,8 @@ class PPU(wiring.Component):
 
         # ---- Run state ---------------------------------------------------------------------
         state = Signal(PPUState)           # registered; ARMED until the start time
-        cstate = Signal(_CoreState)
-        pc = Signal(pc_bits)
+        mode = Signal(_CoreMode)
+        pc = Signal(pc_bits)               # the instruction in the execute stage, or the next
         tail = Signal(pc_bits)
         t = Signal(64)
         run_start = Signal(64)
@@ -208,13 +206,15 @@ class PPU(wiring.Component):
             "underflow": 1, "late": 1, "call_timeout": 1, "call_failed": 1,
             "illegal_instruction": 1, "trigger_busy": 1, "trigger_late": 1,
         }))
+        started = Signal()                 # now >= START_TIME of the run
+        m.d.comb += started.eq(now >= run_start)
         eff_state = Signal(PPUState)
-        with m.If((state == PPUState.ARMED) & (now >= run_start)):
+        with m.If((state == PPUState.ARMED) & started):
             m.d.comb += eff_state.eq(PPUState.RUNNING)
         with m.Else():
             m.d.comb += eff_state.eq(state)
         active = (state == PPUState.ARMED) | (state == PPUState.RUNNING)
-        with m.If((state == PPUState.ARMED) & (now >= run_start)):
+        with m.If((state == PPUState.ARMED) & started):
             m.d.sync += state.eq(PPUState.RUNNING)
 
         status = Signal(PPUStatus)
@@ -226,10 +226,13 @@ class PPU(wiring.Component):
         regs = [Const(0, REGISTER_BITS)] + [Signal(REGISTER_BITS, name=f"r{i}")
                                             for i in range(1, NUM_REGISTERS)]
         reg_file = Array(regs)
-        max_pending = FIFO_DEPTH * self._n_readout
+        max_pending = FIFO_DEPTH * self._n_readout + self._n_readout
         pending = [Const(0, range(max_pending + 1))] + [
             Signal(range(max_pending + 1), name=f"pending{i}") for i in range(1, NUM_REGISTERS)]
-        busy_reg = Array(pend != 0 for pend in pending)
+        busy = Signal(NUM_REGISTERS)       # registers with ACQUIRE results still to land
+        settle = Signal(NUM_REGISTERS)     # ... whose last pending result lands this cycle
+        land_bit = Signal(NUM_REGISTERS)   # ... and the bit it writes
+        m.d.comb += busy.eq(Cat(*(pend != 0 for pend in pending)))
 
         core_we = Signal()
         core_wrd = Signal(4)
@@ -244,85 +247,234 @@ class PPU(wiring.Component):
             for ch in readouts:
                 with m.If(ch.result_valid & (ch.result_rd == i)):
                     m.d.sync += regs[i].eq(ch.result_bit)
+                    m.d.comb += land_bit[i].eq(ch.result_bit)
             inc = Mux(acq_issue & (acq_rd == i), 1, 0)
-            m.d.sync += pending[i].eq(pending[i] + inc - sum(landed))
+            pending_next = Signal.like(pending[i], name=f"pending{i}_next")
+            m.d.comb += [
+                pending_next.eq(pending[i] + inc - sum(landed)),
+                settle[i].eq((pending[i] != 0) & (pending_next == 0)),
+            ]
+            m.d.sync += pending[i].eq(pending_next)
             with m.If(clear_regs):
                 m.d.sync += [regs[i].eq(0), pending[i].eq(0)]
 
-        # ---- Core ------------------------------------------------------------------------
-        insn = Instruction(imem_core_r.data)
-        next_pc = (pc + 1)[:pc_bits]
-        m.d.comb += [imem_core_r.addr.eq(pc), imem_core_r.en.eq(0)]
+        # ---- Core: fetch stages ------------------------------------------------------------
+        # imem read (address stage) -> memory output stage ``m_*`` (the read port's data; it
+        # holds while its port is not enabled) -> fetched-instruction register ``f_*`` (the
+        # memory output registered, nothing between them) -> decode -> execute stage ``x_*``.
+        # A BRANCH reads its target into ``tgt_*`` while it waits for its condition.
+        run = mode == _CoreMode.RUN
+        fetch_pc = Signal(pc_bits)         # next sequential instruction to read
+        m_valid = Signal()
+        m_tgt = Signal()                   # the memory output is a branch target
+        m_pc = Signal(pc_bits)
+        f_valid = Signal()
+        f_insn = Signal(INSTRUCTION_BITS)
+        tgt_valid = Signal()
+        tgt_insn = Signal(INSTRUCTION_BITS)
+        tgt_issued = Signal()
+
+        # Execute stage: the instruction, decoded.
+        x_valid = Signal()
+        x_raw = Signal(INSTRUCTION_BITS)
+        x = Instruction(x_raw)
+        x_time = Signal(64)                # t + offset_cycles, for PLAY, ACQUIRE, MARKER
+        x_is = {op: Signal(name=f"x_is_{op.name.lower()}") for op in Op}
+        x_illegal = Signal()
+        x_sel = {"drive": Signal(self._n_drive, name="x_sel_drive"),
+                 "readout": Signal(self._n_readout, name="x_sel_readout"),
+                 "marker": Signal(self._n_marker, name="x_sel_marker")}
+        x_mask = Signal(NUM_REGISTERS)     # registers that must not be pending
+        x_taken = [Signal(name="x_taken_if_0"), Signal(name="x_taken_if_1")]
+        br_ready = Signal()                # BRANCH condition evaluated ...
+        br_taken = Signal()                # ... and its value
+        call_issued = Signal()
+        x_rd = x_raw[8:12]
+        x_rs = x_raw[12:16]
+        x_target = x.operands.branch.target[:pc_bits]
+
+        ex = Signal()                      # the execute stage acts this cycle
+        x_done = Signal()                  # ... and its instruction retires
         err_underflow = Signal()
         err_illegal = Signal()
-        advance = Signal()
-        push = {
-            "drive": [Signal(name=f"push_drive{i}") for i in range(self._n_drive)],
-            "readout": [Signal(name=f"push_readout{i}") for i in range(self._n_readout)],
-            "marker": [Signal(name=f"push_marker{i}") for i in range(self._n_marker)],
-        }
+        m.d.comb += ex.eq(run & x_valid & ~x_illegal)
+        blocked = (x_mask & busy).any()
 
-        def push_event(kind: str, chans, channel, fields: dict, extra_ok=None):
-            """Push to ``chans[channel]``; illegal if the channel does not exist or
-            ``extra_ok`` (a 1-bit value) is low."""
-            ready = Array(ch.event.ready for ch in chans)[channel[:4]]
-            bad = channel >= len(chans)
-            if extra_ok is not None:
-                bad = bad | ~extra_ok
-            with m.If(bad):
-                m.d.comb += err_illegal.eq(1)
-            with m.Else():
-                for i, ch in enumerate(chans):
-                    m.d.comb += push[kind][i].eq(channel == i)
-                    for k, v in fields.items():
-                        m.d.comb += getattr(ch.event.payload, k).eq(v)
-                with m.If(ready):
-                    m.d.comb += advance.eq(1)
-            return ready
+        # Branch resolution: taken needs the target read first.
+        act = ex & x_is[Op.BRANCH] & br_ready & (~br_taken | tgt_valid)
+        act_taken = act & br_taken
+        use_tgt = Signal()
+        m.d.comb += use_tgt.eq(act_taken & (x_target != tail))
 
-        for kind, chans in (("drive", drives), ("readout", readouts), ("marker", markers)):
-            for i, ch in enumerate(chans):
+        # Decode: the next instruction, from the fetched register or the branch target.
+        src_raw = Mux(use_tgt, tgt_insn, f_insn)
+        src = Instruction(src_raw)
+        src_valid = Mux(act_taken, use_tgt, f_valid)
+        d_is = {op: src.op == op for op in Op}
+        chan = src_raw[8:12]
+        d_timed = d_is[Op.PLAY] | d_is[Op.ACQUIRE] | d_is[Op.MARKER]
+        sb = src.operands.branch
+        cond_legal = Cat(*(sb.cond == c for c in Cond)).any()
+        d_illegal = (~Cat(*d_is.values()).any() |
+                     (d_is[Op.PLAY] & (chan >= self._n_drive)) |
+                     (d_is[Op.MARKER] & (chan >= self._n_marker)) |
+                     (d_is[Op.ACQUIRE] & ((chan >= self._n_readout) |
+                                          (src.operands.acquire.window_cycles == 0))) |
+                     (d_is[Op.BRANCH] & ~cond_legal) |
+                     (d_is[Op.CALL] & (src.operands.call.arg_bits > 32)))
+
+        def onehot(index):
+            return Cat(Const(0, 1), *(index == i for i in range(1, NUM_REGISTERS)))
+
+        d_rd, d_rs = onehot(src_raw[8:12]), onehot(src_raw[12:16])
+        d_mask = (Mux(d_is[Op.SET], d_rd, 0) | Mux(d_is[Op.ADD], d_rd | d_rs, 0) |
+                  Mux(d_is[Op.BRANCH] & (sb.cond != Cond.ALWAYS), d_rs, 0) |
+                  Mux(d_is[Op.CALL], d_rd | d_rs, 0))
+        d_taken = []
+        for v in (0, 1):
+            taken_v = Signal(name=f"d_taken_if_{v}")
+            with m.Switch(sb.cond):
+                with m.Case(Cond.EQ):
+                    m.d.comb += taken_v.eq(sb.imm == v)
+                with m.Case(Cond.NE):
+                    m.d.comb += taken_v.eq(sb.imm != v)
+                with m.Case(Cond.LT):
+                    m.d.comb += taken_v.eq(sb.imm > v)
+                with m.Case(Cond.GE):
+                    m.d.comb += taken_v.eq(sb.imm <= v)
+                with m.Default():
+                    m.d.comb += taken_v.eq(1)
+            d_taken.append(taken_v)
+
+        # A timed instruction reads t: it waits while a WAIT or SYNC writes t.
+        hazard = d_timed & x_valid & (x_is[Op.WAIT] | x_is[Op.SYNC])
+        x_load = Signal()
+        f_taken = Signal()
+        m.d.comb += [
+            x_load.eq(run & src_valid & (~x_valid | x_done) & ~hazard),
+            f_taken.eq(x_load & ~act_taken),
+        ]
+        with m.If(x_load):
+            m.d.sync += [
+                x_valid.eq(1),
+                x_raw.eq(src_raw),
+                x_time.eq(t + src.operands.play.offset_cycles),
+                x_illegal.eq(d_illegal),
+                x_mask.eq(d_mask),
+                x_taken[0].eq(d_taken[0]),
+                x_taken[1].eq(d_taken[1]),
+                br_ready.eq(0),
+                call_issued.eq(0),
+                tgt_issued.eq(0),
+            ]
+            m.d.sync += [x_is[op].eq(d_is[op]) for op in Op]
+            for kind, n in (("drive", self._n_drive), ("readout", self._n_readout),
+                            ("marker", self._n_marker)):
+                op = {"drive": Op.PLAY, "readout": Op.ACQUIRE, "marker": Op.MARKER}[kind]
+                m.d.sync += x_sel[kind].eq(Cat(*(d_is[op] & (chan == i) for i in range(n))))
+        with m.Elif(x_done):
+            m.d.sync += x_valid.eq(0)
+
+        # Instruction memory read: the branch target once, else the next instruction while
+        # the fetched register and the memory output are not both full.
+        tgt_read = ex & x_is[Op.BRANCH] & ~tgt_issued
+        seq_read = run & ~tgt_read & (fetch_pc != tail) & ~(f_valid & m_valid)
+        m.d.comb += [
+            imem_core_r.addr.eq(Mux(tgt_read, x_target, fetch_pc)),
+            imem_core_r.en.eq(tgt_read | seq_read),
+        ]
+        mf = m_valid & ~m_tgt & (~f_valid | f_taken)
+        with m.If(mf):
+            m.d.sync += [f_valid.eq(1), f_insn.eq(imem_core_r.data)]
+        with m.Elif(f_taken):
+            m.d.sync += f_valid.eq(0)
+        with m.If(m_valid & m_tgt):
+            m.d.sync += [tgt_valid.eq(1), tgt_insn.eq(imem_core_r.data)]
+        with m.If(seq_read | tgt_read):
+            m.d.sync += [m_valid.eq(1), m_tgt.eq(tgt_read), m_pc.eq(fetch_pc)]
+        with m.Elif(mf | m_tgt):
+            m.d.sync += m_valid.eq(0)
+        with m.If(seq_read):
+            m.d.sync += fetch_pc.eq(fetch_pc + 1)
+        with m.If(tgt_read):
+            m.d.sync += tgt_issued.eq(1)
+            with m.If(m_valid & f_valid):
+                # The memory output held the next instruction: read it again later.
+                m.d.sync += fetch_pc.eq(m_pc)
+        with m.If(x_load):
+            # A target read for the previous instruction is stale.
+            m.d.sync += tgt_valid.eq(0)
+            with m.If(m_tgt):
+                m.d.sync += m_valid.eq(0)
+
+        def kill_fetch(next_fetch=None):
+            m.d.sync += [m_valid.eq(0), f_valid.eq(0), tgt_valid.eq(0)]
+            if next_fetch is not None:
+                m.d.sync += fetch_pc.eq(next_fetch)
+
+        # ---- Core: execute stage -----------------------------------------------------------
+        push = {kind: Signal(len(sel), name=f"push_{kind}") for kind, sel in x_sel.items()}
+        chans = {"drive": drives, "readout": readouts, "marker": markers}
+        ready_sel = Signal()
+        m.d.comb += ready_sel.eq(Cat(*(
+            x_sel[kind] & Cat(*(ch.event.ready for ch in chans[kind])) for kind in chans)).any())
+        for kind, chs in chans.items():
+            m.d.comb += push[kind].eq(Mux(ex, x_sel[kind], 0))
+            for i, ch in enumerate(chs):
                 m.d.comb += ch.event.valid.eq(push[kind][i])
+        def payload(ch, **fields):
+            return [getattr(ch.event.payload, k).eq(v) for k, v in fields.items()]
 
-        with m.Switch(cstate):
-            with m.Case(_CoreState.FETCH):
-                with m.If(pc == tail):
-                    m.d.comb += err_underflow.eq(1)
-                with m.Else():
-                    m.d.comb += imem_core_r.en.eq(1)
-                    m.d.sync += cstate.eq(_CoreState.EXEC)
-            with m.Case(_CoreState.EXEC):
-                with m.Switch(insn.op):
-                    with m.Case(Op.NOP):
-                        m.d.comb += advance.eq(1)
-                    with m.Case(Op.END):
-                        m.d.sync += cstate.eq(_CoreState.DRAIN)
-                    with m.Case(Op.WAIT):
-                        m.d.sync += t.eq(t + insn.operands.wait.cycles)
-                        m.d.comb += advance.eq(1)
-                    with m.Case(Op.SYNC):
-                        # Never anchor before the start time: while ARMED, "now" on the
-                        # program's timeline is the start time.
-                        m.d.sync += t.eq(Mux(now > run_start, now, run_start)
-                                         + insn.operands.sync.slack_cycles)
-                        m.d.comb += advance.eq(1)
-                    with m.Case(Op.SET):
-                        o = insn.operands.set
-                        with m.If(~busy_reg[o.rd]):
-                            m.d.comb += [core_we.eq(1), core_wrd.eq(o.rd),
-                                         core_wdata.eq(o.imm), advance.eq(1)]
-                    with m.Case(Op.ADD):
-                        o = insn.operands.add
-                        with m.If(~busy_reg[o.rd] & ~busy_reg[o.rs]):
-                            m.d.comb += [core_we.eq(1), core_wrd.eq(o.rd),
-                                         core_wdata.eq(reg_file[o.rs] + o.imm), advance.eq(1)]
-                    with m.Case(Op.BRANCH):
-                        o = insn.operands.branch
-                        rs = reg_file[o.rs].as_signed()
+        for ch in drives:
+            o = x.operands.play
+            m.d.comb += payload(ch, time=x_time, env_addr=o.env_addr, env_len=o.env_len,
+                                amplitude=o.amplitude, phase=o.phase, freq_word=o.freq_word)
+        for ch in readouts:
+            o = x.operands.acquire
+            m.d.comb += payload(ch, time=x_time, window_cycles=o.window_cycles,
+                                threshold=o.threshold, rd=o.rd)
+        for ch in markers:
+            m.d.comb += payload(ch, time=x_time,
+                                duration_cycles=x.operands.marker.duration_cycles)
+        m.d.comb += [
+            acq_issue.eq(ex & (x_sel["readout"] &
+                               Cat(*(ch.event.ready for ch in readouts))).any()),
+            acq_rd.eq(x.operands.acquire.rd),
+        ]
+
+        rs_value = reg_file[x_rs]
+        with m.If(run & x_valid & x_illegal):
+            m.d.comb += err_illegal.eq(1)
+        with m.If(ex):
+            with m.If(x_is[Op.NOP]):
+                m.d.comb += x_done.eq(1)
+            with m.If(x_is[Op.END]):
+                m.d.sync += mode.eq(_CoreMode.DRAIN)
+                kill_fetch()
+            with m.If(x_is[Op.WAIT]):
+                m.d.sync += t.eq(t + x.operands.wait.cycles)
+                m.d.comb += x_done.eq(1)
+            with m.If(x_is[Op.SYNC]):
+                # Never anchor before the start time: while ARMED, "now" on the program's
+                # timeline is the start time.
+                slack = x.operands.sync.slack_cycles
+                m.d.sync += t.eq(Mux(started, now + slack, run_start + slack))
+                m.d.comb += x_done.eq(1)
+            with m.If(x_is[Op.SET] & ~blocked):
+                m.d.comb += [core_we.eq(1), core_wrd.eq(x_rd),
+                             core_wdata.eq(x.operands.set.imm), x_done.eq(1)]
+            with m.If(x_is[Op.ADD] & ~blocked):
+                m.d.comb += [core_we.eq(1), core_wrd.eq(x_rd),
+                             core_wdata.eq(rs_value + x.operands.add.imm), x_done.eq(1)]
+            with m.If(x_is[Op.PLAY] | x_is[Op.ACQUIRE] | x_is[Op.MARKER]):
+                m.d.comb += x_done.eq(ready_sel)
+            with m.If(x_is[Op.BRANCH]):
+                o = x.operands.branch
+                with m.If(~br_ready):
+                    with m.If(~blocked):
                         taken = Signal()
+                        rs = rs_value.as_signed()
                         with m.Switch(o.cond):
-                            with m.Case(Cond.ALWAYS):
-                                m.d.comb += taken.eq(1)
                             with m.Case(Cond.EQ):
                                 m.d.comb += taken.eq(rs == o.imm)
                             with m.Case(Cond.NE):
@@ -331,63 +483,39 @@ class PPU(wiring.Component):
                                 m.d.comb += taken.eq(rs < o.imm)
                             with m.Case(Cond.GE):
                                 m.d.comb += taken.eq(rs >= o.imm)
-                        legal = ((o.cond == Cond.ALWAYS) | (o.cond == Cond.EQ) |
-                                 (o.cond == Cond.NE) | (o.cond == Cond.LT) |
-                                 (o.cond == Cond.GE))
-                        with m.If(~legal):
-                            m.d.comb += err_illegal.eq(1)
-                        with m.Elif((o.cond == Cond.ALWAYS) | ~busy_reg[o.rs]):
-                            with m.If(taken):
-                                m.d.sync += [pc.eq(o.target[:pc_bits]),
-                                             cstate.eq(_CoreState.FETCH)]
-                            with m.Else():
-                                m.d.comb += advance.eq(1)
-                    with m.Case(Op.PLAY):
-                        o = insn.operands.play
-                        push_event("drive", drives, o.channel, {
-                            "time": t + o.offset_cycles, "env_addr": o.env_addr,
-                            "env_len": o.env_len, "amplitude": o.amplitude,
-                            "phase": o.phase, "freq_word": o.freq_word,
-                        })
-                    with m.Case(Op.ACQUIRE):
-                        o = insn.operands.acquire
-                        ready = push_event("readout", readouts, o.channel, {
-                            "time": t + o.offset_cycles, "window_cycles": o.window_cycles,
-                            "threshold": o.threshold, "rd": o.rd,
-                        }, extra_ok=o.window_cycles != 0)
-                        with m.If((o.channel < len(readouts)) & (o.window_cycles != 0) &
-                                  ready):
-                            m.d.comb += [acq_issue.eq(1), acq_rd.eq(o.rd)]
-                    with m.Case(Op.MARKER):
-                        o = insn.operands.marker
-                        push_event("marker", markers, o.channel, {
-                            "time": t + o.offset_cycles, "duration_cycles": o.duration_cycles,
-                        })
-                    with m.Case(Op.CALL):
-                        o = insn.operands.call
-                        with m.If(o.arg_bits > 32):
-                            m.d.comb += err_illegal.eq(1)
-                        with m.Elif(~busy_reg[o.rs] & ~busy_reg[o.rd] & ~call.busy):
-                            m.d.comb += [
-                                call.issue.eq(1),
-                                call.function_id.eq(o.function_id),
-                                call.arg.eq(reg_file[o.rs]),
-                                call.arg_bits.eq(o.arg_bits),
-                            ]
-                            m.d.sync += cstate.eq(_CoreState.CALL)
-                    with m.Default():
-                        m.d.comb += err_illegal.eq(1)
-            with m.Case(_CoreState.CALL):
-                with m.If(call.done):
-                    o = insn.operands.call
-                    m.d.comb += [core_we.eq(1), core_wrd.eq(o.rd), core_wdata.eq(call.result),
-                                 advance.eq(1)]
-            with m.Case(_CoreState.DRAIN):
-                all_idle = Cat(*(ch.idle for ch in drives + readouts + markers)).all()
-                with m.If(all_idle & (eff_state == PPUState.RUNNING)):
-                    m.d.sync += [state.eq(PPUState.DONE), cstate.eq(_CoreState.HALT)]
-        with m.If(advance):
-            m.d.sync += [pc.eq(next_pc), cstate.eq(_CoreState.FETCH)]
+                            with m.Default():
+                                m.d.comb += taken.eq(1)
+                        m.d.sync += [br_ready.eq(1), br_taken.eq(taken)]
+                    with m.Elif(settle.bit_select(x_rs, 1)):
+                        # The measurement lands now: decide on the bit it writes.
+                        m.d.sync += [br_ready.eq(1), br_taken.eq(
+                            Mux(land_bit.bit_select(x_rs, 1), x_taken[1], x_taken[0]))]
+                with m.If(act):
+                    m.d.comb += x_done.eq(1)
+            with m.If(x_is[Op.CALL]):
+                o = x.operands.call
+                with m.If(~call_issued):
+                    with m.If(~blocked & ~call.busy):
+                        m.d.comb += [
+                            call.issue.eq(1),
+                            call.function_id.eq(o.function_id),
+                            call.arg.eq(rs_value),
+                            call.arg_bits.eq(o.arg_bits),
+                        ]
+                        m.d.sync += call_issued.eq(1)
+                with m.Elif(call.done):
+                    m.d.comb += [core_we.eq(1), core_wrd.eq(x_rd), core_wdata.eq(call.result),
+                                 x_done.eq(1)]
+        with m.If(x_done):
+            m.d.sync += pc.eq(Mux(act_taken, x_target, pc + 1))
+        with m.If(act_taken):
+            kill_fetch(Mux(use_tgt, x_target + 1, x_target))
+        with m.If(run & ~x_valid & (pc == tail)):
+            m.d.comb += err_underflow.eq(1)
+        with m.If(mode == _CoreMode.DRAIN):
+            all_idle = Cat(*(ch.idle for ch in drives + readouts + markers)).all()
+            with m.If(all_idle & (eff_state == PPUState.RUNNING)):
+                m.d.sync += [state.eq(PPUState.DONE), mode.eq(_CoreMode.HALT)]
 
         # ---- Errors ------------------------------------------------------------------------
         lates = Cat(*(ch.late for ch in drives + readouts + markers))
@@ -405,11 +533,13 @@ class PPU(wiring.Component):
             m.d.sync += late_events.eq(late_events + sum(ch.late for ch in
                                                          drives + readouts + markers))
         with m.If(error_set):
-            m.d.sync += [state.eq(PPUState.ERROR), cstate.eq(_CoreState.HALT)]
+            m.d.sync += [state.eq(PPUState.ERROR), mode.eq(_CoreMode.HALT), x_valid.eq(0)]
+            kill_fetch()
             for name, sig in errors.items():
                 with m.If(sig):
                     m.d.sync += getattr(sticky, name).eq(1)
-        flush = error_set | (state == PPUState.ERROR)
+        # Registered: the outputs are quiet from the cycle after STATUS first reads ERROR.
+        flush = state == PPUState.ERROR
         for ch in drives + readouts + markers:
             m.d.comb += ch.flush.eq(flush)
         m.d.comb += call.abort.eq(error_set)
@@ -515,10 +645,14 @@ class PPU(wiring.Component):
                     run_start.eq(start_time),
                     sticky.eq(0),
                     state.eq(PPUState.ARMED),
-                    cstate.eq(_CoreState.FETCH),
+                    mode.eq(_CoreMode.RUN),
+                    x_valid.eq(0),
                 ]
+                kill_fetch(0)
 
-        # Reads: registered, valid the cycle after the READ.
+        # Reads: the request stage ``rd_*`` registers the decoded READ, the answer stage
+        # ``ans_*`` the memories' outputs (nothing between them); the answer is selected from
+        # it, two cycles after the READ.
         rd_region = Signal(WindowRegion)
         rd_half = Signal()
         rd_error = Signal()
@@ -538,19 +672,31 @@ class PPU(wiring.Component):
                 rd_reg.eq(Mux(tl_read & tl_lo_lanes, now, word_mux[off[:4]])),
             ]
         m.d.comb += [imem_bus_r.en.eq(is_read), env_bus_r.en.eq(is_read)]
+        ans_region = Signal(WindowRegion)
+        ans_half = Signal()
+        ans_error = Signal()
+        ans_reg = Signal(64)
+        ans_imem = Signal(INSTRUCTION_BITS)
+        ans_env = Signal(64)
+        m.d.sync += [
+            ans_region.eq(rd_region),
+            ans_half.eq(rd_half),
+            ans_error.eq(rd_error),
+            ans_reg.eq(Mux(rd_region == WindowRegion.MAILBOX, rd_mb, rd_reg)),
+            ans_imem.eq(imem_bus_r.data),
+            ans_env.eq(env_bus_r.data),
+        ]
         rdata = Signal(64)
-        with m.Switch(rd_region):
+        with m.Switch(ans_region):
             with m.Case(WindowRegion.IMEM):
-                m.d.comb += rdata.eq(Mux(rd_half, imem_bus_r.data[64:], imem_bus_r.data[:64]))
+                m.d.comb += rdata.eq(Mux(ans_half, ans_imem[64:], ans_imem[:64]))
             with m.Case(WindowRegion.ENV):
-                m.d.comb += rdata.eq(env_bus_r.data)
-            with m.Case(WindowRegion.MAILBOX):
-                m.d.comb += rdata.eq(rd_mb)
-            with m.Case(WindowRegion.REGS):
-                m.d.comb += rdata.eq(rd_reg)
+                m.d.comb += rdata.eq(ans_env)
+            with m.Default():
+                m.d.comb += rdata.eq(ans_reg)
         m.d.comb += [
-            self.bus_rdata.data.eq(Mux(rd_error, 0, rdata)),
-            self.bus_rdata.error.eq(rd_error),
+            self.bus_rdata.data.eq(Mux(ans_error, 0, rdata)),
+            self.bus_rdata.error.eq(ans_error),
         ]
         return m
 
