@@ -8,26 +8,94 @@ The clock domains ``rti`` and ``dtd`` are used but not defined here, so the gene
 the ports ``rti_clk``, ``rti_rst``, ``dtd_clk``, ``dtd_rst`` (synchronous, active-high resets).
 A board top defines them from its PLL.
 
+Reset and clock robustness: a domain in reset or without a clock never wedges the other.
+
+* The three crossings (:class:`~openqlink.gateware.cdc.CrossingFIFO`) are emptied by a reset of
+  either domain and refuse transfers on both sides until both sides are out of reset
+  (:class:`~openqlink.gateware.cdc.CrossingReset`); while ``dtd`` has no clock after a reset of
+  either domain, the ``rti`` side stays refused.
+* Commands to the PPUs (``rti`` -> ``dtd``) pass a guard: once the crossing has refused a command
+  for :data:`BUS_DROP_CYCLES` consecutive ``rti`` cycles (``dtd`` stopped, in reset or stalled),
+  every command offered is taken and dropped, one per cycle, and counted (DROP_BUS), until the
+  crossing takes commands again. The receive path therefore never stalls for good; a PPU whose
+  clock stopped without a reset may have missed part of a packet's writes (reset it).
+* The control plane answers every request within
+  ``PPU_TIMEOUT_CYCLES + 2`` ``rti`` cycles of taking it
+  (:class:`~openqlink.gateware.net.control.ControlPlane`): status PPU_TIMEOUT when the PPU side
+  did not take or answer its access; READs are tagged, so a late answer is discarded.
+
 # Ref: docs/architecture.md; NVQLink QSC (arXiv 2510.25213).
 """
 
 from __future__ import annotations
 
-from amaranth.hdl import DomainRenamer, Module
-from amaranth.lib import fifo, wiring
+from amaranth.hdl import DomainRenamer, Module, Signal
+from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..memory_map import QSCParams
-from .bus import BusCommand, BusReadData, CallRequest
+from .bus import READ_TAG_BITS, BusCommand, BusReadData, CallRequest
+from .cdc import CrossingFIFO, CrossingReset
 from .net.core import NetworkCore
 from .packet import packet_signature
 from .ppu.channels import PTDSignature
 from .ppu.cluster import PPUCluster
 
-__all__ = ["QSCTop", "generate_verilog"]
+__all__ = ["QSCTop", "BusGuard", "generate_verilog", "CDC_FIFO_DEPTH", "BUS_DROP_CYCLES"]
 
 #: Depth of each clock-crossing FIFO (entries).
 CDC_FIFO_DEPTH = 16
+
+#: ``rti`` cycles the command crossing may refuse a command before the guard drops commands
+#: (Holoscan Sensor Bridge gives up on its register bus after 256 clocks too). A power of two.
+BUS_DROP_CYCLES = 256
+
+# READ tags must not repeat among the READs in flight: at most one per entry of the command and
+# answer crossings, plus the one the PPU cluster holds.
+assert 2 * CDC_FIFO_DEPTH + 1 < 2 ** READ_TAG_BITS
+
+
+class BusGuard(wiring.Component):
+    """Passes bus commands to the crossing, and drops them while the crossing stays shut.
+
+    Members
+    -------
+    i : In(stream.Signature(BusCommand))
+        Commands from the network core.
+    o : Out(stream.Signature(BusCommand))
+        To the crossing; its ``ready`` must not depend on ``valid``. ``valid`` is withdrawn,
+        untaken, when the guard starts dropping (the command is dropped instead).
+    drop : Out(1)
+        The command on ``i`` is taken and dropped this cycle.
+
+    After :data:`BUS_DROP_CYCLES` consecutive cycles in which ``i`` offered a command and
+    ``o.ready`` was low, the guard drops: ``i.ready`` is high and ``o.valid`` low, each command
+    offered is dropped, until ``o.ready`` is seen high again (the next cycle passes commands).
+    The drop state is the top bit of a counter (no compare on the ready path).
+    """
+
+    def __init__(self):
+        super().__init__({
+            "i": In(stream.Signature(BusCommand)),
+            "o": Out(stream.Signature(BusCommand)),
+            "drop": Out(1),
+        })
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        refused = Signal(range(2 * BUS_DROP_CYCLES))
+        dropping = refused[-1]
+        m.d.comb += [
+            self.o.payload.eq(self.i.payload),
+            self.o.valid.eq(self.i.valid & ~dropping),
+            self.i.ready.eq(self.o.ready | dropping),
+            self.drop.eq(self.i.valid & dropping),
+        ]
+        with m.If(self.o.ready):
+            m.d.sync += refused.eq(0)
+        with m.Elif(self.i.valid & ~dropping):
+            m.d.sync += refused.eq(refused + 1)
+        return m
 
 
 class QSCTop(wiring.Component):
@@ -69,14 +137,23 @@ class QSCTop(wiring.Component):
         m.submodules.net = net = DomainRenamer("rti")(NetworkCore(p))
         m.submodules.ppus = ppus = DomainRenamer("dtd")(PPUCluster(p))
 
-        m.submodules.cmd_cdc = cmd_cdc = fifo.AsyncFIFO(
-            width=BusCommand.as_shape().size, depth=CDC_FIFO_DEPTH, r_domain="dtd", w_domain="rti")
-        m.submodules.rdata_cdc = rdata_cdc = fifo.AsyncFIFO(
-            width=BusReadData.as_shape().size, depth=CDC_FIFO_DEPTH, r_domain="rti",
-            w_domain="dtd")
-        m.submodules.call_cdc = call_cdc = fifo.AsyncFIFO(
-            width=CallRequest.as_shape().size, depth=CDC_FIFO_DEPTH, r_domain="rti",
-            w_domain="dtd")
+        m.submodules.cdc_reset = cdc_reset = CrossingReset("rti", "dtd")
+        m.submodules.guard = guard = DomainRenamer("rti")(BusGuard())
+        m.submodules.cmd_cdc = cmd_cdc = CrossingFIFO(
+            BusCommand, CDC_FIFO_DEPTH, w_domain="rti", r_domain="dtd")
+        m.submodules.rdata_cdc = rdata_cdc = CrossingFIFO(
+            BusReadData, CDC_FIFO_DEPTH, w_domain="dtd", r_domain="rti")
+        m.submodules.call_cdc = call_cdc = CrossingFIFO(
+            CallRequest, CDC_FIFO_DEPTH, w_domain="dtd", r_domain="rti")
+        m.d.comb += [
+            cmd_cdc.w_clr.eq(cdc_reset.clr_a), cmd_cdc.w_hold.eq(cdc_reset.hold_a),
+            cmd_cdc.r_clr.eq(cdc_reset.clr_b), cmd_cdc.r_hold.eq(cdc_reset.hold_b),
+        ]
+        for dtd_to_rti in (rdata_cdc, call_cdc):
+            m.d.comb += [
+                dtd_to_rti.w_clr.eq(cdc_reset.clr_b), dtd_to_rti.w_hold.eq(cdc_reset.hold_b),
+                dtd_to_rti.r_clr.eq(cdc_reset.clr_a), dtd_to_rti.r_hold.eq(cdc_reset.hold_a),
+            ]
 
         wiring.connect(m, wiring.flipped(self.rx), net.rx)
         wiring.connect(m, net.tx, wiring.flipped(self.tx))
@@ -84,22 +161,15 @@ class QSCTop(wiring.Component):
             wiring.connect(m, ppus.ptd[n], wiring.flipped(self.ptd[n]))
         m.d.comb += self.timeline.eq(ppus.now)
 
-        _through_fifo(m, net.bus_cmd, cmd_cdc, ppus.bus_cmd)        # rti -> dtd
-        _through_fifo(m, ppus.bus_rdata, rdata_cdc, net.bus_rdata)  # dtd -> rti
-        _through_fifo(m, ppus.call_req, call_cdc, net.call_req)     # dtd -> rti
+        wiring.connect(m, net.bus_cmd, guard.i)                     # rti -> dtd
+        wiring.connect(m, guard.o, cmd_cdc.w)
+        wiring.connect(m, cmd_cdc.r, ppus.bus_cmd)
+        m.d.comb += net.bus_drop.eq(guard.drop)
+        wiring.connect(m, ppus.bus_rdata, rdata_cdc.w)              # dtd -> rti
+        wiring.connect(m, rdata_cdc.r, net.bus_rdata)
+        wiring.connect(m, ppus.call_req, call_cdc.w)                # dtd -> rti
+        wiring.connect(m, call_cdc.r, net.call_req)
         return m
-
-
-def _through_fifo(m: Module, source, fifo_, sink) -> None:
-    """Join stream ``source`` to stream ``sink`` through ``fifo_`` (payloads as flat bits)."""
-    m.d.comb += [
-        fifo_.w_data.eq(source.payload),
-        fifo_.w_en.eq(source.valid),
-        source.ready.eq(fifo_.w_rdy),
-        sink.payload.eq(fifo_.r_data),
-        sink.valid.eq(fifo_.r_rdy),
-        fifo_.r_en.eq(sink.ready),
-    ]
 
 
 def generate_verilog(params: QSCParams | None = None, *, name: str = "qsc_top") -> str:

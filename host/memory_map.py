@@ -160,6 +160,8 @@ COUNTERS: tuple[tuple[str, str], ...] = (
     ("TX_FRAMES", "Frames sent to the MAC"),
     ("TX_RPC_REQUESTS", "RPC requests sent"),
     ("RX_RPC_RESPONSES", "RPC responses delivered to a mailbox"),
+    ("DROP_BUS", "Commands to the PPUs dropped: the dtd side took none for 256 rti cycles "
+                 "(no clock, in reset)"),
 )
 COUNTERS_BASE = 0x100
 

@@ -15,13 +15,26 @@ for the TX builder:
   (:class:`~openqlink.gateware.net.regs.NetRegisters`): done locally in one cycle;
 * WR_DWORD / RD_DWORD inside PPU ``n``'s window (``n < num_ppus``): one ``BusCommand`` WRITE (the
   32-bit value in both halves of ``data``, byte enables 0x0F or 0xF0 by ``addr[2]``) or READ
-  (``word_addr = addr >> 3``, the same byte enables naming the half wanted, ``data`` 0; the
-  answer's half selected by ``addr[2]``; ``BusReadData.error`` gives BAD_ADDRESS);
+  (``word_addr = addr >> 3``, the same byte enables naming the half wanted, ``data`` the READ's
+  tag; the answer's half selected by ``addr[2]``; ``BusReadData.error`` gives BAD_ADDRESS);
 * any other address (or an unaligned one): BAD_ADDRESS; any other command (WR_BLOCK, RD_BLOCK
   included): BAD_COMMAND.
 
 A reply is sent when ``flags`` has ACK_REQUEST or the command is a read (RD_DWORD, RD_BLOCK). Its
 ``value`` is the register read, the written data for a write, 0 on error.
+
+The PPU side never holds a request up for long. A PPU access that the bus has not taken, or a
+READ whose answer has not come, :data:`PPU_TIMEOUT_CYCLES` cycles after the request was taken is
+answered with status PPU_TIMEOUT (an openqlink extension of the control-bus status set, see
+:class:`openqlink.wire.control.Status`): the untaken command is withdrawn (``bus_cmd.valid``
+falls without a transfer, so a WRITE answered PPU_TIMEOUT was never executed). A command that
+the crossing dropped (``bus_drop`` in its transfer cycle) is answered PPU_TIMEOUT at once. Every
+READ carries a new tag (:data:`~openqlink.gateware.bus.READ_TAG_BITS` bits, not reset, so that
+tags do not repeat across an ``rti`` reset either); answers whose tag is not the awaited one are
+late answers to READs given up on, and are taken and discarded in any state.
+
+Bound: the reply is valid at most ``PPU_TIMEOUT_CYCLES + 2`` cycles after the request was taken
+(whatever the PPU side does); it then waits only for ``reply.ready``.
 """
 
 # No ``from __future__ import annotations``: data.Struct reads its annotations as shapes.
@@ -31,11 +44,17 @@ from amaranth.lib.wiring import In, Out
 
 from ...memory_map import PPU_BASE, PPU_STRIDE, QSCParams
 from ...wire.control import RESPONSE_BIT, Command, Flags, Status
-from ..bus import BusCommand, BusOp, BusReadData
+from ..bus import READ_TAG_BITS, BusCommand, BusOp, BusReadData
 from .common import COUNTER_INDEX, ControlReply
 from .regs import NUM_COUNTERS, RegisterPortSignature
 
-__all__ = ["ControlRequest", "ControlPlane"]
+__all__ = ["ControlRequest", "ControlPlane", "PPU_TIMEOUT_CYCLES"]
+
+#: Cycles (``rti``) after taking a request at which a PPU access still waiting for the bus or for
+#: its READ's answer is given up and answered PPU_TIMEOUT (8.2 us at 125 MHz). A power of two:
+#: the time-out is the top bit of a counter, not a compare. The PPU side normally answers a READ
+#: in about 20 cycles; a queue of receive-path commands ahead of it can add a few hundred.
+PPU_TIMEOUT_CYCLES = 1024
 
 
 class ControlRequest(data.Struct):
@@ -71,17 +90,24 @@ class ControlPlane(wiring.Component):
     bus_cmd : Out(stream.Signature(BusCommand))
         At most one READ or WRITE per request; ``valid`` is a register (stream rules hold).
     bus_rdata : In(stream.Signature(BusReadData))
-        The answer to a READ; ``ready`` only while waiting for one.
+        Answers to READs; ``ready`` is always high: an answer whose ``tag`` is not the awaited
+        READ's is discarded.
+    bus_drop : In(1)
+        The crossing drops the command offered on the bus this cycle instead of delivering it
+        (``bus_cmd.ready`` high but nothing reaches the PPU). Counted as DROP_BUS; this block's
+        own command so dropped is answered PPU_TIMEOUT.
     regs : Out(RegisterPortSignature())
         Access to the rti register block.
     count : Out(NUM_COUNTERS)
         Counter increment strobes: RX_CONTROL for every accepted request (flags and sequence
-        checks passed).
+        checks passed), DROP_BUS for every ``bus_drop``.
     busy : Out(1)
         A bus command is pending (``bus_cmd.valid``), for the bus arbiter.
 
     Latency: a local register access replies 2 cycles after the request is taken; a PPU access
-    waits for ``bus_cmd.ready`` and, for a READ, for ``bus_rdata``.
+    waits for ``bus_cmd.ready`` and, for a READ, for its answer, at most
+    :data:`PPU_TIMEOUT_CYCLES` cycles in all (the reply is valid at most
+    ``PPU_TIMEOUT_CYCLES + 2`` cycles after the request was taken).
     """
 
     def __init__(self, params: QSCParams):
@@ -91,6 +117,7 @@ class ControlPlane(wiring.Component):
             "reply": Out(stream.Signature(ControlReply)),
             "bus_cmd": Out(stream.Signature(BusCommand)),
             "bus_rdata": In(stream.Signature(BusReadData)),
+            "bus_drop": In(1),
             "regs": Out(RegisterPortSignature()),
             "count": Out(NUM_COUNTERS),
             "busy": Out(1),
@@ -126,9 +153,25 @@ class ControlPlane(wiring.Component):
             self.regs.addr.eq(req.addr),
             self.regs.w_data.eq(req.data),
             self.busy.eq(self.bus_cmd.valid),
+            self.count[COUNTER_INDEX["DROP_BUS"]].eq(self.bus_drop),
         ]
 
-        with m.FSM():
+        # Time since the request was taken; the time-out is its top bit (no wide compare).
+        elapsed = Signal(range(2 * PPU_TIMEOUT_CYCLES))
+        timed_out = elapsed[-1]
+        assert PPU_TIMEOUT_CYCLES & (PPU_TIMEOUT_CYCLES - 1) == 0
+
+        # Tag of the READ awaited. Not reset: after an rti reset a late answer to a READ issued
+        # before it must not match the first READ issued after it.
+        tag = Signal(READ_TAG_BITS, reset_less=True)
+        next_tag = Signal(READ_TAG_BITS)
+        m.d.comb += [
+            next_tag.eq(tag + 1),
+            # Answers are always taken; only the awaited one is used (READ state below).
+            self.bus_rdata.ready.eq(1),
+        ]
+
+        with m.FSM() as fsm:
             with m.State("IDLE"):
                 m.d.comb += self.req.ready.eq(1)
                 with m.If(self.req.valid):
@@ -169,9 +212,11 @@ class ControlPlane(wiring.Component):
                             self.bus_cmd.payload.op.eq(Mux(is_read, BusOp.READ, BusOp.WRITE)),
                             self.bus_cmd.payload.be.eq(Mux(req.addr[2], 0xF0, 0x0F)),
                             self.bus_cmd.payload.data.eq(
-                                Mux(is_read, 0, Cat(req.data, req.data))),
+                                Mux(is_read, next_tag, Cat(req.data, req.data))),
                         ]
-                        with m.If(~is_read):
+                        with m.If(is_read):
+                            m.d.sync += tag.eq(next_tag)
+                        with m.Else():
                             m.d.sync += value.eq(req.data)
                         m.next = "BUS"
                     with m.Else():
@@ -180,19 +225,28 @@ class ControlPlane(wiring.Component):
             with m.State("BUS"):
                 with m.If(self.bus_cmd.ready):
                     m.d.sync += self.bus_cmd.valid.eq(0)
-                    with m.If(is_read):
+                    with m.If(self.bus_drop):
+                        m.d.sync += status.eq(Status.PPU_TIMEOUT)
+                        m.next = "REPLY"
+                    with m.Elif(is_read):
                         m.next = "READ"
                     with m.Else():
                         m.next = "REPLY"
+                with m.Elif(timed_out):
+                    # Withdrawn untaken: the PPU side never sees it.
+                    m.d.sync += [self.bus_cmd.valid.eq(0), status.eq(Status.PPU_TIMEOUT)]
+                    m.next = "REPLY"
 
             with m.State("READ"):
-                m.d.comb += self.bus_rdata.ready.eq(1)
-                with m.If(self.bus_rdata.valid):
-                    rdata = self.bus_rdata.payload
+                rdata = self.bus_rdata.payload
+                with m.If(self.bus_rdata.valid & (rdata.tag == tag)):
                     with m.If(rdata.error):
                         m.d.sync += status.eq(Status.BAD_ADDRESS)
                     with m.Else():
                         m.d.sync += value.eq(Mux(req.addr[2], rdata.data[32:], rdata.data[:32]))
+                    m.next = "REPLY"
+                with m.Elif(timed_out):
+                    m.d.sync += status.eq(Status.PPU_TIMEOUT)
                     m.next = "REPLY"
 
             with m.State("REPLY"):
@@ -213,4 +267,8 @@ class ControlPlane(wiring.Component):
                 with m.If(~want_reply | self.reply.ready):
                     m.next = "IDLE"
 
+        with m.If(fsm.ongoing("IDLE")):
+            m.d.sync += elapsed.eq(0)
+        with m.Elif(~timed_out):
+            m.d.sync += elapsed.eq(elapsed + 1)
         return m

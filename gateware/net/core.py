@@ -89,6 +89,10 @@ class NetworkCore(wiring.Component):
         Answers to the control plane's READs, in order.
     call_req : In(stream.Signature(CallRequest))
         CALLs of the PPUs, sent as RPC requests.
+    bus_drop : In(1)
+        The command offered on ``bus_cmd`` this cycle is taken but dropped, not delivered (the
+        top's crossing guard): counted as DROP_BUS, and a control-plane access so dropped is
+        answered PPU_TIMEOUT (:class:`~openqlink.gateware.net.control.ControlPlane`).
     """
 
     def __init__(self, params: QSCParams, *, rx_buffer_bytes: int = 4096):
@@ -100,6 +104,7 @@ class NetworkCore(wiring.Component):
             "bus_cmd": Out(stream.Signature(BusCommand)),
             "bus_rdata": In(stream.Signature(BusReadData)),
             "call_req": In(stream.Signature(CallRequest)),
+            "bus_drop": In(1),
         })
 
     def elaborate(self, platform) -> Module:
@@ -128,6 +133,7 @@ class NetworkCore(wiring.Component):
         m.d.comb += [
             arbiter.rx_busy.eq(rx.busy),
             arbiter.ctrl_busy.eq(ctrl.busy),
+            ctrl.bus_drop.eq(self.bus_drop),
             rx.config.eq(regs.config),
             rx.qp.eq(regs.qp),
             tx.config.eq(regs.config),

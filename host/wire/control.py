@@ -44,9 +44,19 @@ class Flags(enum.IntFlag, shape=8):
 
 
 class Status(enum.IntEnum, shape=8):
+    """Response status: Holoscan Sensor Bridge's values, then openqlink's own from 0x20.
+
+    ``PPU_TIMEOUT`` (an openqlink extension; HSB defines 0x00-0x0B and the host-side 0xF0): the
+    PPU side (``dtd`` domain) did not take or answer the access within the control plane's
+    bound (:data:`openqlink.gateware.net.control.PPU_TIMEOUT_CYCLES` ``rti`` cycles): its clock is
+    stopped, it is held in reset, or the crossing to it stayed full. A WR_DWORD so answered was
+    not executed; a RD_DWORD may still be executed later (its answer is discarded).
+    """
+
     OK = 0x00
     BAD_ADDRESS = 0x03
     BAD_COMMAND = 0x04
     BAD_LENGTH = 0x05
     BAD_FLAGS = 0x06
     SEQUENCE_ERROR = 0x0B
+    PPU_TIMEOUT = 0x20

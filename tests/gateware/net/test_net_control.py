@@ -8,7 +8,7 @@ from amaranth.lib import wiring
 from amaranth.sim import Simulator
 from netbench import HOST_IP, HOST_MAC, HOST_PORT, StreamSink
 
-from openqlink.gateware.bus import BusOp
+from openqlink.gateware.bus import READ_TAG_BITS, BusOp
 from openqlink.gateware.net.control import ControlPlane
 from openqlink.gateware.net.regs import NetRegisters
 from openqlink.isa.layout import ISA_VERSION
@@ -81,10 +81,10 @@ def run(requests, *, read_answers=None, bus_ready=lambda c: True, reply_ready=la
             await ctx.tick()
             reads = [c for c in bus.items if c[0] == BusOp.READ]
             if served < len(reads):
-                word = reads[served][1]
+                _, word, _, tag = reads[served]
                 data, error = answers[word]
                 ctx.set(dut.bus_rdata.valid, 1)
-                ctx.set(dut.bus_rdata.payload, {"data": data, "error": error})
+                ctx.set(dut.bus_rdata.payload, {"data": data, "error": error, "tag": tag})
                 await ctx.tick().until(dut.bus_rdata.ready)
                 ctx.set(dut.bus_rdata.valid, 0)
                 served += 1
@@ -156,10 +156,11 @@ def test_ppu_register_write_and_read_through_bus():
         req(Command.RD_DWORD, status, seq=2),
         req(Command.RD_DWORD, pc, seq=3),
     ], read_answers=answers)
+    tag = bus[1][3]
     assert bus == [
         (BusOp.WRITE, tail >> 3, 0x0F, 17 | 17 << 32),
-        (BusOp.READ, status >> 3, 0xF0, 0),
-        (BusOp.READ, pc >> 3, 0x0F, 0),
+        (BusOp.READ, status >> 3, 0xF0, tag),                       # data: the READ's tag
+        (BusOp.READ, pc >> 3, 0x0F, (tag + 1) % (1 << READ_TAG_BITS)),
     ]
     assert brief(replies) == [
         (0x84, 0, tail, 17, 1),
@@ -172,7 +173,7 @@ def test_bus_read_error_is_bad_address():
     addr = ppu_base(0) + 0x80_0010
     replies, bus = run([req(Command.RD_DWORD, addr, seq=1)],
                        read_answers={addr >> 3: (0x1234, 1)})
-    assert bus == [(BusOp.READ, addr >> 3, 0x0F, 0)]
+    assert [c[:3] for c in bus] == [(BusOp.READ, addr >> 3, 0x0F)]
     assert brief(replies) == [(0x94, Status.BAD_ADDRESS, addr, 0, 1)]
 
 

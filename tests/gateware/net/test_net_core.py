@@ -71,11 +71,11 @@ class CoreBench:
             await ctx.tick()
             reads = [c for c in self.bus.items if c[0] == BusOp.READ]
             if served < len(reads):
-                word = reads[served][1]
+                _, word, _, tag = reads[served]
                 value = self.ppu_words.get(word)
                 ctx.set(self.dut.bus_rdata.valid, 1)
                 ctx.set(self.dut.bus_rdata.payload,
-                        {"data": value or 0, "error": int(value is None)})
+                        {"data": value or 0, "error": int(value is None), "tag": tag})
                 await ctx.tick().until(self.dut.bus_rdata.ready)
                 ctx.set(self.dut.bus_rdata.valid, 0)
                 served += 1
@@ -173,8 +173,8 @@ def test_end_to_end():
         assert r["status"] == Status.BAD_ADDRESS
         assert b.bus.items[n:] == [
             (BusOp.WRITE, ppu_reg(1, "START_TIME_HI") >> 3, 0xF0, 0x77 << 32 | 0x77),
-            (BusOp.READ, ppu_reg(1, "STATUS") >> 3, 0xF0, 0),
-            (BusOp.READ, (ppu_reg(1, "PC") + 0x1000) >> 3, 0x0F, 0),
+            (BusOp.READ, ppu_reg(1, "STATUS") >> 3, 0xF0, 1),        # data: the READ's tag
+            (BusOp.READ, (ppu_reg(1, "PC") + 0x1000) >> 3, 0x0F, 2),
         ]
         # replies leave as frames and are counted
         sent = len(b.tx_frames)

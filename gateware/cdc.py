@@ -1,0 +1,187 @@
+"""Clock-domain crossings between ``rti`` and ``dtd`` that survive either side's reset or clock
+loss.
+
+# Ref: C. E. Cummings, "Simulation and Synthesis Techniques for Asynchronous FIFO Design", SNUG
+# 2002 (style #2: Gray pointers, two-flop synchronizers); amaranth.lib.cdc (AsyncFFSynchronizer).
+
+``amaranth.lib.fifo.AsyncFIFO`` is reset from its write side only: a reset of the read side alone
+leaves its contents in place. Between the network core and the PPUs that is wrong both ways (a
+late answer to a READ survives an ``rti`` reset; commands queued for a PPU survive a ``dtd``
+reset), so the crossings here are reset from both sides:
+
+* :class:`CrossingReset` turns the two domains' resets into, for each domain, ``clr`` (empty the
+  crossings' pointers on this side) and ``hold`` (no transfer on this side): either domain's
+  reset clears both sides, and each side stays held until the other side has been cleared and
+  released and its pointer has crossed over, so neither side ever acts on a stale pointer of the
+  other, even while the other side has no clock (then this side stays held until it runs).
+* :class:`CrossingFIFO` is a Gray-pointer asynchronous FIFO with those inputs.
+
+Each domain's own reset must be synchronous to its clock and last at least one of its clock
+edges (a board top's reset synchronizer guarantees both); the other domain may be stopped.
+"""
+
+from amaranth.hdl import Module, ResetSignal, Shape, ShapeCastable, Signal
+from amaranth.lib import stream, wiring
+from amaranth.lib.cdc import AsyncFFSynchronizer, FFSynchronizer
+from amaranth.lib.memory import Memory
+from amaranth.lib.wiring import In, Out
+
+__all__ = ["CrossingReset", "CrossingFIFO"]
+
+
+def _gray(value):
+    return value ^ (value >> 1)
+
+
+class CrossingReset(wiring.Component):
+    """Crossing resets of the two domains ``a`` and ``b`` from their domain resets.
+
+    Parameters
+    ----------
+    a, b : str
+        The two clock domains (``"rti"``, ``"dtd"``).
+
+    Members
+    -------
+    clr_a, clr_b : Out(1)
+        High while the crossings' pointers on that side are to be cleared: the domain's own reset,
+        or the other domain's reset (asserted at once, released 2 edges of this side's clock
+        after it; asynchronous set, synchronous release).
+    hold_a, hold_b : Out(1)
+        High while no transfer may happen on that side: ``clr`` of this side, or ``clr`` of the
+        other side (asserted at once, released 3 edges of this side's clock after it). With the
+        other domain stopped and its ``clr`` high, this side stays held.
+
+    Latency: after a reset of ``a`` (both clocks running) the ``a`` side is released
+    ``2 b + 3 a`` clock edges after it, the ``b`` side ``2 b`` edges after it (then held
+    until ``3 b`` edges after ``clr_a`` fell, whichever is later).
+    """
+
+    clr_a: Out(1)
+    clr_b: Out(1)
+    hold_a: Out(1)
+    hold_b: Out(1)
+
+    def __init__(self, a: str, b: str):
+        self._a = a
+        self._b = b
+        super().__init__()
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        a, b = self._a, self._b
+        b_rst_a = Signal()      # b's reset, seen in a
+        a_rst_b = Signal()      # a's reset, seen in b
+        m.submodules.b_rst_to_a = AsyncFFSynchronizer(ResetSignal(b), b_rst_a, o_domain=a)
+        m.submodules.a_rst_to_b = AsyncFFSynchronizer(ResetSignal(a), a_rst_b, o_domain=b)
+        m.d.comb += [
+            self.clr_a.eq(ResetSignal(a) | b_rst_a),
+            self.clr_b.eq(ResetSignal(b) | a_rst_b),
+        ]
+        clr_b_a = Signal()      # clr_b, seen in a
+        clr_a_b = Signal()      # clr_a, seen in b
+        m.submodules.clr_b_to_a = AsyncFFSynchronizer(self.clr_b, clr_b_a, o_domain=a, stages=3)
+        m.submodules.clr_a_to_b = AsyncFFSynchronizer(self.clr_a, clr_a_b, o_domain=b, stages=3)
+        m.d.comb += [
+            self.hold_a.eq(self.clr_a | clr_b_a),
+            self.hold_b.eq(self.clr_b | clr_a_b),
+        ]
+        return m
+
+
+class CrossingFIFO(wiring.Component):
+    """Asynchronous FIFO from ``w_domain`` to ``r_domain``, cleared and held from either side.
+
+    Parameters
+    ----------
+    shape : ShapeCastable
+        Payload shape (a layout such as :class:`~openqlink.gateware.bus.BusCommand`).
+    depth : int
+        Entries (a power of two, at least 2).
+    w_domain, r_domain : str
+        Clock domains of the write and read sides.
+
+    Members
+    -------
+    w : In(stream.Signature(shape))
+        Write side, ``w_domain``. ``ready`` is low while full or while ``w_hold``; it does not
+        depend on ``valid``.
+    r : Out(stream.Signature(shape))
+        Read side, ``r_domain``. ``valid`` is low while empty or while ``r_hold``.
+    w_clr, w_hold : In(1)
+        ``w_domain``: empty the write pointer (at the clock edge) / refuse writes.
+    r_clr, r_hold : In(1)
+        ``r_domain``: empty the read pointer (at the clock edge) / offer nothing.
+
+    Driven from a :class:`CrossingReset`, a reset of either domain empties the FIFO, and both
+    sides refuse transfers until both pointers are empty and known so on the other side.
+    Latency: a written entry is offered 3 ``r_domain`` edges after its write edge (1 register,
+    2 synchronizer stages); its slot is free for the writer 3 ``w_domain`` edges after the read.
+    """
+
+    def __init__(self, shape: ShapeCastable, depth: int, *, w_domain: str, r_domain: str):
+        if depth < 2 or depth & (depth - 1):
+            raise ValueError(f"depth must be a power of two, at least 2, not {depth}")
+        self.depth = depth
+        self._shape = shape
+        self._w_domain = w_domain
+        self._r_domain = r_domain
+        super().__init__({
+            "w": In(stream.Signature(shape)),
+            "r": Out(stream.Signature(shape)),
+            "w_clr": In(1),
+            "w_hold": In(1),
+            "r_clr": In(1),
+            "r_hold": In(1),
+        })
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        wd, rd = self._w_domain, self._r_domain
+        bits = self.depth.bit_length()          # index bits + 1 wrap bit
+        width = Shape.cast(self._shape).width
+
+        m.submodules.storage = storage = Memory(shape=width, depth=self.depth, init=[])
+        w_port = storage.write_port(domain=wd)
+        r_port = storage.read_port(domain=rd)
+
+        # ---- write side ------------------------------------------------------------------
+        w_bin = Signal(bits)
+        w_gry = Signal(bits)
+        r_gry = Signal(bits)
+        r_gry_w = Signal(bits)                  # the read pointer, synchronized into wd
+        m.submodules.r_gry_sync = FFSynchronizer(r_gry, r_gry_w, o_domain=wd)
+        full = Signal()
+        m.d.comb += full.eq((w_gry[-1] != r_gry_w[-1]) & (w_gry[-2] != r_gry_w[-2]) &
+                            (w_gry[:-2] == r_gry_w[:-2]))
+        do_write = Signal()
+        m.d.comb += [
+            self.w.ready.eq(~full & ~self.w_hold),
+            do_write.eq(self.w.valid & self.w.ready),
+            w_port.addr.eq(w_bin[:-1]),
+            w_port.data.eq(self.w.payload),
+            w_port.en.eq(do_write),
+        ]
+        with m.If(self.w_clr):
+            m.d[wd] += [w_bin.eq(0), w_gry.eq(0)]
+        with m.Elif(do_write):
+            m.d[wd] += [w_bin.eq(w_bin + 1), w_gry.eq(_gray(w_bin + 1))]
+
+        # ---- read side -------------------------------------------------------------------
+        r_bin = Signal(bits)
+        w_gry_r = Signal(bits)                  # the write pointer, synchronized into rd
+        m.submodules.w_gry_sync = FFSynchronizer(w_gry, w_gry_r, o_domain=rd)
+        do_read = Signal()
+        r_next = Signal(bits)
+        m.d.comb += [
+            self.r.valid.eq((r_gry != w_gry_r) & ~self.r_hold),
+            do_read.eq(self.r.valid & self.r.ready),
+            r_next.eq(r_bin + do_read),
+            r_port.addr.eq(r_next[:-1]),
+            self.r.payload.eq(r_port.data),
+        ]
+        with m.If(self.r_clr):
+            m.d[rd] += [r_bin.eq(0), r_gry.eq(0)]
+        with m.Else():
+            m.d[rd] += [r_bin.eq(r_next), r_gry.eq(_gray(r_next))]
+        return m

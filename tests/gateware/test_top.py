@@ -1,0 +1,300 @@
+"""QSCTop in amaranth.sim: reset and clock robustness of the ``rti`` <-> ``dtd`` crossings.
+
+The ``rti`` clock runs throughout; the ``dtd`` clock is driven by a process that the tests stop
+and restart, and each domain's reset is asserted independently. Control-plane requests go in as
+frames on ``rx`` and their replies are parsed from ``tx``: every request must be answered within
+the documented bound, with PPU_TIMEOUT when the PPU side cannot answer, and the answers after the
+PPU side is back must be the right ones.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from amaranth.hdl import ClockDomain, Module
+from amaranth.sim import Simulator
+
+from openqlink.gateware.net.control import PPU_TIMEOUT_CYCLES
+from openqlink.gateware.top import BUS_DROP_CYCLES, QSCTop
+from openqlink.memory_map import (
+    IMEM_OFFSET,
+    PPU_REGISTERS,
+    QSCParams,
+    counter_addr,
+    global_reg,
+    ppu_base,
+    ppu_reg,
+    qp_reg,
+)
+from openqlink.wire.control import Command, Flags, Status
+from openqlink.wire.packet import parse_frame
+
+# The frame builders of the network-core tests (tests/gateware/net/netbench.py).
+_spec = importlib.util.spec_from_file_location(
+    "netbench", Path(__file__).resolve().parent / "net" / "netbench.py")
+netbench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(netbench)
+beats, control_frame, write_frame = netbench.beats, netbench.control_frame, netbench.write_frame
+
+PARAMS = QSCParams(imem_depth=64, env_depth=64)
+RTI_PERIOD = PARAMS.rti_period_ns * 1e-9
+DTD_PERIOD = PARAMS.dtd_period_ns * 1e-9
+ACK = int(Flags.ACK_REQUEST)
+IMEM_RKEY = 0x1234_5678
+
+#: rti cycles from a request's last beat on ``rx`` to its reply's last beat on ``tx`` beyond the
+#: control plane's own bound: receive pipeline and queue, reply frame build and 8 beats out.
+FRAME_SLACK = 48
+BOUND = PPU_TIMEOUT_CYCLES + 2 + FRAME_SLACK
+
+CALL_TIMEOUT = ppu_reg(0, "CALL_TIMEOUT_CYCLES")
+CALL_TIMEOUT_RESET = next(r.reset for r in PPU_REGISTERS if r.name == "CALL_TIMEOUT_CYCLES")
+START_LO = ppu_reg(0, "START_TIME_LO")
+START_HI = ppu_reg(0, "START_TIME_HI")
+
+
+class TopBench:
+    """A QSCTop with both domains defined here, a stoppable ``dtd`` clock and a frame port."""
+
+    def __init__(self, params: QSCParams = PARAMS):
+        self.top = QSCTop(params)
+        self.cd_rti = ClockDomain("rti")
+        self.cd_dtd = ClockDomain("dtd")
+        self.m = Module()
+        self.m.domains += [self.cd_rti, self.cd_dtd]
+        self.m.submodules.top = self.top
+        self.dtd_running = True
+        self.tx_frames: list[bytes] = []
+        self.seq = 0
+
+    # --- clocks and resets --------------------------------------------------------------------
+
+    async def dtd_clock(self, ctx):
+        clk = self.cd_dtd.clk
+        while True:
+            await ctx.delay(DTD_PERIOD / 2)
+            if self.dtd_running:
+                ctx.set(clk, ~ctx.get(clk))
+
+    async def ticks(self, ctx, n: int):
+        for _ in range(n):
+            await ctx.tick("rti")
+
+    async def pulse_rst(self, ctx, cd: ClockDomain, rti_cycles: int = 4):
+        ctx.set(cd.rst, 1)
+        await self.ticks(ctx, rti_cycles)
+        ctx.set(cd.rst, 0)
+
+    # --- frames -------------------------------------------------------------------------------
+
+    async def tx_sink(self, ctx):
+        tx = self.top.tx
+        ctx.set(tx.ready, 1)
+        frame = b""
+        while True:
+            _, _, valid, beat = await ctx.tick("rti").sample(tx.valid, tx.payload)
+            if valid:
+                if beat.first:
+                    frame = b""
+                nbytes = bin(int(beat.keep)).count("1")
+                frame += int(beat.data).to_bytes(8, "little")[:nbytes]
+                if beat.last:
+                    self.tx_frames.append(frame)
+
+    async def send(self, ctx, frame: bytes):
+        rx = self.top.rx
+        for b in beats(frame):
+            ctx.set(rx.valid, 1)
+            ctx.set(rx.payload, b)
+            await ctx.tick("rti")
+        ctx.set(rx.valid, 0)
+
+    async def control(self, ctx, cmd: Command, addr: int, data: int = 0, *,
+                      bound: int = BOUND) -> tuple[dict, int]:
+        """One request; its reply (checked to be this request's) and the rti cycles it took."""
+        self.seq = (self.seq + 1) & 0xFFFF
+        before = len(self.tx_frames)
+        await self.send(ctx, control_frame(cmd, addr, data, flags=ACK, seq=self.seq))
+        cycles = 0
+        while len(self.tx_frames) == before and cycles < bound:
+            await ctx.tick("rti")
+            cycles += 1
+        assert len(self.tx_frames) > before, \
+            f"{cmd.name} {addr:#010x}: no reply within {bound} rti cycles"
+        assert len(self.tx_frames) == before + 1
+        reply = parse_frame(self.tx_frames[-1]).control
+        assert (reply["seq"], reply["addr"], reply["cmd"]) == (self.seq, addr, cmd | 0x80)
+        return reply, cycles
+
+    async def read(self, ctx, addr: int) -> int:
+        reply, _ = await self.control(ctx, Command.RD_DWORD, addr)
+        assert reply["status"] == Status.OK, f"{addr:#010x}: status {reply['status']:#x}"
+        return reply["value"]
+
+    async def write(self, ctx, addr: int, value: int):
+        reply, _ = await self.control(ctx, Command.WR_DWORD, addr, value)
+        assert reply["status"] == Status.OK, f"{addr:#010x}: status {reply['status']:#x}"
+
+    async def expect_timeout(self, ctx, cmd: Command, addr: int, data: int = 0) -> int:
+        reply, cycles = await self.control(ctx, cmd, addr, data)
+        assert reply["status"] == Status.PPU_TIMEOUT, f"status {reply['status']:#x}"
+        assert reply["value"] == 0
+        return cycles
+
+    async def check_ppu_answers(self, ctx, start_lo: int):
+        """Reads of three PPU registers with distinct values come back right, in order."""
+        assert await self.read(ctx, CALL_TIMEOUT) == CALL_TIMEOUT_RESET
+        assert await self.read(ctx, START_LO) == start_lo
+        assert await self.read(ctx, START_HI) == 0x5A5A
+        assert await self.read(ctx, CALL_TIMEOUT) == CALL_TIMEOUT_RESET
+
+    def run(self, testbench):
+        sim = Simulator(self.m)
+        sim.add_clock(RTI_PERIOD, domain="rti")
+        sim.add_testbench(self.dtd_clock, background=True)
+        sim.add_testbench(self.tx_sink, background=True)
+
+        async def main(ctx):
+            await self.ticks(ctx, 20)       # crossings out of reset
+            await testbench(ctx, self)
+
+        sim.add_testbench(main)
+        sim.run()
+
+
+def test_read_while_dtd_has_no_clock():
+    async def tb(ctx, b: TopBench):
+        await b.write(ctx, START_HI, 0x5A5A)
+        await b.write(ctx, START_LO, 111)
+        await b.check_ppu_answers(ctx, 111)
+        b.dtd_running = False
+        cycles = await b.expect_timeout(ctx, Command.RD_DWORD, CALL_TIMEOUT)
+        assert cycles > PPU_TIMEOUT_CYCLES          # it did wait for the PPU side
+        # the control plane is not wedged: local registers, then the PPU side again
+        await b.write(ctx, global_reg("SCRATCH"), 0xC0FFEE)
+        assert await b.read(ctx, global_reg("SCRATCH")) == 0xC0FFEE
+        await b.expect_timeout(ctx, Command.RD_DWORD, START_LO)
+        b.dtd_running = True
+        await b.ticks(ctx, 20)
+        # the two READs given up on are answered late by now: their answers are discarded
+        await b.check_ppu_answers(ctx, 111)
+        await b.write(ctx, START_LO, 222)
+        await b.check_ppu_answers(ctx, 222)
+
+    TopBench().run(tb)
+
+
+def test_dtd_reset_during_read():
+    outcomes = set()
+
+    async def tb(ctx, b: TopBench):
+        for offset in range(0, 24, 2):
+            await b.write(ctx, START_HI, 0x5A5A)
+            await b.write(ctx, START_LO, offset + 1)
+            b.seq = (b.seq + 1) & 0xFFFF
+            await b.send(ctx, control_frame(Command.RD_DWORD, START_LO, flags=ACK, seq=b.seq))
+            before = len(b.tx_frames)
+            await b.ticks(ctx, offset)
+            await b.pulse_rst(ctx, b.cd_dtd)
+            for _ in range(BOUND):
+                if len(b.tx_frames) > before:
+                    break
+                await ctx.tick("rti")
+            assert len(b.tx_frames) == before + 1, f"offset {offset}: no reply"
+            reply = parse_frame(b.tx_frames[-1]).control
+            assert reply["seq"] == b.seq
+            # read before the reset, read after it (reset value 0), or given up on
+            assert (reply["status"], reply["value"]) in (
+                (Status.OK, offset + 1), (Status.OK, 0), (Status.PPU_TIMEOUT, 0)), \
+                f"offset {offset}: {reply}"
+            outcomes.add((reply["status"], reply["value"] != 0))
+            await b.ticks(ctx, 20)
+            # the PPU was reset: its registers are back to their reset values
+            assert await b.read(ctx, START_LO) == 0
+            await b.write(ctx, START_HI, 0x5A5A)
+            await b.write(ctx, START_LO, 7)
+            await b.check_ppu_answers(ctx, 7)
+
+    TopBench().run(tb)
+    # the offsets cover a READ done before the reset, one lost in it and one done after it
+    assert outcomes == {(Status.OK, True), (Status.PPU_TIMEOUT, False), (Status.OK, False)}
+
+
+def test_rti_reset_during_read():
+    async def tb(ctx, b: TopBench):
+        await b.write(ctx, START_HI, 0x5A5A)
+        await b.write(ctx, START_LO, 0x0BAD)
+        for offset in range(0, 24, 2):
+            b.seq = (b.seq + 1) & 0xFFFF
+            await b.send(ctx, control_frame(Command.RD_DWORD, START_LO, flags=ACK, seq=b.seq))
+            await b.ticks(ctx, offset)
+            await b.pulse_rst(ctx, b.cd_rti)
+            await b.ticks(ctx, 20)
+            b.tx_frames.clear()
+            # the network core is back at reset; the PPU kept its registers. A late answer to
+            # the READ cut by the reset must not answer the reads that follow.
+            await b.check_ppu_answers(ctx, 0x0BAD)
+            assert await b.read(ctx, START_HI) == 0x5A5A
+
+    TopBench().run(tb)
+
+
+def test_dtd_held_in_reset_then_released():
+    async def tb(ctx, b: TopBench):
+        ctx.set(b.cd_dtd.rst, 1)
+        await b.ticks(ctx, 50)
+        # the crossing refuses commands, so after BUS_DROP_CYCLES the guard drops the control
+        # plane's command, which is answered at once; the guard then keeps dropping
+        cycles = await b.expect_timeout(ctx, Command.RD_DWORD, CALL_TIMEOUT)
+        assert BUS_DROP_CYCLES < cycles < PPU_TIMEOUT_CYCLES
+        assert await b.expect_timeout(ctx, Command.WR_DWORD, START_LO, 99) < BUS_DROP_CYCLES
+        assert await b.expect_timeout(ctx, Command.WR_DWORD, START_HI, 98) < BUS_DROP_CYCLES
+        assert await b.read(ctx, counter_addr("DROP_BUS")) >= 1
+        assert await b.read(ctx, global_reg("NUM_PPUS")) == 1
+        ctx.set(b.cd_dtd.rst, 0)
+        await b.ticks(ctx, 20)
+        # the writes answered PPU_TIMEOUT were not executed
+        assert await b.read(ctx, START_LO) == 0
+        assert await b.read(ctx, START_HI) == 0
+        await b.write(ctx, START_HI, 0x5A5A)
+        await b.write(ctx, START_LO, 5)
+        await b.check_ppu_answers(ctx, 5)
+
+    TopBench().run(tb)
+
+
+def test_writes_and_commands_while_dtd_stopped():
+    imem = ppu_base(0) + IMEM_OFFSET
+    payload = bytes(range(256)) * 4                 # 1 KiB: 128 bus commands a frame
+
+    async def tb(ctx, b: TopBench):
+        await b.write(ctx, qp_reg(0, "IMEM_RKEY"), IMEM_RKEY)
+        await b.write(ctx, START_HI, 0x5A5A)
+        b.dtd_running = False
+        # RDMA WRITEs into a PPU whose clock is stopped: more than the receive buffer holds
+        for _ in range(8):
+            await b.send(ctx, write_frame(imem, payload, IMEM_RKEY))
+            await b.ticks(ctx, 8)
+        await b.ticks(ctx, BUS_DROP_CYCLES + 200)
+        assert await b.read(ctx, counter_addr("RX_ROCE_ACCEPTED")) == 8
+        assert await b.read(ctx, counter_addr("DROP_OVERFLOW")) == 0
+        dropped = await b.read(ctx, counter_addr("DROP_BUS"))
+        assert 8 * 128 - 16 <= dropped <= 8 * 128   # all but those the crossing holds
+        # control-plane writes are refused (nothing written), within the bound
+        for value in (31, 32):
+            await b.expect_timeout(ctx, Command.WR_DWORD, START_LO, value)
+        assert await b.read(ctx, global_reg("SCRATCH")) == 0
+        b.dtd_running = True
+        await b.ticks(ctx, 60)
+        assert await b.read(ctx, START_LO) == 0
+        await b.write(ctx, START_LO, 33)
+        await b.check_ppu_answers(ctx, 33)
+        # the receive path delivers again
+        before = await b.read(ctx, counter_addr("DROP_BUS"))
+        await b.send(ctx, write_frame(imem + 8, b"\x11" * 8, IMEM_RKEY))
+        await b.ticks(ctx, 40)
+        assert await b.read(ctx, counter_addr("DROP_BUS")) == before
+        assert await b.read(ctx, counter_addr("RX_ROCE_ACCEPTED")) == 9
+
+    TopBench().run(tb)
