@@ -30,14 +30,25 @@ side is in ``tx_domain`` (125 MHz).
 
 from __future__ import annotations
 
-from amaranth.hdl import Cat, ClockDomain, ClockSignal, Const, Instance, Module, Signal
+from amaranth.hdl import (
+    Cat,
+    ClockDomain,
+    ClockSignal,
+    Const,
+    Instance,
+    IOPort,
+    Module,
+    Signal,
+)
 from amaranth.lib import io, wiring
 from amaranth.lib.wiring import In, Out
 
 from .ethernet import GMIISignature
 
-__all__ = ["RGMIIPort", "DELAYG_TAP_NS", "DELAYG_MAX_TAPS", "control_pins"]
+__all__ = ["RGMIIPort", "RXC_HZ", "DELAYG_TAP_NS", "DELAYG_MAX_TAPS", "control_pins"]
 
+#: RXC at 1000 Mb/s (RGMII v2.0 3.3), constrained on the board build.
+RXC_HZ = 125e6
 #: ECP5 DELAYG delay per tap in ns (Lattice TN1265).
 DELAYG_TAP_NS = 0.025
 #: Largest DELAYG delay value (7-bit tap count).
@@ -204,6 +215,9 @@ class RGMIIPort(wiring.Component):
         pins = self.pins
         m.submodules.rx_clk_buf = rx_clk_buf = io.Buffer("i", pins.rx_clk)
         m.d.comb += self.rx_clk.eq(rx_clk_buf.i)
+        rxc_io = getattr(pins.rx_clk, "io", None)
+        if hasattr(platform, "add_clock_constraint") and isinstance(rxc_io, IOPort):
+            platform.add_clock_constraint(rxc_io, RXC_HZ)
 
         for name, port, rise, fall in (("rxd", pins.rx_data, rxd_rise, rxd_fall),
                                        ("rx_ctl", self.rx_ctl_pin, rxc_rise, rxc_fall)):
