@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable
 
 from .bridges.base import FrameTransport
-from .errors import ControlPlaneError, FieldRangeError, WireFormatError
+from .errors import ControlPlaneError, FieldRangeError, PPUTimeoutError, WireFormatError
 from .wire.control import CONTROL_REQUEST, RESPONSE_BIT, Command, Flags, Status
 from .wire.ethernet import mac_to_int
 from .wire.ipv4 import ip_to_int
@@ -141,6 +141,9 @@ class ControlClient:
 
         Raises
         ------
+        PPUTimeoutError
+            The QSC answered PPU_TIMEOUT: the PPU side did not answer (not retried: the QSC
+            already waited its bound; a write so answered was not executed).
         ControlPlaneError
             ``status`` set: the QSC answered a non-OK status (other than a SEQUENCE_ERROR it could
             resynchronise from); ``status`` ``None``: no response after ``1 + retries`` attempts.
@@ -169,6 +172,12 @@ class ControlClient:
                     self._seq = (resp["latched_seq"] + 1) & 0xFFFF
                     self._synced = True
                     continue
+                if resp["status"] == Status.PPU_TIMEOUT:
+                    raise PPUTimeoutError(
+                        f"{cmd.name} {addr:#010x}: QSC answered {status_name(resp['status'])}: "
+                        "the PPU side (dtd clock domain) did not answer: no clock or held in "
+                        "reset (a write so answered was not executed)",
+                        status=resp["status"], addr=addr)
                 if resp["status"] != Status.OK:
                     raise ControlPlaneError(
                         f"{cmd.name} {addr:#010x}: QSC answered {status_name(resp['status'])}",

@@ -13,6 +13,7 @@ __all__ = [
     "FieldRangeError",
     "AssemblerError",
     "ControlPlaneError",
+    "PPUTimeoutError",
     "VersionMismatchError",
     "DispatchError",
     "GPUError",
@@ -82,6 +83,16 @@ class ControlPlaneError(QlinkError):
         self.status = status
         self.addr = addr
         super().__init__(message)
+
+
+class PPUTimeoutError(ControlPlaneError):
+    """The QSC answered status PPU_TIMEOUT (0x20, an openqlink extension of the control-bus set).
+
+    The PPU side (``dtd`` clock domain) did not take or answer the register access within the
+    gateware's bound (``PPU_TIMEOUT_CYCLES`` = 1024 ``rti`` cycles, 8.2 us at 125 MHz): its clock
+    is stopped (a PLL not locked), it is held in reset, or the path to it stayed full. A write so
+    answered was not executed; the network side of the QSC keeps working. ``status`` is 0x20.
+    """
 
 
 class VersionMismatchError(QlinkError):

@@ -24,6 +24,7 @@ from openqlink.isa.layout import ISA_VERSION
 from openqlink.memory_map import (
     COUNTERS,
     GLOBAL_REGISTERS,
+    PPU_BASE,
     PPU_REGISTERS,
     QP_REGISTERS,
     REGS_OFFSET,
@@ -87,6 +88,7 @@ class QSCPeer:
         self.ignore_requests = 0                # requests to swallow without executing
         self.stale_before_response = False      # send a response with an old seq first
         self.noise_before_response: list[bytes] = []  # frames to send before the next response
+        self.ppu_stopped = False                # PPU windows answer PPU_TIMEOUT (dtd stopped)
         self.tx_psn = [0] * self.params.num_ppus
         self.next_slot = [0] * self.params.num_ppus
         self._stop = threading.Event()
@@ -166,7 +168,10 @@ class QSCPeer:
             status = Status.SEQUENCE_ERROR
         else:
             self.latched_seq = seq
-            if cmd == Command.WR_DWORD:
+            if self.ppu_stopped and addr >= PPU_BASE and cmd in (Command.WR_DWORD,
+                                                                 Command.RD_DWORD):
+                status = Status.PPU_TIMEOUT
+            elif cmd == Command.WR_DWORD:
                 if addr not in self.regs:
                     status = Status.BAD_ADDRESS
                 else:

@@ -3,8 +3,8 @@
 import pytest
 
 from openqlink.control import ControlClient
-from openqlink.errors import ControlPlaneError, FieldRangeError
-from openqlink.memory_map import global_reg, version_word
+from openqlink.errors import ControlPlaneError, FieldRangeError, PPUTimeoutError
+from openqlink.memory_map import global_reg, ppu_reg, version_word
 from openqlink.wire.control import Command, Flags, Status
 from openqlink.wire.packet import build_udp_frame
 
@@ -118,3 +118,21 @@ def test_bad_command_status(link):
     with pytest.raises(ControlPlaneError) as e:
         client.transact(Command.RD_BLOCK, SCRATCH)
     assert e.value.status == Status.BAD_COMMAND and "RD_BLOCK" in str(e.value)
+
+
+def test_ppu_timeout_status_raises_its_own_error(link):
+    client, peer = link
+    start = ppu_reg(0, "START_TIME_LO")
+    client.write(start, 7)
+    peer.ppu_stopped = True                 # the QSC's PPU side has no clock
+    with pytest.raises(PPUTimeoutError) as e:
+        client.read(start)
+    assert e.value.status == Status.PPU_TIMEOUT == 0x20 and e.value.addr == start
+    assert "PPU_TIMEOUT (0x20)" in str(e.value) and f"{start:#010x}" in str(e.value)
+    with pytest.raises(ControlPlaneError):  # a PPUTimeoutError is a ControlPlaneError
+        client.write(start, 8)
+    assert peer.regs[start] == 7            # not executed, and not retried
+    assert client.counters["retries"] == 0
+    assert client.read(SCRATCH) == 0        # the network side still answers
+    peer.ppu_stopped = False
+    assert client.read(start) == 7
