@@ -38,22 +38,25 @@ class RGMIIMAC(wiring.Component):
     end of its payload (FCS stripped), with ``error`` on the last beat when the FCS does not
     match, RX_ER was seen, the frame is a runt (< 64 bytes with FCS), or it was cut off by an
     overflow: the consumer must drop such a frame whole. A frame of 4 bytes or fewer after the
-    SFD delivers nothing. Cut-through: the last beat leaves about 10 ``rti`` cycles after the
-    last FCS nibble is on RXD (2 RGMII, 2 receive MAC, about 4 clock crossing, 1 width
-    converter; more with the ECP5 IDDRX1F). ``rx`` cannot stall the wire: when ``rx.ready`` stays
-    low the ``rx_fifo_depth``-byte FIFO fills, then the frame being received is cut off (its last
-    beat has ``error`` set) and later frames are dropped whole until there is room, each counted
-    in ``rx_overflows``. With ``rx.ready`` high at least one cycle in ``data_width_bits // 8``
-    nothing is ever dropped.
+    SFD delivers nothing. Cut-through: in simulation the last beat is on ``rx`` 7.5 (8-bit) or
+    8.5 (64-bit) ``rti`` cycles after the last FCS nibble was driven on RXD, with RXC half a
+    cycle out of phase with ``rti`` (1 RGMII, 2 receive MAC, about 4 clock crossing, 1 width
+    converter; 1 more with the ECP5 IDDRX1F; the crossing varies by a cycle with the phase). ``rx``
+    cannot stall the wire: while ``rx.ready`` is low the ``rx_fifo_depth``-byte FIFO fills; when
+    it is full, the frame being received is cut off (its last beat has ``error`` set) and later
+    frames are dropped whole until there is room, each counted in ``rx_overflows``. With
+    ``rx.ready`` held high (as the network core holds it) nothing is ever dropped, and stalls
+    of up to about ``rx_fifo_depth - 4`` cycles per frame are absorbed.
 
     Transmit. ``tx`` takes frames without FCS; the MAC sends preamble and SFD, pads frames
     shorter than 60 bytes with zeros, appends the FCS and keeps >= ``ifg_bytes`` idle bytes
-    between frames (1 Gb/s line rate). The first preamble byte leaves 2 ``rti`` cycles (board:
-    4) after a frame's first beat is offered on an idle MAC; its first byte is taken 8 cycles
-    later (plus 1 when a width converter is present), then one byte per cycle. Once started, a
-    frame's beats must keep up with the wire (one ``data_width_bits`` beat per
-    ``data_width_bits // 8`` cycles); an underflow ends the frame on the wire with TX_ER
-    (the receiver drops it), counted in ``tx_underflows``, and the rest of the frame is dropped.
+    between frames (1 Gb/s line rate). On an idle MAC, the first preamble nibble is sampled on
+    TXD 3 (8-bit) or 4 (64-bit) ``rti`` cycles after the clock edge that first sees a frame's
+    first beat offered (ECP5: 2 more in the ODDRX1F); the frame's first byte is taken 8 cycles
+    after the preamble starts, then one byte per cycle. Once started, a frame's beats must keep
+    up with the wire (one ``data_width_bits`` beat per ``data_width_bits // 8`` cycles); an
+    underflow ends the frame on the wire with TX_ER (the receiver drops it), counted in
+    ``tx_underflows``, and the rest of the frame is dropped.
 
     Domains. ``rti`` (125 MHz; used, not defined here: the board defines it) for ``rx``, ``tx``,
     the counters and the whole transmit side. The receive side runs in ``eth_rx``, a local

@@ -79,11 +79,11 @@ def _taps(delay_ns: float, name: str) -> int:
 class RGMIIPort(wiring.Component):
     """The RGMII pins as a GMII byte bus.
 
-    Latency: a byte whose low nibble is on RXD at a rising edge of RXC is on ``rx`` 2
-    ``rx_domain`` cycles later in simulation (input DDR registers, then the output register; on
-    ECP5 IDDRX1F adds no cycle over the model). A byte on ``tx`` in a ``tx_domain`` cycle leaves
-    the pins' model with its low nibble centred on the next rising edge of ``rgmii_tx_clk``
-    (1 cycle); on ECP5 ODDRX1F adds 2 cycles.
+    Latency: a byte whose low nibble is sampled at a rising edge of RXC is on ``rx`` from the
+    next rising edge (1 ``rx_domain`` cycle) in simulation; on ECP5 the IDDRX1F adds its own
+    register. A byte on ``tx`` in a ``tx_domain`` cycle has its low nibble on TXD, centred on
+    the next-but-one rising edge of ``rgmii_tx_clk`` (the simulation model); on ECP5 the
+    ODDRX1F adds 2 cycles to the output register.
 
     Parameters
     ----------

@@ -48,5 +48,5 @@ def test_rgmii_mac_against_cocotbext_eth(tmp_path, width):
         pass
     total, failed = get_results(results)
     log = (tmp_path / "sim.log").read_text(errors="replace")
-    assert total == 6, log[-4000:]
+    assert total == 7, log[-4000:]
     assert failed == 0, log[-8000:]
