@@ -162,17 +162,19 @@ class CrossingFIFO(wiring.Component):
             w_port.data.eq(self.w.payload),
             w_port.en.eq(do_write),
         ]
+        w_next = Signal(bits)                   # wraps at 2 * depth
+        m.d.comb += w_next.eq(w_bin + 1)
         with m.If(self.w_clr):
             m.d[wd] += [w_bin.eq(0), w_gry.eq(0)]
         with m.Elif(do_write):
-            m.d[wd] += [w_bin.eq(w_bin + 1), w_gry.eq(_gray(w_bin + 1))]
+            m.d[wd] += [w_bin.eq(w_next), w_gry.eq(_gray(w_next))]
 
         # ---- read side -------------------------------------------------------------------
         r_bin = Signal(bits)
         w_gry_r = Signal(bits)                  # the write pointer, synchronized into rd
         m.submodules.w_gry_sync = FFSynchronizer(w_gry, w_gry_r, o_domain=rd)
         do_read = Signal()
-        r_next = Signal(bits)
+        r_next = Signal(bits)                   # wraps at 2 * depth
         m.d.comb += [
             self.r.valid.eq((r_gry != w_gry_r) & ~self.r_hold),
             do_read.eq(self.r.valid & self.r.ready),

@@ -9,7 +9,7 @@ from amaranth.sim import Simulator
 from netbench import HOST_IP, HOST_MAC, HOST_PORT, StreamSink
 
 from openqlink.gateware.bus import READ_TAG_BITS, BusOp
-from openqlink.gateware.net.control import ControlPlane
+from openqlink.gateware.net.control import PPU_TIMEOUT_CYCLES, ControlPlane
 from openqlink.gateware.net.regs import NetRegisters
 from openqlink.isa.layout import ISA_VERSION
 from openqlink.memory_map import (
@@ -246,3 +246,89 @@ def test_sequence_check():
         (0x94, 0, scratch, 3, 0x0100),
         (0x94, 0, scratch, 3, 0x0101),
     ]
+
+
+async def _request(ctx, dut, r):
+    ctx.set(dut.req.valid, 1)
+    ctx.set(dut.req.payload, r)
+    await ctx.tick().until(dut.req.ready)
+    ctx.set(dut.req.valid, 0)
+
+
+async def _reply(ctx, dut, bound):
+    """The next reply and the cycles waited for it (at most ``bound``)."""
+    ctx.set(dut.reply.ready, 1)
+    for cycle in range(1, bound + 1):
+        _, _, valid, payload = await ctx.tick().sample(dut.reply.valid, dut.reply.payload)
+        if valid:
+            return reply_of(payload), cycle
+    raise AssertionError(f"no reply within {bound} cycles")
+
+
+def _sim(tb):
+    h = ControlHarness(PARAMS)
+    sim = Simulator(h)
+    sim.add_clock(6.4e-9)
+
+    async def main(ctx):
+        await tb(ctx, h.dut, h.regs)
+
+    sim.add_testbench(main)
+    sim.run()
+
+
+def test_ppu_read_unanswered_times_out_within_the_bound():
+    status = ppu_reg(0, "STATUS")
+
+    async def tb(ctx, dut, regs):
+        ctx.set(dut.bus_cmd.ready, 1)
+        await _request(ctx, dut, req(Command.RD_DWORD, status, seq=1))
+        reply, cycles = await _reply(ctx, dut, PPU_TIMEOUT_CYCLES + 10)
+        # taken in the request's cycle: the reply is valid PPU_TIMEOUT_CYCLES + 2 cycles later
+        assert cycles == PPU_TIMEOUT_CYCLES + 2
+        assert (reply["status"], reply["value"]) == (Status.PPU_TIMEOUT, 0)
+        # the late answer to that READ, then the answer to the next READ: only the latter counts
+        await _request(ctx, dut, req(Command.RD_DWORD, status, seq=2))
+        await ctx.tick().until(dut.bus_cmd.valid)
+        tag = ctx.get(dut.bus_cmd.payload.data)
+        ctx.set(dut.bus_rdata.valid, 1)
+        for data, t in ((0xDEAD << 32, tag - 1), (0x0042 << 32, tag)):
+            ctx.set(dut.bus_rdata.payload, {"data": data, "error": 0, "tag": t})
+            await ctx.tick()
+            assert ctx.get(dut.bus_rdata.ready)       # answers are always taken
+        ctx.set(dut.bus_rdata.valid, 0)
+        reply, _ = await _reply(ctx, dut, 10)
+        assert (reply["status"], reply["value"], reply["seq"]) == (Status.OK, 0x42, 2)
+
+    _sim(tb)
+
+
+def test_ppu_write_not_taken_is_withdrawn():
+    start = ppu_reg(0, "START_TIME_LO")
+
+    async def tb(ctx, dut, regs):
+        ctx.set(dut.bus_cmd.ready, 0)             # the bus never takes it
+        await _request(ctx, dut, req(Command.WR_DWORD, start, 5, seq=1))
+        reply, cycles = await _reply(ctx, dut, PPU_TIMEOUT_CYCLES + 10)
+        assert cycles == PPU_TIMEOUT_CYCLES + 2
+        assert (reply["status"], reply["value"]) == (Status.PPU_TIMEOUT, 0)
+        assert not ctx.get(dut.bus_cmd.valid) and not ctx.get(dut.busy)
+
+    _sim(tb)
+
+
+def test_ppu_command_dropped_is_answered_at_once_and_counted():
+    start = ppu_reg(0, "START_TIME_LO")
+
+    async def tb(ctx, dut, regs):
+        ctx.set(dut.bus_cmd.ready, 1)
+        ctx.set(dut.bus_drop, 1)                  # the crossing drops whatever it takes
+        await _request(ctx, dut, req(Command.WR_DWORD, start, 5, seq=1))
+        reply, cycles = await _reply(ctx, dut, 10)
+        assert reply["status"] == Status.PPU_TIMEOUT and cycles < 10
+        ctx.set(dut.bus_drop, 0)
+        await _request(ctx, dut, req(Command.RD_DWORD, counter_addr("DROP_BUS"), seq=2))
+        reply, _ = await _reply(ctx, dut, 10)
+        assert reply["value"] == 1 + cycles       # one per cycle with bus_drop high
+
+    _sim(tb)
