@@ -251,3 +251,36 @@ def test_tx_error_flag_sends_tx_er_on_fcs():
 def test_tx_ifg_parameter_is_checked():
     with pytest.raises(ValueError, match=r"ifg_bytes must be an integer >= 12, not 11"):
         MACTx(ifg_bytes=11)
+
+
+def test_tx_beats_without_first_between_frames_are_dropped():
+    """Stray beats (no ``first``) offered to an idle MAC are consumed and never sent; the frame
+    after them goes out whole."""
+    dut = MACTx()
+    frame = random_frame(random.Random(15), 64)
+    stray = [{"data": 0xEE, "keep": 1, "first": 0, "last": int(k == 2), "error": 0}
+             for k in range(3)]
+    beats = stray + to_beats(frame, 8)
+    samples = []
+    taken = [0]
+
+    async def bench(ctx):
+        n = 0
+        for _ in range(200):
+            valid = n < len(beats)
+            if valid:
+                ctx.set(dut.frames.payload, beats[n])
+            ctx.set(dut.frames.valid, valid)
+            ready = ctx.get(dut.frames.ready)
+            samples.append((ctx.get(dut.gmii.data), ctx.get(dut.gmii.en), ctx.get(dut.gmii.er)))
+            await ctx.tick()
+            if valid and ready:
+                n += 1
+        taken[0] = n
+
+    sim = Simulator(dut)
+    sim.add_clock(8e-9)
+    sim.add_testbench(bench)
+    sim.run()
+    assert taken[0] == len(beats)
+    assert [w.data for w in split_gmii(samples)] == [PREAMBLE + frame + fcs(frame)]
