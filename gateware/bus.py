@@ -2,9 +2,10 @@
 
 Everything that reaches a PPU from the network, RDMA WRITE data, control-plane register accesses,
 SEND payloads for the response mailbox, crosses the clock domains as a :class:`BusCommand` through
-one ``AsyncFIFO`` (``rti`` -> ``dtd``), in order; reads are answered with a :class:`BusReadData`
-through a second ``AsyncFIFO`` (``dtd`` -> ``rti``), in order. CALL requests leave the PPUs as
-:class:`CallRequest` through a third ``AsyncFIFO`` (``dtd`` -> ``rti``).
+one asynchronous FIFO (``rti`` -> ``dtd``, :class:`~openqlink.gateware.cdc.CrossingFIFO`), in
+order; reads are answered with a :class:`BusReadData` through a second one (``dtd`` -> ``rti``),
+in order. CALL requests leave the PPUs as :class:`CallRequest` through a third one
+(``dtd`` -> ``rti``).
 
 Every READ carries a tag of :data:`READ_TAG_BITS` bits in ``data`` that its answer echoes, so the
 network side can tell the answer it waits for from a late answer to a READ it has given up on
