@@ -162,6 +162,7 @@ COUNTERS: tuple[tuple[str, str], ...] = (
     ("RX_RPC_RESPONSES", "RPC responses delivered to a mailbox"),
     ("DROP_BUS", "Commands to the PPUs dropped: the dtd side took none for 256 rti cycles "
                  "(no clock, in reset)"),
+    ("DROP_MAC", "Frame flagged bad by the MAC: FCS or PHY error"),
 )
 COUNTERS_BASE = 0x100
 

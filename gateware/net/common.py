@@ -60,6 +60,7 @@ COUNTER_INDEX = {name: i for i, (name, _) in enumerate(COUNTERS)}
 class DropReason(enum.Enum, shape=5):
     """Why a received frame was dropped; the value is the index of its counter in COUNTERS."""
 
+    MAC = COUNTER_INDEX["DROP_MAC"]
     ETH = COUNTER_INDEX["DROP_ETH"]
     IP = COUNTER_INDEX["DROP_IP"]
     UDP = COUNTER_INDEX["DROP_UDP"]

@@ -113,7 +113,8 @@ class NetRegisters(wiring.Component):
     inc : In(ArrayLayout(NUM_COUNTERS, num_inc_sources))
         Counter increment strobes: bit ``i`` of any source adds one to counter ``i``
         (:data:`openqlink.memory_map.COUNTERS` order). Counters are 32 bits and wrap. The sum of
-        all sources' strobes is added in the same cycle, so simultaneous strobes are not lost.
+        all sources' strobes of one cycle is registered and added in the next, so simultaneous
+        strobes are not lost: a strobe shows in the counter's value 2 cycles later.
     """
 
     def __init__(self, params: QSCParams, *, num_inc_sources: int = 3):
@@ -168,8 +169,13 @@ class NetRegisters(wiring.Component):
             sig = Signal(32, name=f"count_{name.lower()}")
             counters.append(sig)
             entries[GLOBAL_BASE + COUNTERS_BASE + 4 * i] = (sig, None)
-            total = sum(self.inc[s][i] for s in range(self.num_inc_sources))
-            m.d.sync += sig.eq(sig + total)
+            # inc_q: the strobes of one cycle, summed and registered, so that no strobe logic
+            # sits in front of the 32-bit adder.
+            inc_q = Signal(range(self.num_inc_sources + 1), name=f"inc_{name.lower()}")
+            m.d.sync += [
+                inc_q.eq(sum(self.inc[s][i] for s in range(self.num_inc_sources))),
+                sig.eq(sig + inc_q),
+            ]
 
         qpregs: list[dict[str, Signal]] = []
         for n in range(params.num_ppus):

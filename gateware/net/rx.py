@@ -51,7 +51,7 @@ Accepted control-plane requests go to ``ctrl_req``.
 
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
@@ -75,7 +75,7 @@ from ..bus import BusCommand, BusOp
 from ..packet import packet_signature
 from .common import COUNTER_INDEX, DropReason, NetConfig, QPContext
 from .control import ControlRequest
-from .icrc import ICRC, icrc_mask
+from .icrc import ICRC, ICRC_WORD_MASKS
 from .regs import NUM_COUNTERS
 
 __all__ = ["RoCEReceiver", "CommitEngine", "commit_descriptor_layout", "HEADER_BYTES"]
@@ -144,6 +144,7 @@ class CommitEngine(wiring.Component):
         One descriptor per accepted packet, taken while idle.
     rd_addr, rd_en : Out(ptr_bits), Out(1)
         Synchronous read port of the buffer (data one cycle after ``rd_en``; held while low).
+        The engine registers the port's output once more (``rd_word``) before using it.
     rd_data : In(64)
         Buffer word read.
     free_ptr : Out(ptr_bits + 1)
@@ -155,8 +156,10 @@ class CommitEngine(wiring.Component):
     busy : Out(1)
         A packet is in progress or a command is pending: the bus arbiter must not switch.
 
-    Latency: the first command is valid 4 cycles after the descriptor is taken; then one
-    command per cycle while ``ready`` is high. Data lanes whose byte enable is low are zero.
+    Latency: the first command is valid 4 cycles after the descriptor is taken (the first
+    buffer read is issued in the cycle the descriptor is taken; buffer read 1 cycle, its output
+    register 1, realignment register 1); then one command per cycle while ``ready`` is high.
+    Data lanes whose byte enable is low are zero.
     """
 
     def __init__(self, ptr_bits: int):
@@ -174,9 +177,13 @@ class CommitEngine(wiring.Component):
     def elaborate(self, platform) -> Module:
         m = Module()
         d = Signal(commit_descriptor_layout(self.ptr_bits))
-        rd = Signal(self.ptr_bits)
-        lo = Signal(64)
-        j = Signal(self.ptr_bits + 1)
+        rd = Signal(self.ptr_bits)            # next buffer word to read
+        rd_word = Signal(64)                  # the buffer's output, registered
+        lo = Signal(64)                       # the word before rd_word
+        dst = Signal(29)                      # bus word of the next command
+        left = Signal(self.ptr_bits + 1)      # commands of the payload still to emit
+        first_word = Signal()                 # the next command is the payload's first
+        last_word = Signal()                  # the next command is the payload's last
         out = self.bus_cmd
 
         step = Signal()
@@ -185,19 +192,35 @@ class CommitEngine(wiring.Component):
             m.d.sync += out.valid.eq(0)
 
         be = Signal(8)
-        m.d.comb += be.eq(Mux(j == 0, d.first_be, 0xFF) & Mux(j == d.nwords - 1, d.last_be, 0xFF))
+        m.d.comb += be.eq(Mux(first_word, d.first_be, 0xFF) & Mux(last_word, d.last_be, 0xFF))
         word = Signal(64)
-        m.d.comb += word.eq(Cat(lo, self.rd_data).bit_select(d.shift * 8, 64))
+        m.d.comb += word.eq(Cat(lo, rd_word).bit_select(d.shift * 8, 64))
 
-        m.d.comb += self.rd_addr.eq(rd)
+        # The read pipeline (address -> buffer -> rd_word -> lo) advances with ``advance``.
+        advance = Signal()
+        m.d.comb += [
+            self.rd_addr.eq(rd),
+            self.rd_en.eq(advance),
+        ]
+        with m.If(advance):
+            m.d.sync += [rd.eq(rd + 1), rd_word.eq(self.rd_data), lo.eq(rd_word)]
 
         with m.FSM() as fsm:
             with m.State("IDLE"):
                 m.d.comb += self.desc.ready.eq(1)
+                p = self.desc.payload
                 with m.If(self.desc.valid):
-                    p = self.desc.payload
-                    m.d.sync += [d.eq(p), rd.eq(p.src_word), j.eq(0)]
+                    m.d.sync += [
+                        d.eq(p),
+                        dst.eq(p.dst_word),
+                        left.eq(p.nwords),
+                        first_word.eq(1),
+                        last_word.eq(p.nwords == 1),
+                    ]
                     with m.If(p.nwords != 0):
+                        # the first read goes out now, from the descriptor's own address
+                        m.d.comb += [self.rd_addr.eq(p.src_word), self.rd_en.eq(1)]
+                        m.d.sync += rd.eq(p.src_word + 1)
                         m.next = "PRIME0"
                     with m.Elif(p.has_trailer):
                         m.next = "TRAILER"
@@ -205,29 +228,28 @@ class CommitEngine(wiring.Component):
                         m.d.sync += self.free_ptr.eq(p.end)
 
             with m.State("PRIME0"):
-                m.d.comb += self.rd_en.eq(1)
-                m.d.sync += rd.eq(rd + 1)
+                m.d.comb += advance.eq(1)
                 m.next = "PRIME1"
 
             with m.State("PRIME1"):
-                m.d.comb += self.rd_en.eq(1)
-                m.d.sync += [rd.eq(rd + 1), lo.eq(self.rd_data)]
+                m.d.comb += advance.eq(1)
                 m.next = "DATA"
 
             with m.State("DATA"):
                 with m.If(step):
-                    m.d.comb += self.rd_en.eq(1)
+                    m.d.comb += advance.eq(1)
                     m.d.sync += [
-                        rd.eq(rd + 1),
-                        lo.eq(self.rd_data),
-                        j.eq(j + 1),
+                        left.eq(left - 1),
+                        dst.eq(dst + 1),
+                        first_word.eq(0),
+                        last_word.eq(left == 2),
                         out.valid.eq(1),
                         out.payload.op.eq(BusOp.WRITE),
-                        out.payload.word_addr.eq(d.dst_word + j),
+                        out.payload.word_addr.eq(dst),
                         out.payload.be.eq(be),
                         out.payload.data.eq(word & _byte_mask(be)),
                     ]
-                    with m.If(j == d.nwords - 1):
+                    with m.If(last_word):
                         with m.If(d.has_trailer):
                             m.next = "TRAILER"
                         with m.Else():
@@ -345,8 +367,8 @@ class RoCEReceiver(wiring.Component):
         m.submodules.icrc = icrc = ICRC()
         m.submodules.commit = commit = CommitEngine(ptr_bits)
         desc_layout = commit_descriptor_layout(ptr_bits)
-        m.submodules.desc_fifo = desc_fifo = SyncFIFOBuffered(
-            width=desc_layout.size, depth=self.desc_depth)
+        m.submodules.desc_fifo = desc_fifo = SyncFIFO(width=desc_layout.size,
+                                                      depth=self.desc_depth)
         m.submodules.ctrl_fifo = ctrl_fifo = SyncFIFOBuffered(
             width=ControlRequest.as_shape().size, depth=self.ctrl_depth)
 
@@ -360,6 +382,11 @@ class RoCEReceiver(wiring.Component):
             b.eq(Mux(beat.first, 0, beat_cnt)),
             take.eq(self.rx.valid & (beat.first | in_frame)),
         ]
+        # One-hot position of the current beat among the header beats (all zero beyond them),
+        # from a register: no counter compare sits in front of the captures and the ICRC.
+        pos_next = Signal(_HEADER_BEATS)
+        at = Signal(_HEADER_BEATS)
+        m.d.comb += at.eq(Mux(beat.first, 1, pos_next))
         data_in = Signal(64)
         m.d.comb += data_in.eq(beat.data & _byte_mask(beat.keep))
         nkeep = Signal(4)
@@ -369,7 +396,8 @@ class RoCEReceiver(wiring.Component):
         prev_hi = Signal(16)                  # lanes 6-7 of the previous beat
         f_beats = Signal(16)                  # beats of the last complete frame
         f_len = Signal(19)                    # bytes of the last complete frame
-        s1_valid = Signal()                   # stage 1: the frame that just ended
+        f_error = Signal()                    # the MAC flagged the last complete frame bad
+        s1_valid = Signal()                   # the frame that just ended
 
         m.d.sync += s1_valid.eq(0)
         with m.If(take):
@@ -377,15 +405,16 @@ class RoCEReceiver(wiring.Component):
                 in_frame.eq(~beat.last),
                 beat_cnt.eq(Mux(b == 0xFFFF, b, b + 1)),
                 prev_hi.eq(data_in[48:]),
+                pos_next.eq(at << 1),
             ]
-            with m.Switch(b):
-                for k in range(_HEADER_BEATS):
-                    with m.Case(k):
-                        m.d.sync += hdr[64 * k:64 * k + 64].eq(data_in)
+            for k in range(_HEADER_BEATS):
+                with m.If(at[k]):
+                    m.d.sync += hdr[64 * k:64 * k + 64].eq(data_in)
             with m.If(beat.last):
                 m.d.sync += [
                     f_beats.eq(Mux(b == 0xFFFF, b, b + 1)),
                     f_len.eq(Cat(Const(0, 3), b) + nkeep),
+                    f_error.eq(beat.error),
                     s1_valid.eq(1),
                 ]
 
@@ -400,32 +429,78 @@ class RoCEReceiver(wiring.Component):
         immdt = IMMDT.view(hbytes(_IMM_AT, IMMDT))
         ctl = CONTROL_REQUEST.view(hbytes(_L4_AT, CONTROL_REQUEST))
 
+        # IPv4 header sum (RFC 1071) in parts while the header streams in: words 1-4 are beat 2,
+        # words 5-8 beat 3; words 0 and 9 are added after the frame (see ``hdr_chk``).
+        ip_words = list(_IPV4_WORDS.view(hbytes(_IP_AT, IPV4)).values())
+        beat_words = [Cat(data_in[16 * i + 8:16 * i + 16], data_in[16 * i:16 * i + 8])
+                      for i in range(4)]
+        ip_sum_b2 = Signal(18)
+        ip_sum_b3 = Signal(18)
+        with m.If(take & at[2]):
+            m.d.sync += ip_sum_b2.eq(sum(beat_words))
+        with m.If(take & at[3]):
+            m.d.sync += ip_sum_b3.eq(sum(beat_words))
+
         # ICRC message V: word 0 is all ones, word k >= 1 is frame bytes [8k+6, 8k+14), i.e.
         # lanes 6-7 of beat k and lanes 0-5 of beat k+1; V ends where the ICRC (the last 4 bytes
-        # of the IP packet) begins.
-        total_length = ip["total_length"]     # valid from beat 3 on (captured at beat 2)
-        v_last = Signal(16)
-        v_half = Signal()
-        m.d.comb += [
-            v_last.eq((total_length + 3) >> 3),
-            v_half.eq(total_length[:3] == 0),
-        ]
-        vidx = Signal(16)
-        m.d.comb += vidx.eq(b - 1)
+        # of the IP packet) begins. Word k is fed with beat k+1. Words 0-2 (beats 1-3) always
+        # belong to V (a V shorter than that only comes with a total_length that fails the IP or
+        # UDP checks); from beat 4 on, ``v_in``/``v_last_next`` say whether the next beat carries
+        # a word of V / its last word, set at beat 3 from total_length (captured at beat 2) and
+        # counted down by ``v_left``.
+        total_length = ip["total_length"]
+        v_in = Signal()                       # the next beat (>= 4) carries a word of V
+        v_last_next = Signal()                # ... and it is V's last word
+        v_left = Signal(14)                   # words of V after the next beat's
+        v_half = Signal()                     # V is 8k + 4 bytes: its last word is half used
+        v_post = Signal()                     # the next beat follows V's last word
         realigned = Signal(64)
         m.d.comb += realigned.eq(Cat(prev_hi, data_in[:48]))
+        beyond3 = Signal()                    # the current beat is beat 4 or later
+        m.d.comb += beyond3.eq(~at[:4].any())
+        v_last = Signal(14)
+        m.d.comb += v_last.eq((total_length + 3) >> 3)
+        with m.If(take):
+            m.d.sync += v_post.eq(0)
+            with m.If(at[3]):
+                m.d.sync += [
+                    v_in.eq(v_last >= 3),
+                    v_last_next.eq(v_last == 3),
+                    v_left.eq(v_last - 4),
+                    v_half.eq(total_length[:3] == 0),
+                ]
+            with m.Elif(beyond3 & v_in):
+                m.d.sync += [
+                    v_in.eq(~v_last_next),
+                    v_last_next.eq(v_left == 0),
+                    v_left.eq(v_left - 1),
+                    v_post.eq(v_last_next),
+                ]
+
+        # ICRC input stage: the masked word of V and its flags, registered.
+        crc_in = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1, "word": 64}))
+        word_mask = Const(0, 64)
+        for vidx, lanes in ICRC_WORD_MASKS.items():
+            if vidx:
+                word_mask = word_mask | Mux(at[vidx + 1], Const(lanes, 64), Const(0, 64))
+        m.d.sync += [
+            crc_in.valid.eq(take & (at[1] | at[2] | at[3] | (beyond3 & v_in))),
+            crc_in.first.eq(at[1]),
+            crc_in.last.eq(beyond3 & v_last_next),
+            crc_in.word.eq(Mux(at[1], Const(2**64 - 1, 64), realigned | word_mask)),
+        ]
         m.d.comb += [
-            icrc.valid.eq(take & (b >= 1) & ((b <= 2) | (vidx <= v_last))),
-            icrc.first.eq(b == 1),
-            icrc.last.eq((b >= 3) & (vidx == v_last)),
+            icrc.valid.eq(crc_in.valid),
+            icrc.first.eq(crc_in.first),
+            icrc.last.eq(crc_in.last),
             icrc.last_half.eq(v_half),
-            icrc.word.eq(icrc_mask(vidx, Mux(b == 1, Const(2**64 - 1, 64), realigned))),
+            icrc.word.eq(crc_in.word),
         ]
         icrc_rx = Signal(32)                  # the ICRC bytes as received, lane order
-        with m.If(take & (b >= 3)):
-            with m.If(v_half & (vidx == v_last)):
+        with m.If(take & beyond3):
+            with m.If(v_in & v_last_next & v_half):
                 m.d.sync += icrc_rx.eq(realigned[32:])
-            with m.If(~v_half & (vidx == v_last + 1)):
+            with m.If(v_post & ~v_half):
                 m.d.sync += icrc_rx.eq(realigned[:32])
         crc_held = Signal(32)
         with m.If(icrc.done):
@@ -433,179 +508,222 @@ class RoCEReceiver(wiring.Component):
         crc_now = Signal(32)
         m.d.comb += crc_now.eq(Mux(icrc.done, icrc.crc, crc_held))
 
-        # ---- buffer write, two cycles behind the arrival ------------------------------------
-        # The delay lets the decision of the previous frame (2 cycles after its last beat) move
-        # wr_base before the next frame's first word is written.
-        w_layout = data.StructLayout({"valid": 1, "first": 1, "beat": 16, "data": 64})
+        # ---- buffer write, three cycles behind the arrival ----------------------------------
+        # The delay lets the decision of the previous frame (3 cycles after its last beat) move
+        # wr_base before the next frame's first word is written. Whether a word fits is found
+        # one stage ahead (``nofit``), from the free pointer of that cycle (it only grows, so
+        # the answer is safe), except for a frame's first word, which needs the new wr_base.
+        w_layout = data.StructLayout({"valid": 1, "first": 1, "beat": 16, "big": 1,
+                                      "addr": ptr_bits + 1, "nofit": 1, "data": 64})
         w1 = Signal(w_layout)
         w2 = Signal(w_layout)
+        w3 = Signal(w_layout)
+        wr_base = Signal(ptr_bits + 1)        # first word of the frame being received
+        free_ptr = commit.free_ptr
+        w2_addr = Signal(ptr_bits + 1)
+        m.d.comb += w2_addr.eq(wr_base + w2.beat[:ptr_bits + 1])
         m.d.sync += [
             w1.valid.eq(take), w1.first.eq(beat.first), w1.beat.eq(b), w1.data.eq(data_in),
+            w1.big.eq(b[ptr_bits:] != 0),
             w2.eq(w1),
+            w3.eq(w2),
+            w3.addr.eq(w2_addr),
+            w3.nofit.eq(~w2.first & (w2.big | ((w2_addr[:ptr_bits] == free_ptr[:ptr_bits]) &
+                                                (w2_addr[ptr_bits] != free_ptr[ptr_bits])))),
         ]
-        wr_base = Signal(ptr_bits + 1)        # first word of the frame being received
-        used = Signal(ptr_bits + 1)
-        m.d.comb += used.eq(wr_base - commit.free_ptr)
-        fits = Signal()
-        m.d.comb += fits.eq(w2.beat < depth - used)
-        ovf = Signal()
-        ovf_frame = Signal()
-        m.d.comb += ovf_frame.eq((ovf & ~w2.first) | ~fits)
+        first_nofit = Signal()                # the buffer is full at the frame's first word
+        m.d.comb += first_nofit.eq((wr_base[:ptr_bits] == free_ptr[:ptr_bits]) &
+                                   (wr_base[ptr_bits] != free_ptr[ptr_bits]))
+        ovf = Signal()                        # a word of the frame at w3 did not fit
+        ovf_frame = Signal()                  # ... counting the word at w3 now
+        m.d.comb += ovf_frame.eq(Mux(w3.first, first_nofit, ovf | w3.nofit))
         m.d.comb += [
-            wport.addr.eq(wr_base[:ptr_bits] + w2.beat[:ptr_bits]),
-            wport.data.eq(w2.data),
-            wport.en.eq(w2.valid & fits),
+            wport.addr.eq(Mux(w3.first, wr_base, w3.addr)[:ptr_bits]),
+            wport.data.eq(w3.data),
+            wport.en.eq(w3.valid & ~ovf_frame),
         ]
-        with m.If(w2.valid):
+        with m.If(w3.valid):
             m.d.sync += ovf.eq(ovf_frame)
 
-        # ---- stage 1: the checks, from the captured header ---------------------------------
+        # ---- hdr_chk: the header checks' parts, registered 1 cycle after the last beat -------
         n_bits = max(1, (num_ppus - 1).bit_length())
-        is_roce = Signal()
-        is_ctrl = Signal()
-        m.d.comb += [
-            is_roce.eq((udp["dst_port"] == ROCEV2_PORT) & cfg.rx_enable),
-            is_ctrl.eq(udp["dst_port"] == CONTROL_PORT),
-        ]
         op = _opcode_info(bth["opcode"])
-
-        eth_fail = Signal()
-        m.d.comb += eth_fail.eq(
-            (f_len < _IP_AT) |
-            ~((eth["dst"] == cfg.qsc_mac) | (eth["dst"] == _BROADCAST)) |
-            (eth["ethertype"] != EtherType.IPV4))
-
-        # RFC 1071 sum over the ten 16-bit words of the header, end-around carry folded twice.
-        ip_words = list(_IPV4_WORDS.view(hbytes(_IP_AT, IPV4)).values())
-        csum_sum = Signal(20)
-        csum_fold1 = Signal(17)
-        csum_fold2 = Signal(16)
-        m.d.comb += [
-            csum_sum.eq(sum(ip_words)),
-            csum_fold1.eq(csum_sum[:16] + csum_sum[16:]),
-            csum_fold2.eq(csum_fold1[:16] + csum_fold1[16]),
-        ]
-        ip_fail = Signal()
-        m.d.comb += ip_fail.eq(
-            (f_len < _UDP_AT) | (ip["version"] != 4) | (ip["ihl"] != 5) |
-            ~((csum_fold2 == 0xFFFF) | (csum_fold2 == 0)) |
-            (total_length < IPV4.length_bytes) | (total_length + _IP_AT > f_len) |
-            ip["flags"][0] | (ip["fragment_offset"] != 0) |
-            (ip["dst"] != cfg.qsc_ip) | (ip["protocol"] != IpProtocol.UDP))
-
+        win_bits = PPU_STRIDE.bit_length() - 1
+        region_list = regions(params, 0)
+        va = reth["va"]
+        win_off = va[:win_bits]
         udp_len = udp["length"]
-        udp_fail = Signal()
-        m.d.comb += udp_fail.eq(
-            (total_length < IPV4.length_bytes + UDP.length_bytes) |
-            (udp_len != total_length - IPV4.length_bytes) |
-            ~(is_roce | is_ctrl) |
-            (is_roce & ((udp_len < _ROCE_FIXED_BYTES) | (udp_len[:2] != 0))) |
-            (is_ctrl & (udp_len < UDP.length_bytes + CONTROL_REQUEST.length_bytes)))
 
-        icrc_fail = Signal()
-        m.d.comb += icrc_fail.eq(crc_now != icrc_rx)
-        opcode_fail = Signal()
-        m.d.comb += opcode_fail.eq(~op["supported"] | (bth["tver"] != 0))
-        rx_pkey = bth["p_key"]
-        pkey_fail = Signal()
-        m.d.comb += pkey_fail.eq((rx_pkey[:15] != cfg.p_key[:15]) | ~(rx_pkey[15] | cfg.p_key[15]))
         qpn_off = Signal(24)
         m.d.comb += qpn_off.eq(bth["dest_qp"] - params.qpn_base)
-        qpn_fail = Signal()
-        m.d.comb += qpn_fail.eq((bth["dest_qp"] < params.qpn_base) | (qpn_off >= num_ppus))
-        ppu = Signal(n_bits)
-        m.d.comb += ppu.eq(qpn_off[:n_bits])
-        qpc = self.qp[ppu]
-
+        ppu_now = Signal(n_bits)
+        m.d.comb += ppu_now.eq(qpn_off[:n_bits])
         ext_bytes = Signal(5)
         m.d.comb += ext_bytes.eq(Mux(op["has_reth"], RETH.length_bytes, 0) +
                                  Mux(op["has_immdt"], IMMDT.length_bytes, 0))
-        overhead = Signal(16)
+        overhead = Signal(6)
         m.d.comb += overhead.eq(_ROCE_FIXED_BYTES + ext_bytes + bth["pad_cnt"])
-        hdrlen_fail = Signal()
-        m.d.comb += hdrlen_fail.eq(udp_len < overhead)
-        payload_bytes = Signal(16)
-        m.d.comb += payload_bytes.eq(udp_len - overhead)
+        mailbox_addr = Signal(32)
+        m.d.comb += mailbox_addr.eq(PPU_BASE + MAILBOX_OFFSET + (ppu_now << win_bits))
+        dst_addr = Signal(32)
+        m.d.comb += dst_addr.eq(Mux(op["has_reth"], va[:32], mailbox_addr))
+        qpc_now = self.qp[ppu_now]
 
-        # RETH: the region of PPU ppu holding VA, found by decoding the window offset.
-        va = reth["va"]
-        win_bits = PPU_STRIDE.bit_length() - 1
-        win_off = Signal(win_bits)
-        m.d.comb += win_off.eq(va[:win_bits])
-        in_window = Signal()
-        m.d.comb += in_window.eq((va[32:] == 0) &
-                                 (va[win_bits:32] == (PPU_BASE >> win_bits) + ppu))
-        region_hit = Signal()
-        region_rkey = Signal(32)
-        range_fail = Signal()
-        is_imem = Signal()
-        dma_end = Signal(33)
-        m.d.comb += dma_end.eq(win_off + reth["dma_len"])
-        for region in regions(params, 0):
+        c1_layout = data.StructLayout({
+            "valid": 1,
+            "mac_fail": 1,
+            "eth_fail": 1,
+            "ip_fields_fail": 1,
+            "ip_len_fail": 1,
+            "ip_sum": 20,
+            "udp_fail": 1,
+            "is_roce": 1,
+            "opcode_fail": 1,
+            "pkey_fail": 1,
+            "qpn_fail": 1,
+            "has_reth": 1,
+            "has_immdt": 1,
+            "send": 1,
+            "ppu": n_bits,
+            "psn": 24,
+            "payload_bytes": 17,              # udp_len - overhead; bit 16: the header is short
+            "va_fail": 1,                     # VA[63:32], alignment, PPU window
+            "region_hit": len(region_list),
+            "rkey_ok": len(region_list),
+            "dma_len": 32,
+            "dma_end": 33,
+            "dst_addr": 32,
+            "dst_lo_p7": 4,                   # dst_addr[2:0] + 7
+            "src_delta": 7,
+            "imm": 32,
+            "beats": 16,
+            "ctrl": ControlRequest,
+        })
+        c1 = Signal(c1_layout)
+        ip_ok_fields = ((ip["version"] == 4) & (ip["ihl"] == 5) & ~ip["flags"][0] &
+                        (ip["fragment_offset"] == 0) & (ip["dst"] == cfg.qsc_ip) &
+                        (ip["protocol"] == IpProtocol.UDP))
+        is_roce = (udp["dst_port"] == ROCEV2_PORT) & cfg.rx_enable
+        is_ctrl = udp["dst_port"] == CONTROL_PORT
+        rx_pkey = bth["p_key"]
+        m.d.sync += [
+            c1.valid.eq(s1_valid),
+            c1.mac_fail.eq(f_error),
+            c1.eth_fail.eq(
+                (f_len < _IP_AT) |
+                ~((eth["dst"] == cfg.qsc_mac) | (eth["dst"] == _BROADCAST)) |
+                (eth["ethertype"] != EtherType.IPV4)),
+            c1.ip_fields_fail.eq((f_len < _UDP_AT) | ~ip_ok_fields |
+                                 (total_length < IPV4.length_bytes)),
+            c1.ip_len_fail.eq(total_length + _IP_AT > f_len),
+            c1.ip_sum.eq(ip_sum_b2 + ip_sum_b3 + ip_words[0] + ip_words[9]),
+            c1.udp_fail.eq(
+                (total_length < IPV4.length_bytes + UDP.length_bytes) |
+                (udp_len + IPV4.length_bytes != total_length) |
+                ~(is_roce | is_ctrl) |
+                (is_roce & ((udp_len < _ROCE_FIXED_BYTES) | (udp_len[:2] != 0))) |
+                (is_ctrl & (udp_len < UDP.length_bytes + CONTROL_REQUEST.length_bytes))),
+            c1.is_roce.eq(is_roce),
+            c1.opcode_fail.eq(~op["supported"] | (bth["tver"] != 0)),
+            c1.pkey_fail.eq((rx_pkey[:15] != cfg.p_key[:15]) | ~(rx_pkey[15] | cfg.p_key[15])),
+            c1.qpn_fail.eq((bth["dest_qp"] < params.qpn_base) | (qpn_off >= num_ppus)),
+            c1.has_reth.eq(op["has_reth"]),
+            c1.has_immdt.eq(op["has_immdt"]),
+            c1.send.eq(op["send"]),
+            c1.ppu.eq(ppu_now),
+            c1.psn.eq(bth["psn"]),
+            c1.payload_bytes.eq(udp_len - overhead),
+            c1.va_fail.eq((va[32:] != 0) | (va[:2] != 0) |
+                          (va[win_bits:32] != (PPU_BASE >> win_bits) + ppu_now)),
+            c1.dma_len.eq(reth["dma_len"]),
+            c1.dma_end.eq(win_off + reth["dma_len"]),
+            c1.dst_addr.eq(dst_addr),
+            c1.dst_lo_p7.eq(dst_addr[:3] + 7),
+            c1.src_delta.eq(_RETH_AT + ext_bytes - dst_addr[:3]),
+            c1.imm.eq(immdt["imm"]),
+            c1.beats.eq(f_beats),
+            c1.ctrl.src_mac.eq(eth["src"]),
+            c1.ctrl.src_ip.eq(ip["src"]),
+            c1.ctrl.src_port.eq(udp["src_port"]),
+            c1.ctrl.cmd.eq(ctl["cmd"]),
+            c1.ctrl.flags.eq(ctl["flags"]),
+            c1.ctrl.seq.eq(ctl["seq"]),
+            c1.ctrl.addr.eq(ctl["addr"]),
+            c1.ctrl.data.eq(ctl["data"]),
+        ]
+        for r, region in enumerate(region_list):
             lo = region.va - ppu_base(0)
             hi = lo + region.length_bytes
-            with m.If((win_off >= lo) & (win_off < hi)):
-                m.d.comb += [
-                    region_hit.eq(1),
-                    region_rkey.eq(getattr(qpc, region.rkey_register.lower())),
-                    range_fail.eq(dma_end > hi),
-                ]
+            m.d.sync += [
+                c1.region_hit[r].eq((win_off >= lo) & (win_off < hi)),
+                c1.rkey_ok[r].eq(reth["r_key"] == getattr(qpc_now,
+                                                          region.rkey_register.lower())),
+            ]
+
+        # ---- verdict: the checks, registered 2 cycles after the last beat --------------------
+        # RFC 1071: the folded sum is 0xFFFF or 0x0000 exactly when the sum is 0 mod 0xFFFF;
+        # the sum of ten 16-bit words is below 2**20, so sum[15:0] + sum[19:16] is 0 or 0xFFFF.
+        sum_lo = c1.ip_sum[:16]
+        sum_hi = c1.ip_sum[16:]
+        csum_fail = Signal()
+        m.d.comb += csum_fail.eq(~(((sum_lo == 0) & (sum_hi == 0)) |
+                                   ((sum_lo[4:] == 0xFFF) & (sum_lo[:4] == ~sum_hi))))
+        region_hit = Signal()
+        m.d.comb += region_hit.eq(c1.region_hit.any())
+        range_fail = Signal()
+        rkey_fail = Signal()
+        is_imem = Signal()
+        for r, region in enumerate(region_list):
+            hi = region.va - ppu_base(0) + region.length_bytes
+            with m.If(c1.region_hit[r]):
+                m.d.comb += [range_fail.eq(c1.dma_end > hi), rkey_fail.eq(~c1.rkey_ok[r])]
                 if region.name == "IMEM":
                     m.d.comb += is_imem.eq(1)
-        va_fail = Signal()
-        m.d.comb += va_fail.eq(~in_window | ~region_hit | (va[:2] != 0))
-        rkey_fail = Signal()
-        m.d.comb += rkey_fail.eq(reth["r_key"] != region_rkey)
+        payload_bytes = c1.payload_bytes[:16]
+        hdrlen_fail = c1.payload_bytes[16]
         len_fail = Signal()
-        m.d.comb += len_fail.eq(Mux(op["has_reth"], reth["dma_len"] != payload_bytes,
+        m.d.comb += len_fail.eq(Mux(c1.has_reth, c1.dma_len != payload_bytes,
                                     payload_bytes > MAILBOX_BYTES))
+        icrc_fail = Signal()
+        m.d.comb += icrc_fail.eq(crc_now != icrc_rx)
 
-        roce = is_roce
-        write = op["has_reth"]
+        roce = c1.is_roce
+        write = c1.has_reth
         checks = [
-            (eth_fail, DropReason.ETH),
-            (ip_fail, DropReason.IP),
-            (udp_fail, DropReason.UDP),
+            (c1.mac_fail, DropReason.MAC),
+            (c1.eth_fail, DropReason.ETH),
+            (c1.ip_fields_fail | c1.ip_len_fail | csum_fail, DropReason.IP),
+            (c1.udp_fail, DropReason.UDP),
             (roce & icrc_fail, DropReason.ICRC),
-            (roce & opcode_fail, DropReason.OPCODE),
-            (roce & pkey_fail, DropReason.PKEY),
-            (roce & qpn_fail, DropReason.QPN),
+            (roce & c1.opcode_fail, DropReason.OPCODE),
+            (roce & c1.pkey_fail, DropReason.PKEY),
+            (roce & c1.qpn_fail, DropReason.QPN),
             (roce & hdrlen_fail, DropReason.LENGTH),
-            (roce & write & va_fail, DropReason.VA),
+            (roce & write & (c1.va_fail | ~region_hit), DropReason.VA),
             (roce & write & rkey_fail, DropReason.RKEY),
             (roce & write & range_fail, DropReason.VA),
             (roce & len_fail, DropReason.LENGTH),
         ]
 
-        # Descriptor fields that depend only on the header (the buffer position comes in stage 2).
-        mailbox_addr = Signal(32)
-        m.d.comb += mailbox_addr.eq(PPU_BASE + MAILBOX_OFFSET + (ppu << win_bits))
-        dst_addr = Signal(32)
-        m.d.comb += dst_addr.eq(Mux(write, va[:32], mailbox_addr))
-        payload_at = Signal(7)
-        m.d.comb += payload_at.eq(_RETH_AT + ext_bytes)
-        src_delta = Signal(7)                 # frame byte of the first output word's lane 0
-        m.d.comb += src_delta.eq(payload_at - dst_addr[:3])
-        dst_end = Signal(17)
-        m.d.comb += dst_end.eq(dst_addr[:3] + payload_bytes)
+        # Descriptor fields that depend only on the header (the buffer position comes at the
+        # decision).
         last_be_table = Array(Const((1 << (i + 1)) - 1, 8) for i in range(8))
         first_be_table = Array(Const((0xFF << i) & 0xFF, 8) for i in range(8))
         tail_addr = ppu_reg(0, "TAIL") - ppu_base(0)
         trailer = Signal(BusCommand)
-        with m.If(op["send"]):
+        with m.If(c1.send):
             m.d.comb += [
                 trailer.op.eq(BusOp.MAILBOX_COMMIT),
-                trailer.word_addr.eq(mailbox_addr[3:]),
+                trailer.word_addr.eq(c1.dst_addr[3:]),
                 trailer.be.eq(0),
                 trailer.data.eq(payload_bytes),
             ]
         with m.Else():
-            imm = immdt["imm"]
             m.d.comb += [
                 trailer.op.eq(BusOp.WRITE),
-                trailer.word_addr.eq((PPU_BASE + tail_addr + (ppu << win_bits)) >> 3),
+                trailer.word_addr.eq((PPU_BASE + tail_addr + (c1.ppu << win_bits)) >> 3),
                 trailer.be.eq(0xF0 if tail_addr & 4 else 0x0F),
-                trailer.data.eq(Cat(imm, imm)),
+                trailer.data.eq(Cat(c1.imm, c1.imm)),
             ]
 
         s2_layout = data.StructLayout({
@@ -615,39 +733,37 @@ class RoCEReceiver(wiring.Component):
             "send": 1,
             "ppu": n_bits,
             "psn": 24,
+            "psn_next": 24,
+            "psn_gap": 1,
             "beats": 16,
             "src_off": 4,
             "desc": desc_layout,
             "ctrl": ControlRequest,
         })
         s2 = Signal(s2_layout)
+        epsn = self.epsn
         m.d.sync += [
-            s2.valid.eq(s1_valid),
+            s2.valid.eq(c1.valid),
             s2.fail.eq(Cat(*(cond for cond, _ in checks))),
-            s2.roce.eq(is_roce),
-            s2.send.eq(op["send"]),
-            s2.ppu.eq(ppu),
-            s2.psn.eq(bth["psn"]),
-            s2.beats.eq(f_beats),
-            s2.src_off.eq(src_delta[3:]),
-            s2.desc.shift.eq(src_delta[:3]),
-            s2.desc.nwords.eq(Mux(payload_bytes == 0, 0, (dst_end + 7) >> 3)),
-            s2.desc.dst_word.eq(dst_addr[3:]),
-            s2.desc.first_be.eq(first_be_table[dst_addr[:3]]),
-            s2.desc.last_be.eq(last_be_table[(dst_end - 1)[:3]]),
-            s2.desc.has_trailer.eq(op["send"] | (op["has_immdt"] & is_imem)),
+            s2.roce.eq(roce),
+            s2.send.eq(c1.send),
+            s2.ppu.eq(c1.ppu),
+            s2.psn.eq(c1.psn),
+            s2.psn_next.eq(c1.psn + 1),
+            s2.psn_gap.eq(c1.psn != epsn[c1.ppu]),
+            s2.beats.eq(c1.beats),
+            s2.src_off.eq(c1.src_delta[3:]),
+            s2.desc.shift.eq(c1.src_delta[:3]),
+            s2.desc.nwords.eq(Mux(payload_bytes == 0, 0, (payload_bytes + c1.dst_lo_p7) >> 3)),
+            s2.desc.dst_word.eq(c1.dst_addr[3:]),
+            s2.desc.first_be.eq(first_be_table[c1.dst_addr[:3]]),
+            s2.desc.last_be.eq(last_be_table[(c1.dst_addr[:3] + payload_bytes - 1)[:3]]),
+            s2.desc.has_trailer.eq(c1.send | (c1.has_immdt & is_imem)),
             s2.desc.trailer.eq(trailer),
-            s2.ctrl.src_mac.eq(eth["src"]),
-            s2.ctrl.src_ip.eq(ip["src"]),
-            s2.ctrl.src_port.eq(udp["src_port"]),
-            s2.ctrl.cmd.eq(ctl["cmd"]),
-            s2.ctrl.flags.eq(ctl["flags"]),
-            s2.ctrl.seq.eq(ctl["seq"]),
-            s2.ctrl.addr.eq(ctl["addr"]),
-            s2.ctrl.data.eq(ctl["data"]),
+            s2.ctrl.eq(c1.ctrl),
         ]
 
-        # ---- stage 2: the decision ---------------------------------------------------------
+        # ---- the decision, 3 cycles after the last beat --------------------------------------
         desc = Signal(desc_layout)
         m.d.comb += [
             desc.eq(s2.desc),
@@ -656,34 +772,48 @@ class RoCEReceiver(wiring.Component):
             desc_fifo.w_data.eq(desc),
             ctrl_fifo.w_data.eq(s2.ctrl),
         ]
-        epsn = self.epsn
-        reason = Signal(DropReason, init=DropReason.ETH)
         dropped = Signal()
-        for i, (_, why) in reversed(list(enumerate(checks))):
-            with m.If(s2.fail[i]):
-                m.d.comb += [dropped.eq(1), reason.eq(why)]
+        m.d.comb += dropped.eq(s2.fail.any())
         overflow = Signal()
         m.d.comb += overflow.eq(Mux(s2.roce, ovf_frame | ~desc_fifo.w_rdy, ~ctrl_fifo.w_rdy))
-        count = self.count
-        with m.If(s2.valid):
-            m.d.comb += count[COUNTER_INDEX["RX_FRAMES"]].eq(1)
-            with m.If(dropped):
-                m.d.comb += count.bit_select(reason.as_value(), 1).eq(1)
-            with m.Elif(overflow):
-                m.d.comb += count[COUNTER_INDEX["DROP_OVERFLOW"]].eq(1)
-            with m.Elif(s2.roce):
-                m.d.comb += [
-                    desc_fifo.w_en.eq(1),
-                    count[COUNTER_INDEX["RX_ROCE_ACCEPTED"]].eq(1),
-                    count[COUNTER_INDEX["RX_RPC_RESPONSES"]].eq(s2.send),
-                    count[COUNTER_INDEX["PSN_GAP"]].eq(s2.psn != epsn[s2.ppu]),
-                ]
+        with m.If(s2.valid & ~dropped & ~overflow):
+            with m.If(s2.roce):
+                m.d.comb += desc_fifo.w_en.eq(1)
                 m.d.sync += [
                     wr_base.eq(desc.end),
-                    epsn[s2.ppu].eq(s2.psn + 1),
+                    epsn[s2.ppu].eq(s2.psn_next),
                 ]
             with m.Else():
                 m.d.comb += ctrl_fifo.w_en.eq(1)
+
+        # ---- counted: the counter strobes, 1 cycle after the decision -------------------------
+        s3 = Signal(data.StructLayout({"valid": 1, "fail": len(checks), "overflow": 1,
+                                       "roce": 1, "send": 1, "psn_gap": 1}))
+        m.d.sync += [
+            s3.valid.eq(s2.valid),
+            s3.fail.eq(s2.fail),
+            s3.overflow.eq(overflow),
+            s3.roce.eq(s2.roce),
+            s3.send.eq(s2.send),
+            s3.psn_gap.eq(s2.psn_gap),
+        ]
+        reason = Signal(DropReason, init=DropReason.ETH)
+        for i, (_, why) in reversed(list(enumerate(checks))):
+            with m.If(s3.fail[i]):
+                m.d.comb += reason.eq(why)
+        count = self.count
+        with m.If(s3.valid):
+            m.d.comb += count[COUNTER_INDEX["RX_FRAMES"]].eq(1)
+            with m.If(s3.fail.any()):
+                m.d.comb += count.bit_select(reason.as_value(), 1).eq(1)
+            with m.Elif(s3.overflow):
+                m.d.comb += count[COUNTER_INDEX["DROP_OVERFLOW"]].eq(1)
+            with m.Elif(s3.roce):
+                m.d.comb += [
+                    count[COUNTER_INDEX["RX_ROCE_ACCEPTED"]].eq(1),
+                    count[COUNTER_INDEX["RX_RPC_RESPONSES"]].eq(s3.send),
+                    count[COUNTER_INDEX["PSN_GAP"]].eq(s3.psn_gap),
+                ]
 
         # ---- commit engine and outputs -----------------------------------------------------
         m.d.comb += [

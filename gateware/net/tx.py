@@ -30,7 +30,7 @@ from ...wire.udp import CONTROL_PORT, ROCEV2_PORT, UDP
 from ..bus import MAX_CALL_ARG_BYTES, CallRequest
 from ..packet import packet_signature
 from .common import ControlReply, NetConfig, QPContext
-from .icrc import ICRC, icrc_mask
+from .icrc import ICRC, ICRC_WORD_MASKS
 from .ipv4csum import IPv4Checksum
 
 __all__ = ["TxBuilder", "rpc_frame_bytes", "CONTROL_FRAME_BYTES", "START_LATENCY_CYCLES"]
@@ -68,6 +68,8 @@ CONTROL_FRAME_BYTES = max(_CONTROL_UNPADDED_BYTES, MIN_FRAME_BYTES)
 
 _FRAME_BYTES = max(rpc_frame_bytes(MAX_CALL_ARG_BYTES), CONTROL_FRAME_BYTES)
 _FRAME_WORDS = -(-_FRAME_BYTES // 8)
+#: Words of V with masked bytes are among the first ones: a one-hot index of this many.
+_V_MASKED_WORDS = max(ICRC_WORD_MASKS) + 1
 
 #: Cycles from the cycle a request or reply is taken to the cycle its first beat is valid.
 START_LATENCY_CYCLES = 4
@@ -166,28 +168,57 @@ class TxBuilder(wiring.Component):
         ip_total = Signal(16)
         reply = Signal(ControlReply)
         req = Signal(CallRequest)
+        ppu = Signal(range(self.num_ppus))
         ts = Signal(64)
         p_key = Signal(16)
         dest_qp = Signal(24)
         psn = Signal(24)
         slot = Signal(12)
+        num_slots = Signal(13)
         ring_va = Signal(64)
+        ring_va_hi_p1 = Signal(32)                  # ring_va[63:32] + 1
         slot_size = Signal(16)
+        slot_off = Signal(28)                       # slot * slot_size
         rkey = Signal(32)
-        frame_len = Signal(range(_FRAME_BYTES + 1))
-        icrc_pos = Signal(range(_FRAME_BYTES))      # byte offset of the ICRC in the frame
-        icrc_last = Signal(range(_FRAME_WORDS))     # index of the last word of V
-        icrc_half = Signal()                        # V ends on a half word
         va = Signal(64)
 
-        frame = Signal(_FRAME_WORDS * 64)
-        beat = Signal(range(_FRAME_WORDS))
-        last_beat = Signal(range(_FRAME_WORDS))
+        # Beat markers, loaded with the frame and shifted with it: bit 0 (lane group 0) is the
+        # beat on ``tx`` now. Their values per frame kind are elaboration-time constants.
+        last_mark = Signal(_FRAME_WORDS)            # the frame's last beat
+        crc_wait = Signal(_FRAME_WORDS)             # beats at or after the first ICRC byte
+        crc_lanes = Signal(_FRAME_WORDS * 8)        # lanes that carry ICRC bytes
+        v_mark = Signal(_FRAME_WORDS)               # beats whose take feeds a word of V
+        v_last_mark = Signal(_FRAME_WORDS)          # ... the last word of V
+        v_pos = Signal(_V_MASKED_WORDS)             # one-hot index of the beat, for the masks
+        marks = Signal(data.StructLayout({
+            "last": _FRAME_WORDS, "crc_wait": _FRAME_WORDS, "crc_lanes": _FRAME_WORDS * 8,
+            "v": _FRAME_WORDS, "v_last": _FRAME_WORDS, "last_keep": 8, "crc_shift": 3,
+            "v_half": 1}))
         last_keep = Signal(8)
-        icrc_beat = Signal(range(_FRAME_WORDS + 1))  # first beat that carries ICRC bytes
-        icrc_idx = Signal(range(_FRAME_WORDS))
-        icrc_run = Signal()
+        crc_shift = Signal(3)                       # lane of the ICRC's byte 0, modulo 8
+        icrc_half = Signal()                        # V ends on a half word
+        first_beat = Signal()
         icrc_ready = Signal()
+        frame = Signal(_FRAME_WORDS * 64)
+
+        def frame_marks(frame_bytes: int, icrc_pos: int | None) -> dict:
+            last = (frame_bytes - 1) // 8
+            tail = frame_bytes % 8
+            out = {"last": 1 << last, "last_keep": (1 << (tail or 8)) - 1,
+                   "crc_wait": 0, "crc_lanes": 0, "v": 0, "v_last": 0, "crc_shift": 0,
+                   "v_half": 0}
+            if icrc_pos is not None:
+                v_bytes = 8 + icrc_pos - _IP_OFFSET
+                v_last = (v_bytes - 1) // 8
+                out.update({
+                    "crc_wait": ((1 << _FRAME_WORDS) - 1) & ~((1 << (icrc_pos // 8)) - 1),
+                    "crc_lanes": sum(1 << p for p in range(icrc_pos, icrc_pos + ICRC_BYTES)),
+                    "v": (1 << (v_last + 1)) - 1,
+                    "v_last": 1 << v_last,
+                    "crc_shift": icrc_pos % 8,
+                    "v_half": int(v_bytes % 8 == 4),
+                })
+            return out
 
         # --- selection of the request's PPU state (combinational, used in IDLE) ----------------
         rq = self.call_req.p
@@ -200,12 +231,8 @@ class TxBuilder(wiring.Component):
             with m.If(rq.ppu == n):
                 m.d.comb += [cur_slot.eq(slot_ctr[n]), sel_psn.eq(self.tx_psn[n])]
         m.d.comb += sel_slot.eq(Mux(cur_slot < qp_sel.num_slots, cur_slot, 0))
-        next_slot = Mux(sel_slot + 1 >= qp_sel.num_slots, 0, sel_slot + 1)
         req_ok = (rq.ppu < self.num_ppus) & (rq.arg_len <= MAX_CALL_ARG_BYTES)
-
-        # Elaboration-time tables indexed by arg_len.
         arg_lens = range(MAX_CALL_ARG_BYTES + 1)
-        v_bytes_of = {a: 8 + _icrc_offset(a) - _IP_OFFSET for a in arg_lens}
 
         # --- headers, from the latched fields (combinational) ----------------------------------
         ip_fields = dict(tos=0, total_length=ip_total, identification=0, fragment_offset=0,
@@ -247,38 +274,46 @@ class TxBuilder(wiring.Component):
         built = Cat(eth_header, ip_header, udp_header, l4)
         assert len(built) == len(frame)
 
-        # --- ICRC over V = 8 x 0xFF, frame bytes [14, icrc_pos), masked ------------------------
-        v_flat = Cat(Const(0, 64), frame[8 * _IP_OFFSET:])   # word 0 is masked to all ones
-        v_flat = Cat(v_flat, Const(0, -len(v_flat) % 64))
+        # --- the beat on tx: frame word 0, the ICRC bytes laid over their lanes ----------------
+        take = Signal()
+        m.d.comb += take.eq(self.tx.valid & self.tx.ready)
+        shifts = sorted({_icrc_offset(a) % 8 for a in arg_lens})
+        out_data = Signal(64)
+        for lane in range(8):
+            crc_byte = Signal(8, name=f"crc_byte_{lane}")
+            with m.Switch(crc_shift):
+                for s in shifts:
+                    with m.Case(s):
+                        k = (lane - s) % 8
+                        if k < ICRC_BYTES:
+                            m.d.comb += crc_byte.eq(icrc.crc[8 * k:8 * k + 8])
+            m.d.comb += out_data[8 * lane:8 * lane + 8].eq(
+                Mux(crc_lanes[lane], crc_byte, frame[8 * lane:8 * lane + 8]))
         m.d.comb += [
-            icrc.valid.eq(icrc_run),
-            icrc.first.eq(icrc_idx == 0),
-            icrc.last.eq(icrc_idx == icrc_last),
-            icrc.last_half.eq(icrc_half),
-            icrc.word.eq(icrc_mask(icrc_idx, v_flat.word_select(icrc_idx, 64))),
+            self.tx.p.data.eq(out_data),
+            self.tx.p.first.eq(first_beat),
+            self.tx.p.last.eq(last_mark[0]),
+            self.tx.p.keep.eq(Mux(last_mark[0], last_keep, 0xFF)),
         ]
-        with m.If(icrc_run):
-            m.d.sync += icrc_idx.eq(icrc_idx + 1)
-            with m.If(icrc_idx == icrc_last):
-                m.d.sync += icrc_run.eq(0)
+
+        # --- ICRC over V = 8 x 0xFF, frame bytes [14, icrc_pos), masked ------------------------
+        # Word k of V goes in when beat k is taken: word 0 is all ones, word k >= 1 is lanes 6-7
+        # of beat k and lanes 0-5 of beat k + 1 (frame words 0 and 1 of the shift register).
+        # The last word goes in with the beat before the first ICRC byte's, so the ICRC is
+        # ready in the cycle that beat is due.
+        v_word = Cat(frame[48:64], frame[64:112])
+        for vidx, lanes in ICRC_WORD_MASKS.items():
+            if vidx:
+                v_word = v_word | Mux(v_pos[vidx], Const(lanes, 64), Const(0, 64))
+        m.d.comb += [
+            icrc.valid.eq(take & v_mark[0]),
+            icrc.first.eq(v_pos[0]),
+            icrc.last.eq(v_last_mark[0]),
+            icrc.last_half.eq(icrc_half),
+            icrc.word.eq(Mux(v_pos[0], Const(2**64 - 1, 64), v_word)),
+        ]
         with m.If(icrc.done):
             m.d.sync += icrc_ready.eq(1)
-
-        # --- beats: the frame register with the ICRC bytes laid over it ------------------------
-        frame_out = Signal(len(frame))
-        m.d.comb += frame_out.eq(frame)
-        with m.If(~is_ctrl):
-            with m.Switch(icrc_pos):
-                for a in arg_lens:
-                    pos = _icrc_offset(a)
-                    with m.Case(pos):
-                        m.d.comb += frame_out[8 * pos:8 * (pos + ICRC_BYTES)].eq(icrc.crc)
-        m.d.comb += [
-            self.tx.p.data.eq(frame_out.word_select(beat, 64)),
-            self.tx.p.first.eq(beat == 0),
-            self.tx.p.last.eq(beat == last_beat),
-            self.tx.p.keep.eq(Mux(beat == last_beat, last_keep, 0xFF)),
-        ]
 
         # --- control ---------------------------------------------------------------------------
         with m.FSM(name="tx_fsm"):
@@ -298,7 +333,7 @@ class TxBuilder(wiring.Component):
                         udp_src.eq(CONTROL_PORT),
                         udp_dst.eq(cr.dst_port),
                         ip_total.eq(_CONTROL_UNPADDED_BYTES - _IP_OFFSET),
-                        frame_len.eq(CONTROL_FRAME_BYTES),
+                        marks.eq(marks.shape().const(frame_marks(CONTROL_FRAME_BYTES, None))),
                     ]
                     m.next = "PREP"
                 with m.Elif(self.call_req.valid & ~req_ok):
@@ -307,6 +342,7 @@ class TxBuilder(wiring.Component):
                     m.d.sync += [
                         is_ctrl.eq(0),
                         req.eq(rq),
+                        ppu.eq(rq.ppu),
                         ts.eq(self.timestamp),
                         eth_dst.eq(self.config.host_mac),
                         eth_src.eq(self.config.qsc_mac),
@@ -318,6 +354,7 @@ class TxBuilder(wiring.Component):
                         dest_qp.eq(qp_sel.host_qpn),
                         ring_va.eq(qp_sel.ring_va),
                         slot_size.eq(qp_sel.slot_size),
+                        num_slots.eq(qp_sel.num_slots),
                         rkey.eq(qp_sel.host_rkey),
                         psn.eq(sel_psn),
                         slot.eq(sel_slot),
@@ -327,46 +364,65 @@ class TxBuilder(wiring.Component):
                             with m.Case(a):
                                 m.d.sync += [
                                     ip_total.eq(_icrc_offset(a) + ICRC_BYTES - _IP_OFFSET),
-                                    frame_len.eq(rpc_frame_bytes(a)),
-                                    icrc_pos.eq(_icrc_offset(a)),
-                                    icrc_last.eq((v_bytes_of[a] - 1) // 8),
-                                    icrc_half.eq(v_bytes_of[a] % 8 == 4),
+                                    marks.eq(marks.shape().const(
+                                        frame_marks(rpc_frame_bytes(a), _icrc_offset(a)))),
                                 ]
                     for n in range(self.num_ppus):
                         with m.If(rq.ppu == n):
-                            m.d.sync += [
-                                slot_ctr[n].eq(next_slot),
-                                self.tx_psn[n].eq(self.tx_psn[n] + 1),
-                            ]
+                            m.d.sync += self.tx_psn[n].eq(self.tx_psn[n] + 1)
                     m.next = "PREP"
 
             with m.State("PREP"):
-                # IPv4 checksum stage 1 runs; the ring slot's VA is computed.
+                # IPv4 checksum stage 1 runs; the ring slot's offset is multiplied out, the slot
+                # counter of the request's PPU advances.
                 m.d.comb += csum.valid.eq(1)
-                m.d.sync += va.eq(ring_va + slot * slot_size)
+                m.d.sync += [
+                    slot_off.eq(slot * slot_size),
+                    ring_va_hi_p1.eq(ring_va[32:] + 1),
+                ]
+                with m.If(~is_ctrl):
+                    for n in range(self.num_ppus):
+                        with m.If(ppu == n):
+                            m.d.sync += slot_ctr[n].eq(
+                                Mux(slot + 1 >= num_slots, 0, slot + 1))
                 m.next = "CSUM"
 
             with m.State("CSUM"):
-                # The checksum is ready: load the whole frame.
+                # The VA of the slot (first cycle); the checksum is ready (second cycle): load
+                # the frame and its beat markers.
+                va_lo = ring_va[:32] + slot_off
+                m.d.sync += va.eq(Cat(va_lo[:32], Mux(va_lo[32], ring_va_hi_p1, ring_va[32:])))
                 with m.If(csum.done):
                     m.d.sync += [
                         frame.eq(built),
-                        beat.eq(0),
-                        last_beat.eq((frame_len - 1) >> 3),
-                        last_keep.eq(Mux(frame_len[:3] == 0, 0xFF,
-                                         (Const(1, 9) << frame_len[:3]) - 1)),
-                        icrc_beat.eq(Mux(is_ctrl, _FRAME_WORDS, icrc_pos >> 3)),
-                        icrc_idx.eq(0),
-                        icrc_run.eq(~is_ctrl),
+                        last_mark.eq(marks.last),
+                        crc_wait.eq(marks.crc_wait),
+                        crc_lanes.eq(marks.crc_lanes),
+                        v_mark.eq(marks.v),
+                        v_last_mark.eq(marks.v_last),
+                        v_pos.eq(1),
+                        last_keep.eq(marks.last_keep),
+                        crc_shift.eq(marks.crc_shift),
+                        icrc_half.eq(marks.v_half),
+                        first_beat.eq(1),
                         icrc_ready.eq(0),
                     ]
                     m.next = "SEND"
 
             with m.State("SEND"):
-                m.d.comb += self.tx.valid.eq((beat < icrc_beat) | icrc_ready | icrc.done)
-                with m.If(self.tx.valid & self.tx.ready):
-                    m.d.sync += beat.eq(beat + 1)
-                    with m.If(beat == last_beat):
+                m.d.comb += self.tx.valid.eq(~crc_wait[0] | icrc_ready | icrc.done)
+                with m.If(take):
+                    m.d.sync += [
+                        frame.eq(frame >> 64),
+                        last_mark.eq(last_mark >> 1),
+                        crc_wait.eq(crc_wait >> 1),
+                        crc_lanes.eq(crc_lanes >> 8),
+                        v_mark.eq(v_mark >> 1),
+                        v_last_mark.eq(v_last_mark >> 1),
+                        v_pos.eq(v_pos << 1),
+                        first_beat.eq(0),
+                    ]
+                    with m.If(last_mark[0]):
                         m.d.comb += [self.sent_frame.eq(1), self.sent_rpc.eq(~is_ctrl)]
                         m.next = "IDLE"
 
