@@ -273,6 +273,7 @@ class PPU(wiring.Component):
         tgt_valid = Signal()
         tgt_insn = Signal(INSTRUCTION_BITS)
         tgt_issued = Signal()
+        tgt_none = Signal()                # the target is TAIL: nothing to read
 
         # Execute stage: the instruction, decoded.
         x_valid = Signal()
@@ -301,10 +302,14 @@ class PPU(wiring.Component):
         blocked = (x_mask & busy).any()
 
         # Branch resolution: taken needs the target read first.
-        act = ex & x_is[Op.BRANCH] & br_ready & (~br_taken | tgt_valid)
-        act_taken = act & br_taken
+        act = Signal()
+        act_taken = Signal()
         use_tgt = Signal()
-        m.d.comb += use_tgt.eq(act_taken & (x_target != tail))
+        m.d.comb += [
+            act.eq(ex & x_is[Op.BRANCH] & br_ready & (~br_taken | tgt_valid | tgt_none)),
+            act_taken.eq(act & br_taken),
+            use_tgt.eq(act_taken & ~tgt_none),
+        ]
 
         # Decode: the next instruction, from the fetched register or the branch target.
         src_raw = Mux(use_tgt, tgt_insn, f_insn)
@@ -312,7 +317,6 @@ class PPU(wiring.Component):
         src_valid = Mux(act_taken, use_tgt, f_valid)
         d_is = {op: src.op == op for op in Op}
         chan = src_raw[8:12]
-        d_timed = d_is[Op.PLAY] | d_is[Op.ACQUIRE] | d_is[Op.MARKER]
         sb = src.operands.branch
         cond_legal = Cat(*(sb.cond == c for c in Cond)).any()
         d_illegal = (~Cat(*d_is.values()).any() |
@@ -346,12 +350,12 @@ class PPU(wiring.Component):
                     m.d.comb += taken_v.eq(1)
             d_taken.append(taken_v)
 
-        # A timed instruction reads t: it waits while a WAIT or SYNC writes t.
-        hazard = d_timed & x_valid & (x_is[Op.WAIT] | x_is[Op.SYNC])
+        # The execute stage takes an instruction when it is empty (so the decode stage reads
+        # the t that the instruction before wrote), or from a resolving BRANCH.
         x_load = Signal()
         f_taken = Signal()
         m.d.comb += [
-            x_load.eq(run & src_valid & (~x_valid | x_done) & ~hazard),
+            x_load.eq(run & src_valid & (~x_valid | act)),
             f_taken.eq(x_load & ~act_taken),
         ]
         with m.If(x_load):
@@ -366,6 +370,7 @@ class PPU(wiring.Component):
                 br_ready.eq(0),
                 call_issued.eq(0),
                 tgt_issued.eq(0),
+                tgt_none.eq(0),
             ]
             m.d.sync += [x_is[op].eq(d_is[op]) for op in Op]
             for kind, n in (("drive", self._n_drive), ("readout", self._n_readout),
@@ -397,7 +402,7 @@ class PPU(wiring.Component):
         with m.If(seq_read):
             m.d.sync += fetch_pc.eq(fetch_pc + 1)
         with m.If(tgt_read):
-            m.d.sync += tgt_issued.eq(1)
+            m.d.sync += [tgt_issued.eq(1), tgt_none.eq(x_target == tail)]
             with m.If(m_valid & f_valid):
                 # The memory output held the next instruction: read it again later.
                 m.d.sync += fetch_pc.eq(m_pc)
