@@ -704,3 +704,46 @@ def test_parameter_errors():
     _raises(ValueError, "imem_depth must be at least 2, not 1",
             lambda: PPU(QSCParams(imem_depth=1)))
     assert RESPONSE_MAGIC == 0x43555153
+
+
+# ---- Latency ------------------------------------------------------------------------------
+
+#: Measurement -> conditional pulse: last ADC sample of an ACQUIRE window -> first DAC sample
+#: of the PLAY that a BRANCH on its result selects (the smallest PLAY time that is not LATE).
+MEAS_TO_PULSE_CYCLES = 7
+
+
+def _conditional_pulse(taken: bool, lead: int) -> tuple[int, bool, list[int]]:
+    """ACQUIRE over s+10..s+17, BRANCH on it, PLAY at ``s + 17 + lead`` on the selected path.
+
+    Returns (last ADC sample cycle, late, DAC active cycles)."""
+    window, offset = 8, 10
+    last = offset + window - 1
+    pulse = play(0, last + lead, 0, 4, 0x4000)
+    if taken:     # the measured 1 takes the branch to the PLAY
+        prog = [acquire(0, 1, offset, window, 0), branch(Cond.EQ, 1, 1, 3), end(), pulse, end()]
+    else:         # the measured 1 falls through to the PLAY
+        prog = [acquire(0, 1, offset, window, 0), branch(Cond.NE, 1, 1, 3), pulse, end()]
+    out = {}
+
+    async def tb(ctx, dut):
+        await upload_env(ctx, dut, 0, [1000] * 4)
+        out["s"] = await start(ctx, dut, prog)
+        for _ in range(200):
+            st = await status(ctx, dut, 0)
+            if st.state in (PPUState.DONE, PPUState.ERROR):
+                break
+        out["late"] = bool(st.late)
+
+    mon = run(tb, adc=lambda now: 100)
+    s = out["s"]
+    return s + last, out["late"], mon.cycles("active")
+
+
+@pytest.mark.parametrize("taken", [True, False])
+def test_measurement_to_conditional_pulse_latency(taken):
+    last, late, active = _conditional_pulse(taken, MEAS_TO_PULSE_CYCLES)
+    assert not late and active[0] - last == MEAS_TO_PULSE_CYCLES
+    assert MEAS_TO_PULSE_CYCLES <= 8
+    _, late, active = _conditional_pulse(taken, MEAS_TO_PULSE_CYCLES - 1)
+    assert late and active == []
