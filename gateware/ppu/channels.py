@@ -8,15 +8,17 @@ the PTD port on the cycle in which the shared timeline counter ``now`` equals th
 late (QICK would play it late silently): the channel pulses ``late`` and the PPU stops with a LATE
 error.
 
-Timing contract. A channel compares the head's ``time`` with ``now + LEAD_CYCLES`` (its
-pipeline depth); an event is fired when they are equal and is late when ``time`` is smaller.
-So an event must be at the head of its FIFO at least ``LEAD_CYCLES`` cycles before its time
-(:class:`DriveChannel`: 4, :class:`ReadoutChannel` and :class:`MarkerChannel`: 1).
+Timing contract. The event queue (:class:`TimedQueue`: a FIFO and a head register) compares the
+head's ``time`` with the timeline one cycle ahead, so the fire decision is a flip-flop; an event
+is fired when its time comes (``time == now + LEAD_CYCLES - 1`` at the decision) and is late
+when it is at the head too late for that. An event must be queued (pushed in cycle ``c`` with
+an empty queue: at the FIFO's output from ``c + 1``) at least ``LEAD_CYCLES`` cycles before its
+time (:class:`DriveChannel`: 4, :class:`ReadoutChannel` and :class:`MarkerChannel`: 2): pushed
+in cycle ``c``, it can fire at ``c + LEAD_CYCLES + 1`` at the earliest.
 
 All channels are written in ``sync`` (renamed to ``dtd`` by the top). Asserting ``flush`` resets
-a channel synchronously: its FIFO empties and its outputs are 0 from the next cycle (the PPU
-asserts it on the cycle an error is detected and while it is in ERROR; a push that is offered
-in a flushed cycle is discarded).
+a channel synchronously: its queue empties and its outputs are 0 from the next cycle (the PPU
+asserts it while it is in ERROR; a push that is offered in a flushed cycle is discarded).
 
 # Ref: ARTIQ RTIO (timestamped event FIFOs, LATE/UNDERFLOW, ``artiq/gateware/rtio/sed``);
 # QICK tProcessor timed queues; openqlink docs/architecture.md (PTD interface).

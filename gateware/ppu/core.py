@@ -20,19 +20,36 @@ Run control (STATUS.state, :class:`~openqlink.isa.PPUState`):
 * END stops fetching; the state becomes DONE once the PPU is RUNNING and every channel has
   played out its events.
 * Errors (UNDERFLOW, LATE, call time-out, call failed, illegal instruction) stop the core, set
-  their sticky bit and the state ERROR, and flush the channels: from the next cycle (the first
-  in which STATUS reads ERROR) dac, dac_active, ro_window and markers are 0 and the FIFOs empty.
+  their sticky bit and the state ERROR, and flush the channels (a registered flush): from the
+  cycle after the first in which STATUS reads ERROR, dac, dac_active, ro_window and markers are
+  0 and the FIFOs empty. No event fires in between: a late one never does, and an event's
+  effect needs at least one cycle after its fire decision.
 
-Core: one instruction at a time, 2 cycles (fetch, execute) unless it stalls. r0 reads 0; r1..r15
-are 32-bit. PLAY/ACQUIRE/MARKER push ``{time = t + offset_cycles, ...}`` into the channel's FIFO
-(stall while full); a channel number beyond the build's channels is an illegal instruction, as
-is an ACQUIRE with ``window_cycles == 0``, a CALL with ``arg_bits > 32``, a BRANCH condition
-outside :class:`~openqlink.isa.Cond` and any unknown op. Scoreboard: each register has a count
-of ACQUIRE results still to land; an instruction that reads a pending register (ADD's and CALL's
-``rs``, BRANCH's ``rs`` unless ALWAYS) or writes one (SET, ADD, CALL's ``rd``) stalls until the
-count is zero. Several ACQUIREs may target one register; it then holds the last result.
-CALL waits for ``rs`` and ``rd``, sends the request, waits for the response (see
-:mod:`.callunit`), writes ``rd`` on status 0 and stops with ``call_failed`` otherwise.
+Core pipeline (DTD cycles): instruction memory read (address ``fetch_pc``) -> memory output
+-> fetched-instruction register ``f_*`` (the block RAM's output registered, nothing between
+them) -> decode (``t + offset_cycles``, channel selects, legality, scoreboard mask) ->
+execute-stage registers ``x_*``. Fetching runs ahead of execution up to two instructions. The
+execute stage takes the next instruction when it is empty, so an instruction takes 2 cycles
+unless it stalls (as an unpipelined fetch-execute core), and the decode stage always sees the
+``t`` its predecessor wrote. A BRANCH takes 3 cycles: the cycle it enters the execute stage it
+reads its target from the instruction memory and evaluates its condition into a register
+(``br_*``); the cycle after, the selected instruction (the fetched one, or the target) enters
+the execute stage directly. While it waits for a pending ``rs``, both paths are thus ready when
+the measurement lands; and its condition is decided on the bit landing in that very cycle
+(``settle``/``land_bit``: ``rs`` is written only by the ACQUIREs it waits for, so it is that
+bit). Measurement -> conditional pulse (last ADC sample of the window to the first DAC sample
+of the PLAY on either path): 7 cycles.
+
+r0 reads 0; r1..r15 are 32-bit. PLAY/ACQUIRE/MARKER push ``{time = t + offset_cycles, ...}``
+into the channel's FIFO (stall while full); a channel number beyond the build's channels is an
+illegal instruction, as is an ACQUIRE with ``window_cycles == 0``, a CALL with
+``arg_bits > 32``, a BRANCH condition outside :class:`~openqlink.isa.Cond` and any unknown op.
+Scoreboard: each register has a count of ACQUIRE results still to land; an instruction that
+reads a pending register (ADD's and CALL's ``rs``, BRANCH's ``rs`` unless ALWAYS) or writes one
+(SET, ADD, CALL's ``rd``) stalls until the count is zero. Several ACQUIREs may target one
+register; it then holds the last result. CALL waits for ``rs`` and ``rd``, sends the request,
+waits for the response (see :mod:`.callunit`), writes ``rd`` on status 0 and stops with
+``call_failed`` otherwise.
 
 Register block (32-bit registers inside 64-bit bus words: register at offset ``o`` is byte lanes
 ``(o & 4) .. +3`` of word ``o >> 3``; writes honour byte enables). Reads have no side effect but
