@@ -242,7 +242,6 @@ class PPU(wiring.Component):
         # ---- General registers and scoreboard ------------------------------------------------
         regs = [Const(0, REGISTER_BITS)] + [Signal(REGISTER_BITS, name=f"r{i}")
                                             for i in range(1, NUM_REGISTERS)]
-        reg_file = Array(regs)
         max_pending = FIFO_DEPTH * self._n_readout + self._n_readout
         pending = [Const(0, range(max_pending + 1))] + [
             Signal(range(max_pending + 1), name=f"pending{i}") for i in range(1, NUM_REGISTERS)]
@@ -275,11 +274,12 @@ class PPU(wiring.Component):
             with m.If(clear_regs):
                 m.d.sync += [regs[i].eq(0), pending[i].eq(0)]
 
-        # ---- Core: fetch stages ------------------------------------------------------------
+        # ---- Core: fetch and decode stages -------------------------------------------------
         # imem read (address stage) -> memory output stage ``m_*`` (the read port's data; it
-        # holds while its port is not enabled) -> fetched-instruction register ``f_*`` (the
-        # memory output registered, nothing between them) -> decode -> execute stage ``x_*``.
-        # A BRANCH reads its target into ``tgt_*`` while it waits for its condition.
+        # holds while its port is not enabled) -> fetched-instruction register ``f_insn`` (the
+        # memory output registered, nothing between them) -> decoded-instruction register
+        # ``f_dec`` -> execute stage ``x_*``. A BRANCH reads its target into ``tgt_insn`` /
+        # ``tgt_dec`` while it waits for its condition.
         run = mode == _CoreMode.RUN
         fetch_pc = Signal(pc_bits)         # next sequential instruction to read
         m_valid = Signal()
@@ -291,19 +291,75 @@ class PPU(wiring.Component):
         tgt_insn = Signal(INSTRUCTION_BITS)
         tgt_issued = Signal()
         tgt_none = Signal()                # the target is TAIL: nothing to read
+        decoded = data.StructLayout({
+            **{op.name.lower(): 1 for op in Op},
+            "illegal": 1,
+            "sel_drive": self._n_drive,
+            "sel_readout": self._n_readout,
+            "sel_marker": self._n_marker,
+            "mask": NUM_REGISTERS,         # registers that must not be pending
+            "taken_if_0": 1,               # BRANCH condition when rs is 0 ...
+            "taken_if_1": 1,               # ... and when it is 1 (a measurement)
+        })
 
-        # Execute stage: the instruction, decoded.
+        def decode(raw):
+            """The decoded fields of instruction ``raw``, a dict for ``decoded``."""
+            ins = Instruction(raw)
+            is_ = {op: ins.op == op for op in Op}
+            chan = raw[8:12]
+            b = ins.operands.branch
+            cond_legal = Cat(*(b.cond == c for c in Cond)).any()
+            illegal = (~Cat(*is_.values()).any() |
+                       (is_[Op.PLAY] & (chan >= self._n_drive)) |
+                       (is_[Op.MARKER] & (chan >= self._n_marker)) |
+                       (is_[Op.ACQUIRE] & ((chan >= self._n_readout) |
+                                           (ins.operands.acquire.window_cycles == 0))) |
+                       (is_[Op.BRANCH] & ~cond_legal) |
+                       (is_[Op.CALL] & (ins.operands.call.arg_bits > 32)))
+
+            def onehot(index):
+                return Cat(Const(0, 1), *(index == i for i in range(1, NUM_REGISTERS)))
+
+            rd, rs = onehot(raw[8:12]), onehot(raw[12:16])
+            mask = (Mux(is_[Op.SET], rd, 0) | Mux(is_[Op.ADD], rd | rs, 0) |
+                    Mux(is_[Op.BRANCH] & (b.cond != Cond.ALWAYS), rs, 0) |
+                    Mux(is_[Op.CALL], rd | rs, 0))
+            taken = {0: b.cond == Cond.ALWAYS, 1: b.cond == Cond.ALWAYS}
+            for v in (0, 1):
+                taken[v] = taken[v] | Mux(b.cond == Cond.EQ, b.imm == v, 0) | \
+                    Mux(b.cond == Cond.NE, b.imm != v, 0) | \
+                    Mux(b.cond == Cond.LT, b.imm > v, 0) | Mux(b.cond == Cond.GE, b.imm <= v, 0)
+            return {
+                **{op.name.lower(): is_[op] for op in Op},
+                "illegal": illegal,
+                "sel_drive": Cat(*(is_[Op.PLAY] & (chan == i) for i in range(self._n_drive))),
+                "sel_readout": Cat(*(is_[Op.ACQUIRE] & (chan == i)
+                                     for i in range(self._n_readout))),
+                "sel_marker": Cat(*(is_[Op.MARKER] & (chan == i)
+                                    for i in range(self._n_marker))),
+                "mask": mask,
+                "taken_if_0": taken[0],
+                "taken_if_1": taken[1],
+            }
+
+        # Decode stages: registered the cycle after their instruction register is loaded.
+        f_dec = Signal(decoded)
+        f_dec_valid = Signal()
+        tgt_dec = Signal(decoded)
+        tgt_dec_valid = Signal()
+        for dec, raw in ((f_dec, f_insn), (tgt_dec, tgt_insn)):
+            m.d.sync += [getattr(dec, k).eq(v) for k, v in decode(raw).items()]
+
+        # Execute stage: the instruction and its decoded fields.
         x_valid = Signal()
         x_raw = Signal(INSTRUCTION_BITS)
         x = Instruction(x_raw)
+        xd = Signal(decoded)
+        x_is = {op: getattr(xd, op.name.lower()) for op in Op}
+        x_illegal = xd.illegal
+        x_sel = {"drive": xd.sel_drive, "readout": xd.sel_readout, "marker": xd.sel_marker}
         x_time = Signal(64)                # t + offset_cycles, for PLAY, ACQUIRE, MARKER
-        x_is = {op: Signal(name=f"x_is_{op.name.lower()}") for op in Op}
-        x_illegal = Signal()
-        x_sel = {"drive": Signal(self._n_drive, name="x_sel_drive"),
-                 "readout": Signal(self._n_readout, name="x_sel_readout"),
-                 "marker": Signal(self._n_marker, name="x_sel_marker")}
-        x_mask = Signal(NUM_REGISTERS)     # registers that must not be pending
-        x_taken = [Signal(name="x_taken_if_0"), Signal(name="x_taken_if_1")]
+        m.d.comb += x_time.eq(t + x.operands.play.offset_cycles)
         br_ready = Signal()                # BRANCH condition evaluated ...
         br_taken = Signal()                # ... and its value
         call_issued = Signal()
@@ -316,59 +372,39 @@ class PPU(wiring.Component):
         err_underflow = Signal()
         err_illegal = Signal()
         m.d.comb += ex.eq(run & x_valid & ~x_illegal)
-        blocked = (x_mask & busy).any()
+        blocked = (xd.mask & busy).any()
 
-        # Branch resolution: taken needs the target read first.
+        # Register read of ``rs``, two stages: four 4:1 selections (``rs_part``), then one
+        # (``rs_value``); valid (``rs_ok``) from the third cycle in the execute stage, or from
+        # the cycle after the pending results of ``rs`` land (they write nothing else).
+        rs_part = Array(Signal(REGISTER_BITS, name=f"rs_part{k}") for k in range(4))
+        rs_value = Signal(REGISTER_BITS)
+        rs_part_ok = Signal()              # rs was not pending when rs_part was read
+        rs_age = Signal(2)
+        rs_ok = Signal()
+        for k in range(4):
+            m.d.sync += rs_part[k].eq(Array(regs[4 * k:4 * k + 4])[x_rs[:2]])
+        m.d.sync += rs_part_ok.eq(~busy.bit_select(x_rs, 1))
+        with m.If(settle.bit_select(x_rs, 1)):
+            m.d.sync += [rs_value.eq(land_bit.bit_select(x_rs, 1)), rs_ok.eq(1)]
+        with m.Elif((rs_age == 1) & rs_part_ok):
+            m.d.sync += [rs_value.eq(rs_part[x_rs[2:]]), rs_ok.eq(1)]
+        with m.If(rs_age != 2):
+            m.d.sync += rs_age.eq(rs_age + 1)
+
+        # Branch resolution: taken needs the target read and decoded first.
         act = Signal()
         act_taken = Signal()
         use_tgt = Signal()
         m.d.comb += [
-            act.eq(ex & x_is[Op.BRANCH] & br_ready & (~br_taken | tgt_valid | tgt_none)),
+            act.eq(ex & x_is[Op.BRANCH] & br_ready & (~br_taken | tgt_dec_valid | tgt_none)),
             act_taken.eq(act & br_taken),
             use_tgt.eq(act_taken & ~tgt_none),
         ]
 
-        # Decode: the next instruction, from the fetched register or the branch target.
-        src_raw = Mux(use_tgt, tgt_insn, f_insn)
-        src = Instruction(src_raw)
-        src_valid = Mux(act_taken, use_tgt, f_valid)
-        d_is = {op: src.op == op for op in Op}
-        chan = src_raw[8:12]
-        sb = src.operands.branch
-        cond_legal = Cat(*(sb.cond == c for c in Cond)).any()
-        d_illegal = (~Cat(*d_is.values()).any() |
-                     (d_is[Op.PLAY] & (chan >= self._n_drive)) |
-                     (d_is[Op.MARKER] & (chan >= self._n_marker)) |
-                     (d_is[Op.ACQUIRE] & ((chan >= self._n_readout) |
-                                          (src.operands.acquire.window_cycles == 0))) |
-                     (d_is[Op.BRANCH] & ~cond_legal) |
-                     (d_is[Op.CALL] & (src.operands.call.arg_bits > 32)))
-
-        def onehot(index):
-            return Cat(Const(0, 1), *(index == i for i in range(1, NUM_REGISTERS)))
-
-        d_rd, d_rs = onehot(src_raw[8:12]), onehot(src_raw[12:16])
-        d_mask = (Mux(d_is[Op.SET], d_rd, 0) | Mux(d_is[Op.ADD], d_rd | d_rs, 0) |
-                  Mux(d_is[Op.BRANCH] & (sb.cond != Cond.ALWAYS), d_rs, 0) |
-                  Mux(d_is[Op.CALL], d_rd | d_rs, 0))
-        d_taken = []
-        for v in (0, 1):
-            taken_v = Signal(name=f"d_taken_if_{v}")
-            with m.Switch(sb.cond):
-                with m.Case(Cond.EQ):
-                    m.d.comb += taken_v.eq(sb.imm == v)
-                with m.Case(Cond.NE):
-                    m.d.comb += taken_v.eq(sb.imm != v)
-                with m.Case(Cond.LT):
-                    m.d.comb += taken_v.eq(sb.imm > v)
-                with m.Case(Cond.GE):
-                    m.d.comb += taken_v.eq(sb.imm <= v)
-                with m.Default():
-                    m.d.comb += taken_v.eq(1)
-            d_taken.append(taken_v)
-
-        # The execute stage takes an instruction when it is empty (so the decode stage reads
-        # the t that the instruction before wrote), or from a resolving BRANCH.
+        # The execute stage takes an instruction when it is empty (so ``x_time`` uses the t
+        # that the instruction before wrote), or from a resolving BRANCH.
+        src_valid = Mux(act_taken, use_tgt, f_valid & f_dec_valid)
         x_load = Signal()
         f_taken = Signal()
         m.d.comb += [
@@ -378,22 +414,15 @@ class PPU(wiring.Component):
         with m.If(x_load):
             m.d.sync += [
                 x_valid.eq(1),
-                x_raw.eq(src_raw),
-                x_time.eq(t + src.operands.play.offset_cycles),
-                x_illegal.eq(d_illegal),
-                x_mask.eq(d_mask),
-                x_taken[0].eq(d_taken[0]),
-                x_taken[1].eq(d_taken[1]),
+                x_raw.eq(Mux(use_tgt, tgt_insn, f_insn)),
+                xd.eq(Mux(use_tgt, tgt_dec, f_dec)),
                 br_ready.eq(0),
                 call_issued.eq(0),
                 tgt_issued.eq(0),
                 tgt_none.eq(0),
+                rs_age.eq(0),
+                rs_ok.eq(0),
             ]
-            m.d.sync += [x_is[op].eq(d_is[op]) for op in Op]
-            for kind, n in (("drive", self._n_drive), ("readout", self._n_readout),
-                            ("marker", self._n_marker)):
-                op = {"drive": Op.PLAY, "readout": Op.ACQUIRE, "marker": Op.MARKER}[kind]
-                m.d.sync += x_sel[kind].eq(Cat(*(d_is[op] & (chan == i) for i in range(n))))
         with m.Elif(x_done):
             m.d.sync += x_valid.eq(0)
 
@@ -406,6 +435,7 @@ class PPU(wiring.Component):
             imem_core_r.en.eq(tgt_read | seq_read),
         ]
         mf = m_valid & ~m_tgt & (~f_valid | f_taken)
+        m.d.sync += [f_dec_valid.eq(f_valid & ~mf & ~f_taken), tgt_dec_valid.eq(tgt_valid)]
         with m.If(mf):
             m.d.sync += [f_valid.eq(1), f_insn.eq(imem_core_r.data)]
         with m.Elif(f_taken):
@@ -425,12 +455,13 @@ class PPU(wiring.Component):
                 m.d.sync += fetch_pc.eq(m_pc)
         with m.If(x_load):
             # A target read for the previous instruction is stale.
-            m.d.sync += tgt_valid.eq(0)
+            m.d.sync += [tgt_valid.eq(0), tgt_dec_valid.eq(0)]
             with m.If(m_tgt):
                 m.d.sync += m_valid.eq(0)
 
         def kill_fetch(next_fetch=None):
-            m.d.sync += [m_valid.eq(0), f_valid.eq(0), tgt_valid.eq(0)]
+            m.d.sync += [m_valid.eq(0), f_valid.eq(0), tgt_valid.eq(0), f_dec_valid.eq(0),
+                         tgt_dec_valid.eq(0)]
             if next_fetch is not None:
                 m.d.sync += fetch_pc.eq(next_fetch)
 
@@ -464,7 +495,6 @@ class PPU(wiring.Component):
             acq_rd.eq(x.operands.acquire.rd),
         ]
 
-        rs_value = reg_file[x_rs]
         with m.If(run & x_valid & x_illegal):
             m.d.comb += err_illegal.eq(1)
         with m.If(ex):
@@ -485,7 +515,7 @@ class PPU(wiring.Component):
             with m.If(x_is[Op.SET] & ~blocked):
                 m.d.comb += [core_we.eq(1), core_wrd.eq(x_rd),
                              core_wdata.eq(x.operands.set.imm), x_done.eq(1)]
-            with m.If(x_is[Op.ADD] & ~blocked):
+            with m.If(x_is[Op.ADD] & ~blocked & rs_ok):
                 m.d.comb += [core_we.eq(1), core_wrd.eq(x_rd),
                              core_wdata.eq(rs_value + x.operands.add.imm), x_done.eq(1)]
             with m.If(x_is[Op.PLAY] | x_is[Op.ACQUIRE] | x_is[Op.MARKER]):
@@ -493,7 +523,7 @@ class PPU(wiring.Component):
             with m.If(x_is[Op.BRANCH]):
                 o = x.operands.branch
                 with m.If(~br_ready):
-                    with m.If(~blocked):
+                    with m.If(~blocked & (rs_ok | (o.cond == Cond.ALWAYS))):
                         taken = Signal()
                         rs = rs_value.as_signed()
                         with m.Switch(o.cond):
@@ -511,13 +541,13 @@ class PPU(wiring.Component):
                     with m.Elif(settle.bit_select(x_rs, 1)):
                         # The measurement lands now: decide on the bit it writes.
                         m.d.sync += [br_ready.eq(1), br_taken.eq(
-                            Mux(land_bit.bit_select(x_rs, 1), x_taken[1], x_taken[0]))]
+                            Mux(land_bit.bit_select(x_rs, 1), xd.taken_if_1, xd.taken_if_0))]
                 with m.If(act):
                     m.d.comb += x_done.eq(1)
             with m.If(x_is[Op.CALL]):
                 o = x.operands.call
                 with m.If(~call_issued):
-                    with m.If(~blocked & ~call.busy):
+                    with m.If(~blocked & rs_ok & ~call.busy):
                         m.d.comb += [
                             call.issue.eq(1),
                             call.function_id.eq(o.function_id),
