@@ -408,22 +408,24 @@ class ReadoutChannel(wiring.Component):
         m.d.comb += [q.now.eq(self.now), q.flush.eq(self.flush), q.pop.eq(fire | late),
                      self.late.eq(late)]
 
+        last = Signal()          # rem == 1, registered
         total = Signal(signed(34))
         m.d.comb += [
             total.eq(acc + self.adc),
             self.window.eq(rem != 0),
-            self.result_valid.eq(rem == 1),
+            self.result_valid.eq(last),
             self.result_rd.eq(rd),
             self.result_bit.eq(~total[-1]),
         ]
         with m.If(fire):
             m.d.sync += [
                 rem.eq(head.window_cycles),
+                last.eq(head.window_cycles == 1),
                 acc.eq(~head.threshold),
                 rd.eq(head.rd),
             ]
         with m.Elif(rem != 0):
-            m.d.sync += [rem.eq(rem - 1), acc.eq(total)]
+            m.d.sync += [rem.eq(rem - 1), last.eq(rem == 2), acc.eq(total)]
 
         m.d.comb += self.idle.eq(q.empty & (rem == 0))
         return ResetInserter(self.flush)(m)

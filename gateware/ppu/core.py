@@ -246,33 +246,42 @@ class PPU(wiring.Component):
         pending = [Const(0, range(max_pending + 1))] + [
             Signal(range(max_pending + 1), name=f"pending{i}") for i in range(1, NUM_REGISTERS)]
         busy = Signal(NUM_REGISTERS)       # registers with ACQUIRE results still to land
+        pend_one = Signal(NUM_REGISTERS)   # ... exactly one
         settle = Signal(NUM_REGISTERS)     # ... whose last pending result lands this cycle
         land_bit = Signal(NUM_REGISTERS)   # ... and the bit it writes
-        m.d.comb += busy.eq(Cat(*(pend != 0 for pend in pending)))
 
         core_we = Signal()
         core_wrd = Signal(4)
         core_wdata = Signal(REGISTER_BITS)
+        # Register write stage: the execute stage's write, registered, lands a cycle later
+        # (before the next instruction, which enters the execute stage two cycles later at the
+        # earliest, reads it).
+        wr_we = Signal()
+        wr_rd = Signal(4)
+        wr_data = Signal(REGISTER_BITS)
+        m.d.sync += [wr_we.eq(core_we), wr_rd.eq(core_wrd), wr_data.eq(core_wdata)]
         acq_issue = Signal()               # an ACQUIRE pushed this cycle, for register acq_rd
         acq_rd = Signal(4)
         clear_regs = Signal()              # accepted trigger
         for i in range(1, NUM_REGISTERS):
             landed = [Mux(ch.result_valid & (ch.result_rd == i), 1, 0) for ch in readouts]
-            with m.If(core_we & (core_wrd == i)):
-                m.d.sync += regs[i].eq(core_wdata)
+            with m.If(wr_we & (wr_rd == i)):
+                m.d.sync += regs[i].eq(wr_data)
             for ch in readouts:
                 with m.If(ch.result_valid & (ch.result_rd == i)):
                     m.d.sync += regs[i].eq(ch.result_bit)
                     m.d.comb += land_bit[i].eq(ch.result_bit)
             inc = Mux(acq_issue & (acq_rd == i), 1, 0)
             pending_next = Signal.like(pending[i], name=f"pending{i}_next")
+            # ``settle``: the one pending result lands (two landing at once take the slow way).
             m.d.comb += [
                 pending_next.eq(pending[i] + inc - sum(landed)),
-                settle[i].eq((pending[i] != 0) & (pending_next == 0)),
+                settle[i].eq(pend_one[i] & Cat(*landed).any()),
             ]
-            m.d.sync += pending[i].eq(pending_next)
+            m.d.sync += [pending[i].eq(pending_next), busy[i].eq(pending_next != 0),
+                         pend_one[i].eq(pending_next == 1)]
             with m.If(clear_regs):
-                m.d.sync += [regs[i].eq(0), pending[i].eq(0)]
+                m.d.sync += [regs[i].eq(0), pending[i].eq(0), busy[i].eq(0), pend_one[i].eq(0)]
 
         # ---- Core: fetch and decode stages -------------------------------------------------
         # imem read (address stage) -> memory output stage ``m_*`` (the read port's data; it
@@ -374,23 +383,22 @@ class PPU(wiring.Component):
         m.d.comb += ex.eq(run & x_valid & ~x_illegal)
         blocked = (xd.mask & busy).any()
 
-        # Register read of ``rs``, two stages: four 4:1 selections (``rs_part``), then one
-        # (``rs_value``); valid (``rs_ok``) from the third cycle in the execute stage, or from
-        # the cycle after the pending results of ``rs`` land (they write nothing else).
+        # Register read of ``rs`` in two stages, every cycle: four 4:1 selections
+        # (``rs_part``), then one (``rs_value``). ``rs_ok``: ``rs_value`` is the register's
+        # final value (read while it was not pending), from the third cycle in the execute
+        # stage, or two cycles after its pending results land.
         rs_part = Array(Signal(REGISTER_BITS, name=f"rs_part{k}") for k in range(4))
         rs_value = Signal(REGISTER_BITS)
         rs_part_ok = Signal()              # rs was not pending when rs_part was read
-        rs_age = Signal(2)
         rs_ok = Signal()
+        x_load = Signal()
         for k in range(4):
             m.d.sync += rs_part[k].eq(Array(regs[4 * k:4 * k + 4])[x_rs[:2]])
-        m.d.sync += rs_part_ok.eq(~busy.bit_select(x_rs, 1))
-        with m.If(settle.bit_select(x_rs, 1)):
-            m.d.sync += [rs_value.eq(land_bit.bit_select(x_rs, 1)), rs_ok.eq(1)]
-        with m.Elif((rs_age == 1) & rs_part_ok):
-            m.d.sync += [rs_value.eq(rs_part[x_rs[2:]]), rs_ok.eq(1)]
-        with m.If(rs_age != 2):
-            m.d.sync += rs_age.eq(rs_age + 1)
+        m.d.sync += [
+            rs_part_ok.eq(~busy.bit_select(x_rs, 1) & ~x_load),
+            rs_value.eq(rs_part[x_rs[2:]]),
+            rs_ok.eq(rs_part_ok & ~x_load),
+        ]
 
         # Branch resolution: taken needs the target read and decoded first.
         act = Signal()
@@ -405,7 +413,6 @@ class PPU(wiring.Component):
         # The execute stage takes an instruction when it is empty (so ``x_time`` uses the t
         # that the instruction before wrote), or from a resolving BRANCH.
         src_valid = Mux(act_taken, use_tgt, f_valid & f_dec_valid)
-        x_load = Signal()
         f_taken = Signal()
         m.d.comb += [
             x_load.eq(run & src_valid & (~x_valid | act)),
@@ -420,8 +427,6 @@ class PPU(wiring.Component):
                 call_issued.eq(0),
                 tgt_issued.eq(0),
                 tgt_none.eq(0),
-                rs_age.eq(0),
-                rs_ok.eq(0),
             ]
         with m.Elif(x_done):
             m.d.sync += x_valid.eq(0)
