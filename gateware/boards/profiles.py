@@ -40,15 +40,23 @@ MARKER_RESOURCE = "qlink_marker"
 
 #: Both QSC domains run at 125 MHz on every board: the RGMII byte clock of 1 Gb/s Ethernet.
 CLK_HZ = 125_000_000
+#: The PHY's receive clock (RXC) at 1 Gb/s.
+RGMII_RX_CLK_HZ = 125_000_000
 
 
 @dataclass(frozen=True)
 class ClockTarget:
-    """A clock domain of the board top and the frequency it must reach (Hz)."""
+    """A clock domain of the board top and the frequency it must reach (Hz).
+
+    ``source`` is where its clock comes from: ``"pll"`` (an output of the board top's PLL, in
+    the order of :attr:`BoardProfile.clocks`) or ``"phy"`` (the Ethernet PHY's receive clock,
+    constrained at the pin).
+    """
 
     domain: str
     target_hz: int
     doc: str = ""
+    source: str = "pll"
 
     @property
     def target_mhz(self) -> float:
@@ -87,8 +95,9 @@ class BoardProfile:
         What the board's build keeps: PPUs, memory depths, clocks (``rti_clk_hz`` and
         ``dtd_clk_hz`` are the PLL's targets).
     clocks : tuple[ClockTarget, ...]
-        Every clock domain the board top defines, with its target. The report of a build
-        lists each; a build fails when one misses its target.
+        Every clock domain of the board top, with its target (default: ``rti`` and ``dtd``
+        from the PLL, ``eth_rx`` from the PHY). The report of a build lists each; a build fails
+        when one misses its target.
     phy : int
         Index of the platform's ``eth_rgmii`` resource the MAC uses.
     markers : MarkerPins
@@ -125,6 +134,8 @@ class BoardProfile:
                 ClockTarget("rti", self.params.rti_clk_hz,
                             "network core and MAC (RGMII TX byte clock)"),
                 ClockTarget("dtd", self.params.dtd_clk_hz, "PPUs, timeline, qubit emulators"),
+                ClockTarget("eth_rx", RGMII_RX_CLK_HZ, "MAC receive side (the PHY's RXC)",
+                            source="phy"),
             ))
         needed = self.params.num_ppus * MARKERS_PER_PPU
         if len(self.markers.pins) < needed:
@@ -174,6 +185,11 @@ class BoardProfile:
         """Its frequency, from the platform's resource."""
         plat = self.platform(**dict(self.platform_kwargs))
         return plat.lookup(self.clk_in, 0).clock.frequency
+
+    @property
+    def pll_clocks(self) -> tuple[ClockTarget, ...]:
+        """The clocks the board top's PLL makes (CLKOP first)."""
+        return tuple(c for c in self.clocks if c.source == "pll")
 
     def clock(self, domain: str) -> ClockTarget:
         for c in self.clocks:

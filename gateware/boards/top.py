@@ -82,7 +82,8 @@ class BoardTop(Elaboratable):
     Clocks: the PLL's CLKOP is ``rti``, CLKOS ``dtd``; its reference is the platform's default
     clock, which also clocks the reset-less ``board`` domain (the ButterStick's VCCIO control).
     nextpnr derives each PLL output's constraint from the reference's (the platform constrains
-    the oscillator pin) and the dividers; ``qlink build`` compares what it achieves with the
+    the oscillator pin) and the dividers; the PHY's receive clock pin is constrained at its
+    profile target (``eth_rx``, 125 MHz). ``qlink build`` compares what each achieves with the
     profile's target.
     """
 
@@ -97,7 +98,7 @@ class BoardTop(Elaboratable):
         clk_in = clk_in_buf.i
 
         config = ecp5_pll_config(prof.clk_in_hz,
-                                 [(c.domain, c.target_hz) for c in prof.clocks])
+                                 [(c.domain, c.target_hz) for c in prof.pll_clocks])
         m.submodules.pll = pll = ECP5PLL(config)
         m.d.comb += pll.clk_in.eq(clk_in)
 
@@ -121,6 +122,9 @@ class BoardTop(Elaboratable):
                                               clk_hz=prof.clk_in_hz)
 
         pins = platform.request("eth_rgmii", prof.phy, dir="-")
+        for clock in prof.clocks:
+            if clock.source == "phy":
+                platform.add_clock_constraint(pins.rx_clk.io, clock.target_hz)
         m.submodules.mac = mac = _mac(prof, pins)
         markers = board_system(m, prof, mac)
 

@@ -23,6 +23,7 @@ from openqlink.gateware.boards.profiles import MARKER_RESOURCE
 #: Lines of nextpnr-ecp5's log, from a real build of the Colorlight board top.
 NEXTPNR_LOG = """\
 Info: constraining clock net 'clk25_0__io' to 25.00 MHz
+Info: constraining clock net 'eth_rgmii_0__rx_clk__io' to 125.00 MHz
 
 Info: Logic utilisation before packing:
 Info:     Total LUT4s:     17173/24288    70%
@@ -53,8 +54,12 @@ Info: Max frequency for clock '$glbnet$mac.rti_clk': 71.04 MHz (FAIL at 125.00 M
 Info: Max frequency for clock '$glbnet$marker_buf.dtd_clk': 55.12 MHz (FAIL at 125.00 MHz)
 
 Info: Routing complete.
-Info: Max frequency for clock '$glbnet$mac.rti_clk': {rti} MHz ({rti_verdict} at 125.00 MHz)
-Info: Max frequency for clock '$glbnet$marker_buf.dtd_clk': {dtd} MHz ({dtd_verdict} at 125.00 MHz)
+Warning: Max frequency for clock              '$glbnet$mac.rti_clk': {rti} MHz \
+({rti_verdict} at 125.00 MHz)
+Warning: Max frequency for clock '$glbnet$marker_buf.dtd_clk': {dtd} MHz \
+({dtd_verdict} at 125.00 MHz)
+Info: Max frequency for clock                  '$glbnet$mac.eth_rx_clk': 149.79 MHz \
+(PASS at 125.00 MHz)
 """
 
 
@@ -75,7 +80,8 @@ class TinyBoardTop(Elaboratable):
     def elaborate(self, platform):
         m = Module()
         prof = self.profile
-        config = ecp5_pll_config(prof.clk_in_hz, [(c.domain, c.target_hz) for c in prof.clocks])
+        config = ecp5_pll_config(prof.clk_in_hz,
+                                 [(c.domain, c.target_hz) for c in prof.pll_clocks])
         m.submodules.pll = pll = ECP5PLL(config)
         m.submodules.clk_buf = clk_buf = io.Buffer("i", platform.request(prof.clk_in, 0,
                                                                          dir="-"))

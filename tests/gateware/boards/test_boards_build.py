@@ -15,7 +15,8 @@ COLORLIGHT = profile("colorlight-5a-75b")
 
 def test_parse_nextpnr_log_takes_the_post_routing_figures():
     report = build.parse_nextpnr_log(nextpnr_log(131.5, 126.02))
-    assert set(report.clocks) == {"$glbnet$mac.rti_clk", "$glbnet$marker_buf.dtd_clk"}
+    assert set(report.clocks) == {"$glbnet$mac.rti_clk", "$glbnet$marker_buf.dtd_clk",
+                                  "$glbnet$mac.eth_rx_clk"}
     rti = report.clocks["$glbnet$mac.rti_clk"]
     assert (rti.achieved_mhz, rti.target_mhz, rti.met) == (131.5, 125.0, True)
     assert report.resources == {"LUT4": 17173, "FF": 8011, "DP16KD": 13, "MULT18": 2}
@@ -31,11 +32,13 @@ def test_parse_nextpnr_log_without_utilisation_is_an_error():
     ("$glbnet$mac.rti_clk", "rti"),
     ("$glbnet$marker_buf.dtd_clk", "dtd"),
     ("$glbnet$dtd_clk$TRELLIS_IO_IN", "dtd"),
+    ("$glbnet$qsc.net.rx.icrc.shifted.rti_clk", "rti"),
+    ("$glbnet$mac.eth_rx_clk", "eth_rx"),
     ("clk25_0__io", "board"),
     ("$glbnet$some.other_clk", None),
 ])
 def test_clock_domain_of_a_net(net, domain):
-    assert build.clock_domain(net, ["rti", "dtd"], "clk25") == domain
+    assert build.clock_domain(net, ["rti", "dtd", "eth_rx"], "clk25") == domain
 
 
 def test_clock_table_compares_with_the_profile_target():
@@ -43,6 +46,7 @@ def test_clock_table_compares_with_the_profile_target():
     assert clocks == {
         "rti": {"target_mhz": 125.0, "achieved_mhz": 125.2, "met": True},
         "dtd": {"target_mhz": 125.0, "achieved_mhz": 90.0, "met": False},
+        "eth_rx": {"target_mhz": 125.0, "achieved_mhz": 149.79, "met": True},
     }
 
 

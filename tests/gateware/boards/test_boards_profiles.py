@@ -18,7 +18,9 @@ PACKAGE_IOS = {"BG256": 197, "BG381": 205, "BG554": 245}
 def test_profile_basics(name):
     prof = PROFILES[name]
     assert prof.name == name
-    assert {c.domain: c.target_mhz for c in prof.clocks} == {"rti": 125.0, "dtd": 125.0}
+    assert {c.domain: c.target_mhz for c in prof.clocks} == {"rti": 125.0, "dtd": 125.0,
+                                                              "eth_rx": 125.0}
+    assert [c.domain for c in prof.pll_clocks] == ["rti", "dtd"]
     assert prof.params.rti_clk_hz == prof.params.dtd_clk_hz == 125_000_000
     assert len(prof.markers.pins) >= prof.params.num_ppus * MARKERS_PER_PPU
     assert prof.keeps and prof.title
