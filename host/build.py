@@ -278,7 +278,7 @@ def clock_table(pnr: NextpnrReport, profile) -> dict[str, dict[str, float | bool
     targets = {c.domain: c.target_mhz for c in profile.clocks}
     clocks: dict[str, dict[str, float | bool]] = {}
     for net, result in pnr.clocks.items():
-        key = clock_domain(net, list(targets), profile.clk_in) or net
+        key = clock_domain(net, [*targets, "board"], profile.clk_in) or net
         target = targets.get(key, result.target_mhz)
         clocks[key] = {"target_mhz": target, "achieved_mhz": result.achieved_mhz,
                        "met": result.achieved_mhz >= target}
