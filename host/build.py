@@ -449,9 +449,12 @@ def program_board(profile, bitstream: Path, *, timeout_s: float = 120.0) -> None
     except subprocess.TimeoutExpired:
         raise ProgramError(f"openFPGALoader did not finish in {timeout_s:g} s") from None
     if done.returncode:
-        lines = [ln.strip() for ln in (done.stderr + done.stdout).splitlines() if ln.strip()]
-        errors = [ln for ln in lines if "rror" in ln or "fail" in ln.lower()
-                  or "not found" in ln.lower() or "unable" in ln.lower()]
-        why = (errors or lines or [f"exit status {done.returncode}"])[-1]
+        why = f"exit status {done.returncode}"
+        for text in (done.stdout, done.stderr):     # the last error line, stderr's first
+            lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+            errors = [ln for ln in lines if any(word in ln.lower() for word in
+                                                ("error", "fail", "not found", "unable"))]
+            if errors:
+                why = errors[-1]
         where = f"cable {profile.cable}" if profile.cable else "USB DFU"
         raise ProgramError(f"no {profile.title} loaded over {where}: {why}")
