@@ -136,14 +136,16 @@ class ControlPlane(wiring.Component):
 
         is_read = Signal()
         m.d.comb += is_read.eq((req.cmd == Command.RD_DWORD) | (req.cmd == Command.RD_BLOCK))
-        seq_bad = Signal()
-        m.d.comb += seq_bad.eq((req.flags & Flags.SEQUENCE_CHECK).any() & have_seq &
-                               (req.seq != (last_seq + 1)[:16]))
-        ppu_offset = Signal(32)
-        m.d.comb += ppu_offset.eq(req.addr - PPU_BASE)
+        # The wide compares are made on the request as it is taken and registered with it, so
+        # that DECODE only combines single bits: ``seq_next`` is ``last_seq + 1``.
+        seq_next = Signal(16, init=1)
+        seq_match = Signal()
         in_ppu = Signal()
-        m.d.comb += in_ppu.eq((req.addr >= PPU_BASE) &
-                              (ppu_offset < PPU_STRIDE * num_ppus))
+        new = self.req.payload
+        new_offset = Signal(32)
+        m.d.comb += new_offset.eq(new.addr - PPU_BASE)
+        seq_bad = Signal()
+        m.d.comb += seq_bad.eq((req.flags & Flags.SEQUENCE_CHECK).any() & have_seq & ~seq_match)
         aligned = Signal()
         m.d.comb += aligned.eq(req.addr[:2] == 0)
         dword = Signal()
@@ -175,7 +177,12 @@ class ControlPlane(wiring.Component):
             with m.State("IDLE"):
                 m.d.comb += self.req.ready.eq(1)
                 with m.If(self.req.valid):
-                    m.d.sync += req.eq(self.req.payload)
+                    m.d.sync += [
+                        req.eq(new),
+                        seq_match.eq(new.seq == seq_next),
+                        in_ppu.eq((new.addr >= PPU_BASE) &
+                                  (new_offset < PPU_STRIDE * num_ppus)),
+                    ]
                     m.next = "DECODE"
 
             with m.State("DECODE"):
@@ -190,7 +197,8 @@ class ControlPlane(wiring.Component):
                     m.d.sync += status.eq(Status.SEQUENCE_ERROR)
                     m.next = "REPLY"
                 with m.Else():
-                    m.d.sync += [last_seq.eq(req.seq), have_seq.eq(1)]
+                    m.d.sync += [last_seq.eq(req.seq), seq_next.eq(req.seq + 1),
+                                 have_seq.eq(1)]
                     m.d.comb += self.count[COUNTER_INDEX["RX_CONTROL"]].eq(1)
                     m.next = "REPLY"
                     with m.If(~dword):
