@@ -316,7 +316,8 @@ def build_board(profile, out_dir: Path, *, seed: int = 1, progress: Progress | N
     work = out_dir / name
     bit_out = out_dir / f"{name}.bit"
     report_out = out_dir / "report.json"
-    for stale in (bit_out, report_out, work / f"{name}.bit", work / f"{name}.config"):
+    for stale in (bit_out, report_out, *(work / f"{name}.{ext}" for ext in
+                                         ("bit", "config", "tim", "rpt", "json"))):
         stale.unlink(missing_ok=True)
 
     t_start = time.perf_counter()
