@@ -36,9 +36,9 @@ class PPUCluster(wiring.Component):
         Commands from the network core. ``word_addr`` is decoded into PPU windows
         (``PPU_BASE + n * PPU_STRIDE``, ``n < num_ppus``); a command outside them is unmapped: a
         WRITE or MAILBOX_COMMIT is ignored, a READ answered with ``error = 1``. A WRITE or
-        MAILBOX_COMMIT is taken in one cycle; a READ holds ``ready`` low until its answer has
-        been taken from ``bus_rdata`` (at most one read in flight; an answer is valid three
-        cycles after its READ was taken).
+        MAILBOX_COMMIT is taken in one cycle and acts in the next (command stage); a READ holds
+        ``ready`` low until its answer has been taken from ``bus_rdata`` (at most one read in
+        flight; an answer is valid four cycles after its READ was taken).
     bus_rdata : ``Out(stream.Signature(BusReadData))``
         Exactly one answer per READ, in order, echoing the READ's tag.
     call_req : ``Out(stream.Signature(CallRequest))``
@@ -84,6 +84,14 @@ class PPUCluster(wiring.Component):
         hit = (window >= first) & (window < first + n_ppus)
         assert len(window) == _WINDOW_BITS
 
+        # Command stage: the accepted command and its decoded window, registered; the PPUs
+        # act on it in the cycle after it was taken.
+        c_valid = Signal()
+        c_cmd = Signal(BusCommand)
+        c_sel = Signal(range(n_ppus))
+        c_hit = Signal()
+        c_read = c_valid & (c_cmd.op == BusOp.READ)
+
         rd_sent = Signal()        # a READ was forwarded last cycle
         rd_wait = Signal()        # ... two cycles ago: its answer is due now
         rd_sel = Signal(range(n_ppus))
@@ -91,19 +99,22 @@ class PPUCluster(wiring.Component):
         resp_valid = Signal()
         resp = Signal(BusReadData)
         m.d.comb += [
-            self.bus_cmd.ready.eq(~rd_sent & ~rd_wait & ~resp_valid),
+            self.bus_cmd.ready.eq(~c_read & ~rd_sent & ~rd_wait & ~resp_valid),
             self.bus_rdata.valid.eq(resp_valid),
             self.bus_rdata.payload.eq(resp),
         ]
         accept = self.bus_cmd.valid & self.bus_cmd.ready
+        m.d.sync += c_valid.eq(accept)
+        with m.If(accept):
+            m.d.sync += [c_cmd.eq(cmd), c_sel.eq(sel), c_hit.eq(hit)]
         for n, ppu in enumerate(ppus):
             m.d.comb += [
-                ppu.bus_valid.eq(accept & hit & (sel == n)),
-                ppu.bus_cmd.eq(cmd),
+                ppu.bus_valid.eq(c_valid & c_hit & (c_sel == n)),
+                ppu.bus_cmd.eq(c_cmd),
             ]
-        with m.If(accept & (cmd.op == BusOp.READ)):
-            m.d.sync += [rd_sent.eq(1), rd_sel.eq(sel), rd_hit.eq(hit),
-                         resp.tag.eq(cmd.data[:READ_TAG_BITS])]   # echoed with the answer
+        with m.If(c_read):
+            m.d.sync += [rd_sent.eq(1), rd_sel.eq(c_sel), rd_hit.eq(c_hit),
+                         resp.tag.eq(c_cmd.data[:READ_TAG_BITS])]   # echoed with the answer
         with m.If(rd_sent):
             m.d.sync += [rd_sent.eq(0), rd_wait.eq(1)]
         with m.If(rd_wait):
