@@ -634,7 +634,6 @@ class PPU(wiring.Component):
             call.mb_addr.eq(off),
             call.mb_be.eq(cmd.be),
             call.mb_data.eq(cmd.data),
-            call.mb_raddr.eq(off),
             call.commit.eq(self.bus_valid & (cmd.op == BusOp.MAILBOX_COMMIT) &
                            (region == WindowRegion.MAILBOX)),
             call.commit_bytes.eq(cmd.data[:16]),
@@ -675,23 +674,24 @@ class PPU(wiring.Component):
         assert tl_hi_reg.offset == tl_reg.offset + 4 and tl_reg.offset % 8 == 0
 
         regs_write = is_write & (region == WindowRegion.REGS)
-        for r in PPU_REGISTERS:
-            if r.name in rw:
-                lane = (r.offset >> 2) & 1
-                with m.If(regs_write & (off == r.offset >> 3)):
-                    be = cmd.be[4 * lane:4 * lane + 4]
-                    new = _merge_bytes(_u32(rw[r.name]), cmd.data[32 * lane:32 * lane + 32], be, 4)
-                    m.d.sync += rw[r.name].eq(new)
-
-        # Atomic trigger.
+        # Atomic trigger, in two stages: the trigger stage ``trig_*`` registers the decoded
+        # WRITE and compares START_TIME with the next cycle's ``now``; the cycle after, it is
+        # refused or accepted (before any register write of that cycle, which wins).
         t_lane = (trigger_reg.offset >> 2) & 1
         trig = (regs_write & (off == trigger_reg.offset >> 3) &
                 (cmd.be[4 * t_lane:4 * t_lane + 4] == 0xF))
-        trig_value = cmd.data[32 * t_lane:32 * t_lane + 32]
-        with m.If(trig):
+        trig_r = Signal()
+        trig_value = Signal(32)
+        trig_late = Signal()
+        m.d.sync += [
+            trig_r.eq(trig),
+            trig_value.eq(cmd.data[32 * t_lane:32 * t_lane + 32]),
+            trig_late.eq(start_time <= now + 1),
+        ]
+        with m.If(trig_r):
             with m.If(active):
                 m.d.sync += sticky.trigger_busy.eq(1)
-            with m.Elif(start_time <= now):
+            with m.Elif(trig_late):
                 m.d.sync += sticky.trigger_late.eq(1)
             with m.Else():
                 m.d.comb += clear_regs.eq(1)
@@ -707,28 +707,40 @@ class PPU(wiring.Component):
                 ]
                 kill_fetch(0)
 
+        for r in PPU_REGISTERS:
+            if r.name in rw:
+                lane = (r.offset >> 2) & 1
+                with m.If(regs_write & (off == r.offset >> 3)):
+                    be = cmd.be[4 * lane:4 * lane + 4]
+                    new = _merge_bytes(_u32(rw[r.name]), cmd.data[32 * lane:32 * lane + 32], be, 4)
+                    m.d.sync += rw[r.name].eq(new)
+
         # Reads: the request stage ``rd_*`` registers the decoded READ, the answer stage
-        # ``ans_*`` the memories' outputs (nothing between them); the answer is selected from
-        # it, two cycles after the READ.
+        # ``ans_*`` the selected register word and the memories' outputs (nothing between
+        # them); the answer is selected from it, two cycles after the READ. A TIMELINE_LO
+        # read returns, and latches the high half of, ``now`` of the request stage's cycle.
+        rd_valid = Signal()
         rd_region = Signal(WindowRegion)
         rd_half = Signal()
         rd_error = Signal()
-        rd_reg = Signal(64)
-        rd_mb = Signal(64)
+        rd_off = Signal(4)
+        rd_tl = Signal()
         tl_read = is_read & (region == WindowRegion.REGS) & (off == tl_reg.offset >> 3)
         tl_lo_lanes = (cmd.be[:4] != 0) | (cmd.be == 0)
-        with m.If(tl_read & tl_lo_lanes):
-            m.d.sync += timeline_hi.eq(now[32:])
-        word_mux = Array(Cat(*w) for w in word_values)
+        m.d.sync += rd_valid.eq(is_read)
         with m.If(is_read):
             m.d.sync += [
                 rd_region.eq(region),
                 rd_half.eq(off[0]),
                 rd_error.eq(~mapped),
-                rd_mb.eq(call.mb_rdata),
-                rd_reg.eq(Mux(tl_read & tl_lo_lanes, now, word_mux[off[:4]])),
+                rd_off.eq(off[:4]),
+                rd_tl.eq(tl_read & tl_lo_lanes),
             ]
-        m.d.comb += [imem_bus_r.en.eq(is_read), env_bus_r.en.eq(is_read)]
+        with m.If(rd_valid & rd_tl):
+            m.d.sync += timeline_hi.eq(now[32:])
+        word_mux = Array(Cat(*w) for w in word_values)
+        m.d.comb += [imem_bus_r.en.eq(is_read), env_bus_r.en.eq(is_read),
+                     call.mb_raddr.eq(rd_off[:3])]
         ans_region = Signal(WindowRegion)
         ans_half = Signal()
         ans_error = Signal()
@@ -739,7 +751,8 @@ class PPU(wiring.Component):
             ans_region.eq(rd_region),
             ans_half.eq(rd_half),
             ans_error.eq(rd_error),
-            ans_reg.eq(Mux(rd_region == WindowRegion.MAILBOX, rd_mb, rd_reg)),
+            ans_reg.eq(Mux(rd_region == WindowRegion.MAILBOX, call.mb_rdata,
+                           Mux(rd_tl, now, word_mux[rd_off]))),
             ans_imem.eq(imem_bus_r.data),
             ans_env.eq(env_bus_r.data),
         ]
