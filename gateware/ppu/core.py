@@ -8,8 +8,9 @@ already decoded to its window.
 Run control (STATUS.state, :class:`~openqlink.isa.PPUState`):
 
 * A bus WRITE to TRIGGER (all four byte lanes of the register enabled; a partial write is
-  ignored) with value ``v`` is decided in one cycle: if the PPU is ARMED or RUNNING it is refused
-  with ``trigger_busy``; else if ``START_TIME <= now`` it is refused with ``trigger_late``; a
+  ignored) with value ``v`` is decided in one cycle, the cycle after the PPU decodes it (the
+  trigger stage): if the PPU is ARMED or RUNNING it is refused with ``trigger_busy``; else if
+  ``START_TIME <= now`` (in the deciding cycle) it is refused with ``trigger_late``; a
   refused trigger changes nothing but that bit. Otherwise ``TAIL := v``, ``pc := 0``,
   ``t := START_TIME``, r1..r15 := 0, every sticky bit (trigger refusals included) is cleared and
   the state becomes ARMED; the core starts at once and runs ahead of the timeline. STATUS reads
