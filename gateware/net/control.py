@@ -151,11 +151,15 @@ class ControlPlane(wiring.Component):
         dword = Signal()
         m.d.comb += dword.eq((req.cmd == Command.WR_DWORD) | (req.cmd == Command.RD_DWORD))
 
+        accepted = Signal()     # a request passed the flags and sequence checks (RX_CONTROL)
         m.d.comb += [
             self.regs.addr.eq(req.addr),
             self.regs.w_data.eq(req.data),
             self.busy.eq(self.bus_cmd.valid),
-            self.count[COUNTER_INDEX["DROP_BUS"]].eq(self.bus_drop),
+            # One assignment of the whole vector (a continuous assign in Verilog: Icarus never
+            # runs an ``always @*`` block whose inputs keep their initial values).
+            self.count.eq((accepted << COUNTER_INDEX["RX_CONTROL"]) |
+                          (self.bus_drop << COUNTER_INDEX["DROP_BUS"])),
         ]
 
         # Time since the request was taken; the time-out is its top bit (no wide compare).
@@ -199,7 +203,7 @@ class ControlPlane(wiring.Component):
                 with m.Else():
                     m.d.sync += [last_seq.eq(req.seq), seq_next.eq(req.seq + 1),
                                  have_seq.eq(1)]
-                    m.d.comb += self.count[COUNTER_INDEX["RX_CONTROL"]].eq(1)
+                    m.d.comb += accepted.eq(1)
                     m.next = "REPLY"
                     with m.If(~dword):
                         m.d.sync += status.eq(Status.BAD_COMMAND)
