@@ -4,7 +4,7 @@
 # openqlink.gateware.bus (BusCommand, BusReadData, CallRequest).
 """
 
-from amaranth.hdl import Array, Module, Mux, Signal
+from amaranth.hdl import Array, Cat, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -38,7 +38,7 @@ class PPUCluster(wiring.Component):
         WRITE or MAILBOX_COMMIT is ignored, a READ answered with ``error = 1``. A WRITE or
         MAILBOX_COMMIT is taken in one cycle and acts in the next (command stage); a READ holds
         ``ready`` low until its answer has been taken from ``bus_rdata`` (at most one read in
-        flight; an answer is valid four cycles after its READ was taken).
+        flight; an answer is valid ``2 + PPU.READ_LATENCY`` cycles after its READ was taken).
     bus_rdata : ``Out(stream.Signature(BusReadData))``
         Exactly one answer per READ, in order, echoing the READ's tag.
     call_req : ``Out(stream.Signature(CallRequest))``
@@ -92,14 +92,14 @@ class PPUCluster(wiring.Component):
         c_hit = Signal()
         c_read = c_valid & (c_cmd.op == BusOp.READ)
 
-        rd_sent = Signal()        # a READ was forwarded last cycle
-        rd_wait = Signal()        # ... two cycles ago: its answer is due now
+        rd_pipe = Signal(PPU.READ_LATENCY)     # a READ forwarded 1.. cycles ago
+        rd_wait = rd_pipe[-1]                   # ... its answer is due now
         rd_sel = Signal(range(n_ppus))
         rd_hit = Signal()
         resp_valid = Signal()
         resp = Signal(BusReadData)
         m.d.comb += [
-            self.bus_cmd.ready.eq(~c_read & ~rd_sent & ~rd_wait & ~resp_valid),
+            self.bus_cmd.ready.eq(~c_read & ~rd_pipe.any() & ~resp_valid),
             self.bus_rdata.valid.eq(resp_valid),
             self.bus_rdata.payload.eq(resp),
         ]
@@ -112,15 +112,13 @@ class PPUCluster(wiring.Component):
                 ppu.bus_valid.eq(c_valid & c_hit & (c_sel == n)),
                 ppu.bus_cmd.eq(c_cmd),
             ]
+        m.d.sync += rd_pipe.eq(Cat(c_read, rd_pipe[:-1]))
         with m.If(c_read):
-            m.d.sync += [rd_sent.eq(1), rd_sel.eq(c_sel), rd_hit.eq(c_hit),
+            m.d.sync += [rd_sel.eq(c_sel), rd_hit.eq(c_hit),
                          resp.tag.eq(c_cmd.data[:READ_TAG_BITS])]   # echoed with the answer
-        with m.If(rd_sent):
-            m.d.sync += [rd_sent.eq(0), rd_wait.eq(1)]
         with m.If(rd_wait):
             answer = BusReadData(Array(ppu.bus_rdata.as_value() for ppu in ppus)[rd_sel])
             m.d.sync += [
-                rd_wait.eq(0),
                 resp_valid.eq(1),
                 resp.data.eq(Mux(rd_hit, answer.data, 0)),
                 resp.error.eq(~rd_hit | answer.error),

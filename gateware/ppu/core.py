@@ -141,13 +141,17 @@ class PPU(wiring.Component):
         A bus command for this PPU's window, one per cycle at most, always accepted.
         ``bus_cmd.word_addr[20:0]`` is the word offset inside the window.
     bus_rdata : ``Out(BusReadData)``
-        The answer to a READ, valid two cycles after the READ (fixed latency 2); ``error`` is
+        The answer to a READ, valid :attr:`READ_LATENCY` cycles after the READ; ``error`` is
         set for an unmapped offset.
     call_req : ``Out(stream.Signature(CallRequest))``
         CALL requests.
     ptd : ``Out(PTDSignature(n_drive, n_readout, n_marker))``
         The physical interface.
     """
+
+    #: Cycles from a READ on ``bus_valid`` to its answer on ``bus_rdata``: command stage,
+    #: request stage, answer stage.
+    READ_LATENCY = 3
 
     def __init__(self, params: QSCParams, index: int = 0, *, n_drive: int = 1,
                  n_readout: int = 1, n_marker: int = 4):
@@ -224,8 +228,8 @@ class PPU(wiring.Component):
             "underflow": 1, "late": 1, "call_timeout": 1, "call_failed": 1,
             "illegal_instruction": 1, "trigger_busy": 1, "trigger_late": 1,
         }))
-        started = Signal()                 # now >= START_TIME of the run
-        m.d.comb += started.eq(now >= run_start)
+        started = Signal()                 # now >= START_TIME of the run, registered
+        m.d.sync += started.eq(run_start <= now + 1)
         eff_state = Signal(PPUState)
         with m.If((state == PPUState.ARMED) & started):
             m.d.comb += eff_state.eq(PPUState.RUNNING)
@@ -602,23 +606,41 @@ class PPU(wiring.Component):
             m.d.comb += ch.flush.eq(flush)
         m.d.comb += call.abort.eq(error_set)
 
-        # ---- Bus: decode ------------------------------------------------------------------
-        cmd = self.bus_cmd
-        local = cmd.word_addr[:LOCAL_ADDR_BITS]
-        region = WindowRegion(local[REGION_WORD_BITS:LOCAL_ADDR_BITS])
-        off = local[:REGION_WORD_BITS]
-        mapped = Signal()
-        with m.Switch(region):
+        # ---- Bus: command stage and decode --------------------------------------------------
+        # The command stage ``b_*`` registers the command with its region decoded; everything
+        # below acts on it, one cycle after ``bus_valid``.
+        raw_local = self.bus_cmd.word_addr[:LOCAL_ADDR_BITS]
+        raw_region = WindowRegion(raw_local[REGION_WORD_BITS:LOCAL_ADDR_BITS])
+        raw_off = raw_local[:REGION_WORD_BITS]
+        raw_mapped = Signal()
+        with m.Switch(raw_region):
             with m.Case(WindowRegion.IMEM):
-                m.d.comb += mapped.eq(off < 2 * imem_depth)
+                m.d.comb += raw_mapped.eq(raw_off < 2 * imem_depth)
             with m.Case(WindowRegion.ENV):
-                m.d.comb += mapped.eq(off < env_words)
+                m.d.comb += raw_mapped.eq(raw_off < env_words)
             with m.Case(WindowRegion.MAILBOX):
-                m.d.comb += mapped.eq(off < MAILBOX_WORDS)
+                m.d.comb += raw_mapped.eq(raw_off < MAILBOX_WORDS)
             with m.Case(WindowRegion.REGS):
-                m.d.comb += mapped.eq(off < REGS_WORDS)
-        is_write = self.bus_valid & (cmd.op == BusOp.WRITE) & mapped
-        is_read = self.bus_valid & (cmd.op == BusOp.READ)
+                m.d.comb += raw_mapped.eq(raw_off < REGS_WORDS)
+        b_valid = Signal()
+        cmd = Signal(BusCommand)
+        region = Signal(WindowRegion)
+        mapped = Signal()
+        b_low = Signal()                   # the offset is below 16 (a register-block word)
+        m.d.sync += [
+            b_valid.eq(self.bus_valid),
+            cmd.eq(self.bus_cmd),
+            region.eq(raw_region),
+            mapped.eq(raw_mapped),
+            b_low.eq(raw_off[4:] == 0),
+        ]
+        off = cmd.word_addr[:REGION_WORD_BITS]
+
+        def at_word(word: int):
+            return b_low & (off[:4] == word)
+
+        is_write = b_valid & (cmd.op == BusOp.WRITE) & mapped
+        is_read = b_valid & (cmd.op == BusOp.READ)
 
         # Memory writes.
         m.d.comb += [
@@ -635,7 +657,7 @@ class PPU(wiring.Component):
             call.mb_addr.eq(off),
             call.mb_be.eq(cmd.be),
             call.mb_data.eq(cmd.data),
-            call.commit.eq(self.bus_valid & (cmd.op == BusOp.MAILBOX_COMMIT) &
+            call.commit.eq(b_valid & (cmd.op == BusOp.MAILBOX_COMMIT) &
                            (region == WindowRegion.MAILBOX)),
             call.commit_bytes.eq(cmd.data[:16]),
         ]
@@ -679,7 +701,7 @@ class PPU(wiring.Component):
         # WRITE and compares START_TIME with the next cycle's ``now``; the cycle after, it is
         # refused or accepted (before any register write of that cycle, which wins).
         t_lane = (trigger_reg.offset >> 2) & 1
-        trig = (regs_write & (off == trigger_reg.offset >> 3) &
+        trig = (regs_write & at_word(trigger_reg.offset >> 3) &
                 (cmd.be[4 * t_lane:4 * t_lane + 4] == 0xF))
         trig_r = Signal()
         trig_value = Signal(32)
@@ -697,6 +719,7 @@ class PPU(wiring.Component):
             with m.Else():
                 m.d.comb += clear_regs.eq(1)
                 m.d.sync += [
+                    started.eq(start_time <= now + 1),
                     tail.eq(trig_value[:pc_bits]),
                     pc.eq(0),
                     t.eq(start_time),
@@ -711,7 +734,7 @@ class PPU(wiring.Component):
         for r in PPU_REGISTERS:
             if r.name in rw:
                 lane = (r.offset >> 2) & 1
-                with m.If(regs_write & (off == r.offset >> 3)):
+                with m.If(regs_write & at_word(r.offset >> 3)):
                     be = cmd.be[4 * lane:4 * lane + 4]
                     new = _merge_bytes(_u32(rw[r.name]), cmd.data[32 * lane:32 * lane + 32], be, 4)
                     m.d.sync += rw[r.name].eq(new)
@@ -726,7 +749,7 @@ class PPU(wiring.Component):
         rd_error = Signal()
         rd_off = Signal(4)
         rd_tl = Signal()
-        tl_read = is_read & (region == WindowRegion.REGS) & (off == tl_reg.offset >> 3)
+        tl_read = is_read & (region == WindowRegion.REGS) & at_word(tl_reg.offset >> 3)
         tl_lo_lanes = (cmd.be[:4] != 0) | (cmd.be == 0)
         m.d.sync += rd_valid.eq(is_read)
         with m.If(is_read):
