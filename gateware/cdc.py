@@ -52,9 +52,9 @@ class CrossingReset(wiring.Component):
         other side (asserted at once, released 3 edges of this side's clock after it). With the
         other domain stopped and its ``clr`` high, this side stays held.
 
-    Latency: after a reset of ``a`` (both clocks running) the ``a`` side is released
-    ``2 b + 3 a`` clock edges after it, the ``b`` side ``2 b`` edges after it (then held
-    until ``3 b`` edges after ``clr_a`` fell, whichever is later).
+    Latency: when the reset of ``a`` falls (both clocks running), ``clr_a`` falls with it,
+    ``clr_b`` 2 ``b`` edges later, ``hold_b`` 3 ``b`` edges later and ``hold_a`` 2 ``b`` + 3 ``a``
+    edges later; the same with ``a`` and ``b`` exchanged for a reset of ``b``.
     """
 
     clr_a: Out(1)
