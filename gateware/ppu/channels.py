@@ -11,10 +11,10 @@ error.
 Timing contract. The event queue (:class:`TimedQueue`: a FIFO and a head register) compares the
 head's ``time`` with the timeline one cycle ahead, so the fire decision is a flip-flop; an event
 is fired when its time comes (``time == now + LEAD_CYCLES - 1`` at the decision) and is late
-when it is at the head too late for that. An event must be queued (pushed in cycle ``c`` with
-an empty queue: at the FIFO's output from ``c + 1``) at least ``LEAD_CYCLES`` cycles before its
-time (:class:`DriveChannel`: 4, :class:`ReadoutChannel` and :class:`MarkerChannel`: 2): pushed
-in cycle ``c``, it can fire at ``c + LEAD_CYCLES + 1`` at the earliest.
+when it is at the head too late for that. An event must reach the queue's head (pushed into an
+empty queue, or at the FIFO's output) at least ``LEAD_CYCLES`` cycles before its time
+(:class:`DriveChannel`: 5, :class:`ReadoutChannel` and :class:`MarkerChannel`: 2): pushed in
+cycle ``c`` into an empty queue, it can fire at ``c + LEAD_CYCLES`` at the earliest.
 
 All channels are written in ``sync`` (renamed to ``dtd`` by the top). Asserting ``flush`` resets
 a channel synchronously: its queue empties and its outputs are 0 from the next cycle (the PPU
@@ -170,8 +170,9 @@ class TimedQueue(wiring.Component):
     empty : ``Out(1)``
         Nothing queued.
 
-    Latency: an event pushed in cycle ``c`` is the head (with its compares) from ``c + 2`` when
-    the queue was empty, so it must be pushed at least ``fire_lead + 2`` cycles before its time.
+    Latency: an event pushed in cycle ``c`` into an empty queue (or at the FIFO's output in
+    cycle ``c``) is the head, with its compares, from ``c + 1``: it must be there at least
+    ``fire_lead + 1`` cycles before its time.
     """
 
     def __init__(self, layout, fire_lead: int):
@@ -204,15 +205,18 @@ class TimedQueue(wiring.Component):
         on_time = Signal()
         past = Signal()
         load = ~valid | self.pop
-        first = self._layout(fifo.r_data)
+        # An event pushed while the queue is empty (or its head leaves) goes straight to the
+        # head register.
+        bypass = load & ~fifo.r_rdy & self.event.valid
+        first = self._layout(Mux(bypass, self.event.payload.as_value(), fifo.r_data))
         q.d.comb += [
             fifo.w_data.eq(self.event.payload),
-            fifo.w_en.eq(self.event.valid),
+            fifo.w_en.eq(self.event.valid & ~bypass),
             self.event.ready.eq(fifo.w_rdy),
             fifo.r_en.eq(load),
         ]
         with q.If(load):
-            q.d.sync += [valid.eq(fifo.r_rdy), self.head.eq(fifo.r_data)]
+            q.d.sync += [valid.eq(fifo.r_rdy | bypass), self.head.eq(first)]
         q.d.sync += [
             on_time.eq(Mux(load, first.time == due_next, self.head.time == due_next)),
             past.eq(Mux(load, first.time < due_next, self.head.time < due_next)),
@@ -263,9 +267,9 @@ class DriveChannel(wiring.Component):
         High when the FIFO is empty and nothing is playing or in the pipeline.
     """
 
-    #: Cycles an event must be queued before its time (fire decision: three cycles before,
-    #: then envelope read, envelope word register, product register).
-    LEAD_CYCLES = 4
+    #: Cycles an event must be queued before its time (fire decision: four cycles before,
+    #: then envelope read, envelope word register, operand register, product register).
+    LEAD_CYCLES = 5
 
     def __init__(self, env_depth: int):
         if env_depth < _SAMPLES_PER_WORD or env_depth & (env_depth - 1):
@@ -328,23 +332,30 @@ class DriveChannel(wiring.Component):
         m.d.sync += [s2_valid.eq(s1_valid), s2_lane.eq(s1_lane), s2_amp.eq(s1_amp),
                      s2_word.eq(self.env_rd_data)]
 
-        # Product stage: multiply, scale and saturate into the output register. The only
-        # product out of range is -1 * -1 (2**30 >> 15 = 32768), detected on the operands.
+        # Operand stage: the sample selected, and the amplitude made 0 when nothing plays and
+        # -32767 for -1 * -1 (the only product out of range: 2**30 >> 15 = 32768; -32768 *
+        # -32767 >> 15 = 32767, the saturated value), so nothing follows the multiplier.
         sample = s2_word.word_select(s2_lane, SAMPLE_BITS).as_signed()
-        prod = Signal(signed(2 * SAMPLE_BITS))
-        m.d.comb += prod.eq(sample * s2_amp)
         lo = -(1 << (SAMPLE_BITS - 1))
-        sat = (sample == lo) & (s2_amp == lo)
-        with m.If(s2_valid):
-            m.d.sync += [
-                self.dac.eq(Mux(sat, (1 << (SAMPLE_BITS - 1)) - 1,
-                                prod[SAMPLE_BITS - 1:2 * SAMPLE_BITS - 1].as_signed())),
-                self.active.eq(1),
-            ]
-        with m.Else():
-            m.d.sync += [self.dac.eq(0), self.active.eq(0)]
+        s3_valid = Signal()
+        s3_sample = Signal(signed(SAMPLE_BITS))
+        s3_amp = Signal(signed(SAMPLE_BITS))
+        m.d.sync += [
+            s3_valid.eq(s2_valid),
+            s3_sample.eq(sample),
+            s3_amp.eq(Mux(~s2_valid, 0,
+                          Mux((sample == lo) & (s2_amp == lo), lo + 1, s2_amp))),
+        ]
 
-        m.d.comb += self.idle.eq(q.empty & (rem == 0) & ~s1_valid & ~s2_valid)
+        # Product stage: the multiplier's output, scaled, is the output register.
+        prod = Signal(signed(2 * SAMPLE_BITS))
+        m.d.comb += prod.eq(s3_sample * s3_amp)
+        m.d.sync += [
+            self.dac.eq(prod[SAMPLE_BITS - 1:2 * SAMPLE_BITS - 1].as_signed()),
+            self.active.eq(s3_valid),
+        ]
+
+        m.d.comb += self.idle.eq(q.empty & (rem == 0) & ~s1_valid & ~s2_valid & ~s3_valid)
         return ResetInserter(self.flush)(m)
 
 

@@ -373,7 +373,6 @@ class PPU(wiring.Component):
         x_illegal = xd.illegal
         x_sel = {"drive": xd.sel_drive, "readout": xd.sel_readout, "marker": xd.sel_marker}
         x_time = Signal(64)                # t + offset_cycles, for PLAY, ACQUIRE, MARKER
-        m.d.comb += x_time.eq(t + x.operands.play.offset_cycles)
         br_ready = Signal()                # BRANCH condition evaluated ...
         br_taken = Signal()                # ... and its value
         call_issued = Signal()
@@ -427,6 +426,8 @@ class PPU(wiring.Component):
             m.d.sync += [
                 x_valid.eq(1),
                 x_raw.eq(Mux(use_tgt, tgt_insn, f_insn)),
+                x_time.eq(t + Instruction(Mux(use_tgt, tgt_insn, f_insn))
+                          .operands.play.offset_cycles),
                 xd.eq(Mux(use_tgt, tgt_dec, f_dec)),
                 br_ready.eq(0),
                 call_issued.eq(0),

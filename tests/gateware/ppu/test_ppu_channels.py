@@ -73,7 +73,7 @@ def test_marker_late_event_is_dropped_not_played():
         await _push(ctx, dut, time=10, duration_cycles=3)     # pushed at now 10: too late
         rows = await _collect(ctx, dut, dut.marker, 20)
         assert [n for n, v, _ in rows if v] == []
-        assert [n for n, _, late in rows if late] == [12]    # head (compared) from 12
+        assert [n for n, _, late in rows if late] == [11]
 
     _run(dut, bench)
 
@@ -138,7 +138,7 @@ def test_drive_preemption_and_lead():
             if active:
                 rows.append((now, dac))
         assert rows == [(20, 500), (21, 1000), (22, 1500), (23, -9000), (24, -10000)]
-        assert DriveChannel.LEAD_CYCLES == 4
+        assert DriveChannel.LEAD_CYCLES == 5
 
     _run(dut, bench)
 
