@@ -25,6 +25,7 @@ from amaranth.hdl import Cat, ClockDomain, DomainRenamer, Elaboratable, Module, 
 from amaranth.lib import io, wiring
 from amaranth.lib.cdc import ResetSynchronizer
 from amaranth.lib.wiring import In, Out
+from amaranth_boards.butterstick import ButterStickPlatform
 
 from openqlink.gateware.top import QSCTop
 
@@ -117,7 +118,7 @@ class BoardTop(Elaboratable):
             m.submodules[f"rst_{out.name}"] = ResetSynchronizer(~pll.locked | board_rst,
                                                                 domain=out.name)
 
-        if prof.platform.__name__ == "ButterStickPlatform":
+        if issubclass(prof.platform, ButterStickPlatform):
             m.submodules.vccio = VCCIOControl(platform, dict(prof.platform_kwargs),
                                               clk_hz=prof.clk_in_hz)
 
