@@ -209,6 +209,8 @@ class TimedQueue(wiring.Component):
         # head register.
         bypass = load & ~fifo.r_rdy & self.event.valid
         first = self._layout(Mux(bypass, self.event.payload.as_value(), fifo.r_data))
+        out = self._layout(fifo.r_data)
+        pushed = self.event.payload
         q.d.comb += [
             fifo.w_data.eq(self.event.payload),
             fifo.w_en.eq(self.event.valid & ~bypass),
@@ -217,9 +219,12 @@ class TimedQueue(wiring.Component):
         ]
         with q.If(load):
             q.d.sync += [valid.eq(fifo.r_rdy | bypass), self.head.eq(first)]
+        # The three candidates compared in parallel, the choice made last.
         q.d.sync += [
-            on_time.eq(Mux(load, first.time == due_next, self.head.time == due_next)),
-            past.eq(Mux(load, first.time < due_next, self.head.time < due_next)),
+            on_time.eq(Mux(load, Mux(bypass, pushed.time == due_next, out.time == due_next),
+                           self.head.time == due_next)),
+            past.eq(Mux(load, Mux(bypass, pushed.time < due_next, out.time < due_next),
+                        self.head.time < due_next)),
         ]
         q.d.comb += [
             self.valid.eq(valid),

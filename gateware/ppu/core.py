@@ -252,8 +252,6 @@ class PPU(wiring.Component):
             Signal(range(max_pending + 1), name=f"pending{i}") for i in range(1, NUM_REGISTERS)]
         busy = Signal(NUM_REGISTERS)       # registers with ACQUIRE results still to land
         pend_one = Signal(NUM_REGISTERS)   # ... exactly one
-        settle = Signal(NUM_REGISTERS)     # ... whose last pending result lands this cycle
-        land_bit = Signal(NUM_REGISTERS)   # ... and the bit it writes
 
         core_we = Signal()
         core_wrd = Signal(4)
@@ -275,14 +273,9 @@ class PPU(wiring.Component):
             for ch in readouts:
                 with m.If(ch.result_valid & (ch.result_rd == i)):
                     m.d.sync += regs[i].eq(ch.result_bit)
-                    m.d.comb += land_bit[i].eq(ch.result_bit)
             inc = Mux(acq_issue & (acq_rd == i), 1, 0)
             pending_next = Signal.like(pending[i], name=f"pending{i}_next")
-            # ``settle``: the one pending result lands (two landing at once take the slow way).
-            m.d.comb += [
-                pending_next.eq(pending[i] + inc - sum(landed)),
-                settle[i].eq(pend_one[i] & Cat(*landed).any()),
-            ]
+            m.d.comb += pending_next.eq(pending[i] + inc - sum(landed))
             m.d.sync += [pending[i].eq(pending_next), busy[i].eq(pending_next != 0),
                          pend_one[i].eq(pending_next == 1)]
             with m.If(clear_regs):
@@ -386,6 +379,15 @@ class PPU(wiring.Component):
         err_illegal = Signal()
         m.d.comb += ex.eq(run & x_valid & ~x_illegal)
         blocked = (xd.mask & busy).any()
+        # ``settle``: the one pending result of ``rs`` lands this cycle, writing ``land_bit``
+        # (two landing at once take the slow way).
+        settle = Signal()
+        land_bit = Signal()
+        hits = [ch.result_valid & (ch.result_rd == x_rs) for ch in readouts]
+        for hit, ch in zip(hits, readouts, strict=True):
+            with m.If(hit):
+                m.d.comb += land_bit.eq(ch.result_bit)
+        m.d.comb += settle.eq(pend_one.bit_select(x_rs, 1) & Cat(*hits).any())
 
         # Register read of ``rs`` in two stages, every cycle: four 4:1 selections
         # (``rs_part``), then one (``rs_value``). ``rs_ok``: ``rs_value`` is the register's
@@ -549,10 +551,10 @@ class PPU(wiring.Component):
                             with m.Default():
                                 m.d.comb += taken.eq(1)
                         m.d.sync += [br_ready.eq(1), br_taken.eq(taken)]
-                    with m.Elif(settle.bit_select(x_rs, 1)):
+                    with m.Elif(settle):
                         # The measurement lands now: decide on the bit it writes.
                         m.d.sync += [br_ready.eq(1), br_taken.eq(
-                            Mux(land_bit.bit_select(x_rs, 1), xd.taken_if_1, xd.taken_if_0))]
+                            Mux(land_bit, xd.taken_if_1, xd.taken_if_0))]
                 with m.If(act):
                     m.d.comb += x_done.eq(1)
             with m.If(x_is[Op.CALL]):
