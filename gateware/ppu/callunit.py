@@ -52,11 +52,11 @@ class CallUnit(wiring.Component):
         Stop waiting (the PPU stopped on an error). A request already offered on ``call_req``
         stays offered until it is taken (stream rule); its response will count as stale.
     done : ``Out(1)``; ``result : Out(32)``
-        One-cycle pulse, the cycle after the commit: the awaited response arrived with status
+        One-cycle pulse, two cycles after the commit: the awaited response arrived with status
         0; ``result`` is its first 4 result bytes, little-endian, zero-extended when
         ``result_len < 4``.
     failed : ``Out(1)``
-        One-cycle pulse, the cycle after the commit: the awaited response had a status != 0.
+        One-cycle pulse, two cycles after the commit: the awaited response had a status != 0.
     timeout : ``Out(1)``
         One-cycle pulse: ``timeout_cycles`` (``In(32)``, 0 = never) cycles have passed since the
         issue cycle with no response; the unit stops waiting.
@@ -77,9 +77,9 @@ class CallUnit(wiring.Component):
     last_rtt_cycles : ``Out(32)``
         Cycles from the ``call_req`` handshake to the cycle the response was taken.
 
-    Latency: ``call_req`` is valid one cycle after ``issue``; a commit is parsed in its cycle
-    (``busy`` is low from the next) and ``done``/``failed`` pulse, with ``result``, in the cycle
-    after it (1 cycle).
+    Latency: ``call_req`` is valid one cycle after ``issue``; a commit is registered, the
+    response taken in the next cycle (``busy`` is low from the one after) and ``done``/``failed``
+    pulse, with ``result``, two cycles after the commit.
     """
 
     def __init__(self, ppu: int):
@@ -171,20 +171,31 @@ class CallUnit(wiring.Component):
         with m.If(waiting):
             m.d.sync += elapsed.eq(elapsed + 1)
 
-        # Response parsing.
+        # Response parsing, in stages. The check stage ``chk_*`` registers, every cycle, the
+        # header checks that need no commit (the mailbox is written before its commit); the
+        # commit stage ``commit_r`` registers the MAILBOX_COMMIT and its byte count; in its
+        # cycle the response is taken (or dropped), and done/failed pulse in the next.
         header = RPCResponse(Cat(mailbox[0], mailbox[1], mailbox[2]))
-        nbytes = self.commit_bytes
+        chk_magic = Signal()
+        chk_rid = Signal()
+        chk_len = Signal(17)       # result_len + header
+        commit_r = Signal()
+        nbytes = Signal(16)
+        m.d.sync += [
+            chk_magic.eq(header.magic == RESPONSE_MAGIC),
+            chk_rid.eq(header.request_id == awaited),
+            chk_len.eq(header.result_len + HEADER_BYTES),
+            commit_r.eq(self.commit),
+            nbytes.eq(self.commit_bytes),
+        ]
         length_ok = ((nbytes >= HEADER_BYTES) & (nbytes <= 8 * MAILBOX_WORDS) &
-                     (header.result_len + HEADER_BYTES <= nbytes))
-        match = (waiting & sent & length_ok & (header.magic == RESPONSE_MAGIC) &
-                 (header.request_id == awaited))
+                     (chk_len <= nbytes))
+        match = waiting & sent & length_ok & chk_magic & chk_rid
         result_len = Mux(header.result_len > 4, 4, header.result_len[:3])
         byte_mask = Array(Const((1 << (8 * i)) - 1, 32) for i in range(5))[result_len]
-        taken = Signal()
-        m.d.comb += taken.eq(self.commit & match)
-        # Result stage: done/failed/result registered, the cycle after the commit.
+        # Result stage: done/failed/result registered, the cycle after the response is taken.
         m.d.sync += [self.done.eq(0), self.failed.eq(0)]
-        with m.If(self.commit):
+        with m.If(commit_r):
             with m.If(match):
                 m.d.sync += [
                     self.last_status.eq(header.status),
@@ -200,9 +211,14 @@ class CallUnit(wiring.Component):
             with m.Else():
                 m.d.sync += self.stale.eq(self.stale + 1)
 
-        # Time-out (a response taken in the same cycle wins).
-        with m.If(waiting & ~taken & (self.timeout_cycles != 0) &
-                  (elapsed >= self.timeout_cycles)):
+        # Time-out: ``due`` is ``elapsed >= timeout_cycles``, registered; a response being
+        # parsed defers it a cycle (the response wins).
+        due = Signal()
+        with m.If(self.issue & ~self.busy):
+            m.d.sync += due.eq(self.timeout_cycles <= 1)
+        with m.Else():
+            m.d.sync += due.eq(elapsed + 1 >= self.timeout_cycles)
+        with m.If(waiting & ~commit_r & (self.timeout_cycles != 0) & due):
             m.d.comb += self.timeout.eq(1)
             m.d.sync += [waiting.eq(0), sent.eq(0)]
 

@@ -485,7 +485,7 @@ def test_call_round_trip_and_stale_responses():
         assert await read_reg(ctx, dut, 0, "PC") == 1
         # The good one (5 result bytes: the first 4 are taken).
         await send_response(ctx, dut, 0, Response(0, 0, 77, b"\x78\x56\x34\x12\x99"))
-        commit_now = ctx.get(dut.now) + 1  # acts two cycles after it is taken (command stages)
+        commit_now = ctx.get(dut.now) + 2  # taken three cycles after the bus took it
         rtt = await read_reg(ctx, dut, 0, "LAST_RTT_CYCLES")
         assert rtt == commit_now - h
         req, _ = await _take_request(ctx, dut)
