@@ -377,7 +377,8 @@ class PPU(wiring.Component):
         x_done = Signal()                  # ... and its instruction retires
         err_underflow = Signal()
         err_illegal = Signal()
-        m.d.comb += ex.eq(run & x_valid & ~x_illegal)
+        error_set = Signal()               # the error stage acts: the core stops
+        m.d.comb += ex.eq(run & x_valid & ~x_illegal & ~error_set)
         blocked = (xd.mask & busy).any()
         # ``settle``: the one pending result of ``rs`` lands this cycle, writing ``land_bit``
         # (two landing at once take the slow way).
@@ -592,16 +593,19 @@ class PPU(wiring.Component):
             "call_failed": call.failed,
             "illegal_instruction": err_illegal,
         }
-        error_set = Signal()
-        m.d.comb += error_set.eq(active & Cat(*errors.values()).any())
+        # Error stage: the errors detected in a cycle are registered; the cycle after, the PPU
+        # stops (the core does nothing in that cycle) and STATUS reads ERROR from the next.
+        error_r = Signal(len(errors))
+        m.d.sync += error_r.eq(Mux(active & ~error_set, Cat(*errors.values()), 0))
+        m.d.comb += error_set.eq(error_r.any())
         with m.If(active):
             m.d.sync += late_events.eq(late_events + sum(ch.late for ch in
                                                          drives + readouts + markers))
         with m.If(error_set):
             m.d.sync += [state.eq(PPUState.ERROR), mode.eq(_CoreMode.HALT), x_valid.eq(0)]
             kill_fetch()
-            for name, sig in errors.items():
-                with m.If(sig):
+            for k, name in enumerate(errors):
+                with m.If(error_r[k]):
                     m.d.sync += getattr(sticky, name).eq(1)
         # Registered: the outputs are quiet from the cycle after STATUS first reads ERROR.
         flush = state == PPUState.ERROR
