@@ -21,10 +21,10 @@ Run control (STATUS.state, :class:`~openqlink.isa.PPUState`):
 * END stops fetching; the state becomes DONE once the PPU is RUNNING and every channel has
   played out its events.
 * Errors (UNDERFLOW, LATE, call time-out, call failed, illegal instruction) stop the core, set
-  their sticky bit and the state ERROR, and flush the channels (a registered flush): from the
-  cycle after the first in which STATUS reads ERROR, dac, dac_active, ro_window and markers are
-  0 and the FIFOs empty. No event fires in between: a late one never does, and an event's
-  effect needs at least one cycle after its fire decision.
+  their sticky bit and the state ERROR, and flush the channels. Both are registered: an error
+  detected in cycle ``c`` is in the error stage in ``c + 1`` (the core does nothing then),
+  STATUS reads ERROR from ``c + 2`` and, from ``c + 3``, dac, dac_active, ro_window and markers
+  are 0 and the FIFOs empty. A late event never fires.
 
 Core pipeline (DTD cycles): instruction memory read (address ``fetch_pc``) -> memory output
 -> fetched-instruction register ``f_*`` (the block RAM's output registered, nothing between
