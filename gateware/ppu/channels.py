@@ -1,12 +1,12 @@
 """Timed channels of a PPU and its PTD (physical) interface.
 
-Each channel owns a timed event FIFO (``amaranth.lib.fifo.SyncFIFO``, :data:`FIFO_DEPTH`
-entries) filled by the PPU core, which runs ahead of the timeline. The channel pops its head
-event and fires it on *exactly* the DTD cycle its timestamp names, so that the effect appears on
-the PTD port on the cycle in which the shared timeline counter ``now`` equals the event's
-``time``. An event that reaches the head of its FIFO too late to fire on time is never played
-late (QICK would play it late silently): the channel pulses ``late`` and the PPU stops with a LATE
-error.
+Each channel owns a timed event queue (:class:`TimedQueue`: ``amaranth.lib.fifo.SyncFIFOBuffered``
+and a head register, :data:`FIFO_DEPTH` entries) filled by the PPU core, which runs ahead of
+the timeline. The channel pops its head event and fires it on *exactly* the DTD cycle its
+timestamp names, so that the effect appears on the PTD port on the cycle in which the shared
+timeline counter ``now`` equals the event's ``time``. An event that reaches the head of its
+queue too late to fire on time is never played late (QICK would play it late silently): the
+channel pulses ``late`` and the PPU stops with a LATE error.
 
 Timing contract. The event queue (:class:`TimedQueue`: a FIFO and a head register) compares the
 head's ``time`` with the timeline one cycle ahead, so the fire decision is a flip-flop; an event
@@ -27,7 +27,7 @@ asserts it while it is in ERROR; a push that is offered in a flushed cycle is di
 # No ``from __future__ import annotations``: data.Struct reads its annotations as shapes.
 from amaranth.hdl import Module, Mux, ResetInserter, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import SyncFIFO
+from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.wiring import In, Out
 
 __all__ = [
@@ -199,15 +199,17 @@ class TimedQueue(wiring.Component):
         m.d.sync += due_next.eq(self.now + 2 + self._fire_lead)
 
         q = Module()
-        fifo = q.submodules.fifo = SyncFIFO(width=self._layout.as_shape().size,
-                                            depth=FIFO_DEPTH - 1)
+        # A FIFO with a registered output: the compares below start at a flip-flop.
+        fifo = q.submodules.fifo = SyncFIFOBuffered(width=self._layout.as_shape().size,
+                                                    depth=FIFO_DEPTH - 1)
+        fifo_empty = fifo.level == 0
         valid = Signal()
         on_time = Signal()
         past = Signal()
         load = ~valid | self.pop
         # An event pushed while the queue is empty (or its head leaves) goes straight to the
         # head register.
-        bypass = load & ~fifo.r_rdy & self.event.valid
+        bypass = load & fifo_empty & self.event.valid
         first = self._layout(Mux(bypass, self.event.payload.as_value(), fifo.r_data))
         out = self._layout(fifo.r_data)
         pushed = self.event.payload
@@ -230,7 +232,7 @@ class TimedQueue(wiring.Component):
             self.valid.eq(valid),
             self.on_time.eq(valid & on_time),
             self.past.eq(valid & past),
-            self.empty.eq(~valid & ~fifo.r_rdy),
+            self.empty.eq(~valid & fifo_empty),
         ]
         m.submodules.queue = ResetInserter(self.flush)(q)
         return m
