@@ -44,8 +44,8 @@ class CallUnit(wiring.Component):
     issue : ``In(1)``
         Start a call this cycle (only when ``busy`` is low; ignored otherwise) with
         ``function_id : In(32)``, ``arg : In(32)`` (the argument register) and
-        ``arg_bits : In(6)`` (0..32; ``arg_len = ceil(arg_bits / 8)`` bytes,
-        ``args = arg`` masked to ``arg_bits``).
+        ``arg_len : In(3)`` (0..4 bytes, ``ceil(arg_bits / 8)``; ``arg`` already masked to
+        ``arg_bits`` by the caller, which decodes both from the instruction ahead of time).
     busy : ``Out(1)``
         A request is waiting to be handed over, or a response is awaited.
     abort : ``In(1)``
@@ -90,7 +90,7 @@ class CallUnit(wiring.Component):
             "issue": In(1),
             "function_id": In(32),
             "arg": In(32),
-            "arg_bits": In(6),
+            "arg_len": In(3),
             "busy": Out(1),
             "abort": In(1),
             "done": Out(1),
@@ -140,15 +140,12 @@ class CallUnit(wiring.Component):
         # Issue.
         with m.If(self.issue & ~self.busy):
             request_id = Cat(seq, Const(self._ppu, 8))
-            arg_bits = Mux(self.arg_bits > 32, 32, self.arg_bits)
-            mask = Signal(32)
-            m.d.comb += mask.eq(Array(Const((1 << i) - 1, 32) for i in range(33))[arg_bits])
             m.d.sync += [
                 self.call_req.payload.ppu.eq(self._ppu),
                 self.call_req.payload.function_id.eq(self.function_id),
                 self.call_req.payload.request_id.eq(request_id),
-                self.call_req.payload.arg_len.eq((arg_bits + 7) >> 3),
-                self.call_req.payload.args.eq(self.arg & mask),
+                self.call_req.payload.arg_len.eq(self.arg_len),
+                self.call_req.payload.args.eq(self.arg),
                 req_valid.eq(1),
                 waiting.eq(1),
                 sent.eq(0),

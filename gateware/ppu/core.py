@@ -307,6 +307,8 @@ class PPU(wiring.Component):
             "mask": NUM_REGISTERS,         # registers that must not be pending
             "taken_if_0": 1,               # BRANCH condition when rs is 0 ...
             "taken_if_1": 1,               # ... and when it is 1 (a measurement)
+            "arg_mask": REGISTER_BITS,     # CALL: the low arg_bits bits ...
+            "arg_len": 3,                  # ... in bytes
         })
 
         def decode(raw):
@@ -328,6 +330,7 @@ class PPU(wiring.Component):
                 return Cat(Const(0, 1), *(index == i for i in range(1, NUM_REGISTERS)))
 
             rd, rs = onehot(raw[8:12]), onehot(raw[12:16])
+            arg_bits = ins.operands.call.arg_bits
             mask = (Mux(is_[Op.SET], rd, 0) | Mux(is_[Op.ADD], rd | rs, 0) |
                     Mux(is_[Op.BRANCH] & (b.cond != Cond.ALWAYS), rs, 0) |
                     Mux(is_[Op.CALL], rd | rs, 0))
@@ -347,6 +350,9 @@ class PPU(wiring.Component):
                 "mask": mask,
                 "taken_if_0": taken[0],
                 "taken_if_1": taken[1],
+                "arg_mask": Array(Const((1 << i) - 1, REGISTER_BITS)
+                                  for i in range(33))[Mux(arg_bits > 32, 32, arg_bits)],
+                "arg_len": (Mux(arg_bits > 32, 32, arg_bits) + 7) >> 3,
             }
 
         # Decode stages: registered the cycle after their instruction register is loaded.
@@ -565,8 +571,8 @@ class PPU(wiring.Component):
                         m.d.comb += [
                             call.issue.eq(1),
                             call.function_id.eq(o.function_id),
-                            call.arg.eq(rs_value),
-                            call.arg_bits.eq(o.arg_bits),
+                            call.arg.eq(rs_value & xd.arg_mask),
+                            call.arg_len.eq(xd.arg_len),
                         ]
                         m.d.sync += call_issued.eq(1)
                 with m.Elif(call.done):
