@@ -383,8 +383,8 @@ class PPU(wiring.Component):
         x_done = Signal()                  # ... and its instruction retires
         err_underflow = Signal()
         err_illegal = Signal()
-        error_set = Signal()               # the error stage acts: the core stops
-        m.d.comb += ex.eq(run & x_valid & ~x_illegal & ~error_set)
+        error_set = Signal()               # the error stage acts: the core stops, no CALL leaves
+        m.d.comb += ex.eq(run & x_valid & ~x_illegal)
         blocked = (xd.mask & busy).any()
         # ``settle``: the one pending result of ``rs`` lands this cycle, writing ``land_bit``
         # (two landing at once take the slow way).
@@ -435,8 +435,9 @@ class PPU(wiring.Component):
             m.d.sync += [
                 x_valid.eq(1),
                 x_raw.eq(Mux(use_tgt, tgt_insn, f_insn)),
-                x_time.eq(t + Instruction(Mux(use_tgt, tgt_insn, f_insn))
-                          .operands.play.offset_cycles),
+                # Both sums in parallel, the choice last.
+                x_time.eq(Mux(use_tgt, t + Instruction(tgt_insn).operands.play.offset_cycles,
+                              t + Instruction(f_insn).operands.play.offset_cycles)),
                 xd.eq(Mux(use_tgt, tgt_dec, f_dec)),
                 br_ready.eq(0),
                 call_issued.eq(0),
@@ -567,7 +568,7 @@ class PPU(wiring.Component):
             with m.If(x_is[Op.CALL]):
                 o = x.operands.call
                 with m.If(~call_issued):
-                    with m.If(~blocked & rs_ok & ~call.busy):
+                    with m.If(~blocked & rs_ok & ~call.busy & ~error_set):
                         m.d.comb += [
                             call.issue.eq(1),
                             call.function_id.eq(o.function_id),
