@@ -22,7 +22,7 @@ Run control (STATUS.state, :class:`~openqlink.isa.PPUState`):
   played out its events.
 * Errors (UNDERFLOW, LATE, call time-out, call failed, illegal instruction) stop the core, set
   their sticky bit and the state ERROR, and flush the channels. Both are registered: an error
-  detected in cycle ``c`` is in the error stage in ``c + 1`` (the core does nothing then),
+  detected in cycle ``c`` is in the error stage in ``c + 1`` (no CALL is issued then),
   STATUS reads ERROR from ``c + 2`` and, from ``c + 3``, dac, dac_active, ro_window and markers
   are 0 and the FIFOs empty. A late event never fires.
 
