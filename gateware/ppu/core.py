@@ -64,7 +64,7 @@ block, the ring, the envelope memory or the mailbox are unmapped (read error, wr
 # NVQLink fast modality (atomic trigger).
 """
 
-from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value, unsigned
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value, signed, unsigned
 from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -229,7 +229,14 @@ class PPU(wiring.Component):
             "illegal_instruction": 1, "trigger_busy": 1, "trigger_late": 1,
         }))
         started = Signal()                 # now >= START_TIME of the run, registered
-        m.d.sync += started.eq(run_start <= now + 1)
+
+        def due_by_next(time):
+            """``time <= now + 1``, with one subtraction (``time - now <= 1``, signed)."""
+            diff = Signal(signed(65))
+            m.d.comb += diff.eq(time - now)
+            return diff[-1] | (diff[1:] == 0)
+
+        m.d.sync += started.eq(due_by_next(run_start))
         eff_state = Signal(PPUState)
         with m.If((state == PPUState.ARMED) & started):
             m.d.comb += eff_state.eq(PPUState.RUNNING)
@@ -723,7 +730,7 @@ class PPU(wiring.Component):
         m.d.sync += [
             trig_r.eq(trig),
             trig_value.eq(cmd.data[32 * t_lane:32 * t_lane + 32]),
-            trig_late.eq(start_time <= now + 1),
+            trig_late.eq(due_by_next(start_time)),
         ]
         with m.If(trig_r):
             with m.If(active):
@@ -733,7 +740,7 @@ class PPU(wiring.Component):
             with m.Else():
                 m.d.comb += clear_regs.eq(1)
                 m.d.sync += [
-                    started.eq(start_time <= now + 1),
+                    started.eq(due_by_next(start_time)),
                     tail.eq(trig_value[:pc_bits]),
                     pc.eq(0),
                     t.eq(start_time),
