@@ -4,7 +4,7 @@
 # RFC 1624 3 (the two zero forms).
 """
 
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -61,14 +61,18 @@ class IPv4Checksum(wiring.Component):
                 sum_b.eq(sum(words[half:])),
             ]
 
-        # Stage 2: total (< 2**20), two end-around-carry folds, complement.
+        # Stage 2: total (< 2**20), the end-around-carry folds, complement. The first fold is
+        # computed with and without the second fold's carry side by side, and its own carry
+        # picks one: two adders in a row, not three.
         total = Signal(20)
         fold1 = Signal(17)
+        fold1_p1 = Signal(17)
         fold2 = Signal(16)
         m.d.comb += [
             total.eq(sum_a + sum_b),
             fold1.eq(total[:16] + total[16:]),
-            fold2.eq(fold1[:16] + fold1[16]),
+            fold1_p1.eq(total[:16] + total[16:] + 1),
+            fold2.eq(Mux(fold1[16], fold1_p1[:16], fold1[:16])),
         ]
         m.d.sync += self.done.eq(stage1)
         with m.If(stage1):

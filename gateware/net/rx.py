@@ -78,7 +78,8 @@ from .control import ControlRequest
 from .icrc import ICRC, ICRC_WORD_MASKS
 from .regs import NUM_COUNTERS
 
-__all__ = ["RoCEReceiver", "CommitEngine", "commit_descriptor_layout", "HEADER_BYTES"]
+__all__ = ["RoCEReceiver", "CommitEngine", "commit_descriptor_layout", "HEADER_BYTES",
+           "COMMIT_LATENCY_CYCLES"]
 
 # Byte offsets of the headers in a frame (IPv4 without options).
 _ETH_AT = 0
@@ -96,6 +97,10 @@ _IPV4_WORDS = Header("IPv4Words", [(f"w{i}", 16) for i in range(IPV4.length_byte
 #: up to whole 64-bit beats.
 HEADER_BYTES = -(-(_IMM_AT + IMMDT.length_bytes) // 8) * 8
 _HEADER_BEATS = HEADER_BYTES // 8
+
+#: Cycles from a frame's last beat to its first bus command (commit engine idle, bus ready):
+#: decision 3 (header checks 2, the decision 1), descriptor queue 1, commit engine 4.
+COMMIT_LATENCY_CYCLES = 8
 
 _BROADCAST = (1 << 48) - 1
 #: UDP bytes of a RoCEv2 datagram besides the extension headers, payload and pad bytes.

@@ -16,7 +16,7 @@ error. The clock's own ppm error is of course not corrected (there is no PTP ser
 
 from fractions import Fraction
 
-from amaranth.hdl import Cat, Module, Mux, Signal
+from amaranth.hdl import Cat, Module, Mux, Signal, signed
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -88,10 +88,20 @@ class Timebase(wiring.Component):
             m.d.sync += frac.eq(Mux(carry, frac_sum - den, frac_sum))
         m.d.comb += step.eq(whole + carry)
 
-        m.d.sync += ns.eq(ns + step)
-        nsec_sum = nsec + step
-        with m.If(nsec_sum >= NS_PER_SECOND):
-            m.d.sync += [nsec.eq(nsec_sum - NS_PER_SECOND), sec.eq(sec + 1)]
+        # 64-bit ns as two 32-bit halves: the high half's increment is computed beside the low
+        # half's sum, and the low sum's carry selects it (no 64-bit carry chain).
+        ns_lo = Signal(33)
+        m.d.comb += ns_lo.eq(ns[:32] + step)
+        m.d.sync += ns.eq(Cat(ns_lo[:32], Mux(ns_lo[32], ns[32:] + 1, ns[32:])))
+        # nsec + step and nsec + step - 1e9 side by side; the sign of the second picks one.
+        nsec_sum = Signal(range(NS_PER_SECOND + whole + 2))
+        nsec_wrap = Signal(signed(32))
+        m.d.comb += [
+            nsec_sum.eq(nsec + step),
+            nsec_wrap.eq(nsec + step - NS_PER_SECOND),
+        ]
+        with m.If(~nsec_wrap[-1]):
+            m.d.sync += [nsec.eq(nsec_wrap), sec.eq(sec + 1)]
         with m.Else():
             m.d.sync += nsec.eq(nsec_sum)
 

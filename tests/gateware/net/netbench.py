@@ -93,14 +93,20 @@ def control_frame(cmd: int, addr: int, data: int = 0, *, flags: int = 0, seq: in
                  ip_udp(req, dst_port=CONTROL_PORT, src_port=src_port, ip=ip, udp=udp))
 
 
+class MacError(bytes):
+    """A frame that the MAC flags bad (``error`` set on its last beat), e.g. an FCS mismatch."""
+
+
 def beats(frame: bytes) -> list[dict]:
-    """The 64-bit beats of ``frame`` as packet-stream payload dicts."""
+    """The 64-bit beats of ``frame`` as packet-stream payload dicts (``error`` on the last beat
+    of a :class:`MacError` frame)."""
     out = []
     for i in range(0, len(frame), 8):
         chunk = frame[i:i + 8]
+        last = i + 8 >= len(frame)
         out.append(dict(data=int.from_bytes(chunk.ljust(8, b"\0"), "little"),
                         keep=(1 << len(chunk)) - 1, first=int(i == 0),
-                        last=int(i + 8 >= len(frame))))
+                        last=int(last), error=int(last and isinstance(frame, MacError))))
     return out
 
 
@@ -109,7 +115,7 @@ async def drive_frames(ctx, port, frames: list[bytes], *, gap: int = 0,
     """Drive ``frames`` into a packet stream whose ``ready`` is always high.
 
     ``gap`` idle cycles follow each frame; with ``rng``, idle cycles are also inserted at random
-    inside frames (valid low), as a MAC may do.
+    inside frames (valid low), as a MAC may do. A :class:`MacError` frame carries ``error``.
     """
     for frame in frames:
         for b in beats(frame):

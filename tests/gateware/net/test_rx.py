@@ -13,6 +13,7 @@ from netbench import (
     HOST_MAC,
     HOST_PORT,
     PARAMS,
+    MacError,
     QSC_IP,
     StreamSink,
     beats,
@@ -30,7 +31,7 @@ from netbench import (
 )
 
 from openqlink.gateware.net.regs import NetRegisters
-from openqlink.gateware.net.rx import RoCEReceiver
+from openqlink.gateware.net.rx import COMMIT_LATENCY_CYCLES, RoCEReceiver
 from openqlink.memory_map import (
     ENV_OFFSET,
     IMEM_OFFSET,
@@ -86,7 +87,8 @@ def reg_read(ctx, regs, addr: int) -> int:
 
 COUNTER_NAMES = ["RX_FRAMES", "RX_ROCE_ACCEPTED", "DROP_ETH", "DROP_IP", "DROP_UDP",
                  "DROP_ICRC", "DROP_OPCODE", "DROP_PKEY", "DROP_QPN", "DROP_RKEY", "DROP_VA",
-                 "DROP_LENGTH", "DROP_PSN", "PSN_GAP", "DROP_OVERFLOW", "RX_RPC_RESPONSES"]
+                 "DROP_LENGTH", "DROP_PSN", "PSN_GAP", "DROP_OVERFLOW", "RX_RPC_RESPONSES",
+                 "DROP_MAC"]
 
 
 def run_rx(frames, *, params=PARAMS, ready=lambda c: True, gap=0, rng=None, setup=None,
@@ -215,7 +217,7 @@ def test_first_bus_command_latency():
     sim.add_clock(6.4e-9)
     sim.add_testbench(tb)
     sim.run()
-    assert seen["latency"] == 8
+    assert seen["latency"] == COMMIT_LATENCY_CYCLES == 8
 
 
 def test_send_only_full_mailbox_and_second_ppu():
@@ -363,6 +365,38 @@ def test_drop_reasons(name):
     assert reqs == []
     expected = {"RX_FRAMES": 2, "RX_ROCE_ACCEPTED": 1, reason: 1}
     assert nonzero(counters) == expected
+
+
+# ---- frames the MAC flags bad ------------------------------------------------------------------
+
+def test_mac_error_drops_good_frame_whole():
+    # a frame that would be accepted (PSN 5 would resynchronise the expected PSN): with the MAC's
+    # error flag nothing of it is written, the PSN state is untouched, the next frame goes through
+    good = write_frame(IMEM0 + 8, D16, IMEM_RKEY, psn=0)
+    flagged = MacError(write_frame(IMEM0 + 0x40, D16, IMEM_RKEY, imm=7, psn=5))
+    cmds, reqs, counters, epsn = run_rx([flagged, good])
+    assert cmds == expected_writes(IMEM0 + 8, D16)
+    assert reqs == []
+    assert nonzero(counters) == {"RX_FRAMES": 2, "RX_ROCE_ACCEPTED": 1, "DROP_MAC": 1}
+    assert epsn == [1]
+
+
+@pytest.mark.parametrize("gap", [0, 3])
+def test_mac_error_control_send_and_bad_frames(gap):
+    mailbox = ppu_base(0) + MAILBOX_OFFSET
+    frames = [MacError(control_frame(Command.WR_DWORD, 8, 1, seq=1)),
+              MacError(send_frame(D16, psn=0)),
+              MacError(_w(bad_icrc=True)),                 # the MAC's flag names the reason
+              MacError(_w(eth={"dst": 0x02_00_00_00_00_99})),
+              MacError(b"\x01" * 10),
+              control_frame(Command.WR_DWORD, 8, 2, seq=2),
+              send_frame(D16, psn=0)]
+    cmds, reqs, counters, epsn = run_rx(frames, gap=gap)
+    assert [r["seq"] for r in reqs] == [2]
+    assert cmds == expected_writes(mailbox, D16) + [mailbox_commit(mailbox, 16)]
+    assert nonzero(counters) == {"RX_FRAMES": 7, "RX_ROCE_ACCEPTED": 1, "RX_RPC_RESPONSES": 1,
+                                 "DROP_MAC": 5}
+    assert epsn == [1]
 
 
 def test_rx_disable_drops_roce_but_not_control():
