@@ -19,7 +19,7 @@ Frames received while waiting that are not this client's responses are handed to
 number of an earlier request) are counted and dropped.
 
 # Ref: Holoscan Sensor Bridge control plane (ECB): docs/user_guide/controlplane.mdx and
-# src/hololink/core/hololink.cpp; shared/reference/cudaq_realtime_hsb.md section 8.
+# src/hololink/core/hololink.cpp.
 """
 
 from __future__ import annotations

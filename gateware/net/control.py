@@ -1,7 +1,7 @@
 """Control plane: Holoscan Sensor Bridge compatible register access over UDP port 8192.
 
-# Ref: Holoscan Sensor Bridge control bus (ECB) request/response (openqlink.wire.control;
-# shared/reference/cudaq_realtime_hsb.md section 8); openqlink.memory_map (address space).
+# Ref: Holoscan Sensor Bridge control bus (ECB) request/response (openqlink.wire.control);
+# openqlink.memory_map (address space).
 
 :class:`ControlPlane` takes the requests the receiver extracted (:class:`ControlRequest`), one at
 a time and in order, and answers them with a :class:`~openqlink.gateware.net.common.ControlReply`

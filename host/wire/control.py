@@ -3,7 +3,7 @@
 UDP port 8192, big-endian. A request is 14 bytes, a response 16 bytes.
 
 # Ref: Holoscan Sensor Bridge host library (hololink ``ECB`` control packets) and its FPGA IP
-# user guide; see ``shared/reference/cudaq_realtime_hsb.md`` section 8.
+# user guide.
 """
 
 from __future__ import annotations
