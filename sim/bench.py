@@ -401,11 +401,17 @@ class TB:
         return f"{Path(loc.filename).name}:{loc.line}: {loc.text.strip()}"
 
 
-@cocotb.test()
-async def run_program(dut):
-    """Run the configured program end to end and write the results JSON."""
+async def run_configured(dut, bench_class: type[TB]) -> None:
+    """Build ``bench_class`` from the configuration file ``$OPENQLINK_SIM_CONFIG`` names, run
+    its program end to end and write the results JSON to the file the configuration names."""
     cfg = json.loads(Path(os.environ["OPENQLINK_SIM_CONFIG"]).read_text())
-    tb = TB(dut, cfg)
+    tb = bench_class(dut, cfg)
     await tb.reset()
     results = await tb.run()
     Path(cfg["results"]).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+
+
+@cocotb.test()
+async def run_program(dut):
+    """Run the configured program end to end and write the results JSON."""
+    await run_configured(dut, TB)

@@ -23,20 +23,18 @@ Everything is driven by simulated time, so two runs with the same inputs give th
 
 from __future__ import annotations
 
-import collections
-import json
 import math
-import os
 from collections.abc import Callable
 from pathlib import Path
 
 import cocotb
 from cocotb.clock import Clock
-from cocotb.triggers import Event, RisingEdge, Timer
+from cocotb.triggers import RisingEdge, Timer
 
 from ..isa.asm import assemble
-from .bench import TB
+from .bench import TB, run_configured
 from .handlers import default_handlers_path, load_function_table
+from .mac import FrameQueue
 from .runner import SimConfig, icarus_compatible, run_bench
 
 __all__ = ["BoardTB", "RgmiiFrameSource", "RgmiiFrameSink", "run_board_sim", "run_board"]
@@ -47,7 +45,7 @@ _MIN_FRAME = 60
 _RX_CLK_PHASE_NS = 3.0
 
 
-class RgmiiFrameSource:
+class RgmiiFrameSource(FrameQueue):
     """The host's frames onto the RGMII receive pins (``rgmii_rxd``/``rx_ctl``/``rx_clk``).
 
     The interface of :class:`~openqlink.sim.mac.PacketSource`: ``send(frame)`` queues a frame
@@ -60,34 +58,13 @@ class RgmiiFrameSource:
 
         self.phy = RgmiiSource(dut.rgmii_rxd, dut.rgmii_rx_ctl, dut.rgmii_rx_clk)
         self.phy.log.setLevel("WARNING")
-        self.on_sent = on_sent
-        self.queue: collections.deque[bytes] = collections.deque()
-        self._busy = False
-        self._wake = Event()
-        self._task = cocotb.start_soon(self._run())
+        super().__init__(on_sent)
 
-    def send(self, frame: bytes) -> None:
-        self.queue.append(bytes(frame))
-        self._wake.set()
-
-    @property
-    def idle(self) -> bool:
-        return not self.queue and not self._busy
-
-    async def _run(self) -> None:
+    async def _transmit(self, frame: bytes) -> None:
         from cocotbext.eth import GmiiFrame
 
-        while True:
-            if not self.queue:
-                self._wake.clear()
-                await self._wake.wait()
-            frame = self.queue.popleft()
-            self._busy = True
-            await self.phy.send(GmiiFrame.from_payload(frame.ljust(_MIN_FRAME, b"\0")))
-            await self.phy.wait()
-            self._busy = False
-            if self.on_sent is not None:
-                self.on_sent(frame, cocotb.utils.get_sim_time("ns"))
+        await self.phy.send(GmiiFrame.from_payload(frame.ljust(_MIN_FRAME, b"\0")))
+        await self.phy.wait()
 
 
 class RgmiiFrameSink:
@@ -213,11 +190,7 @@ class BoardTB(TB):
 @cocotb.test()
 async def run_board(dut):
     """Run the configured program end to end on the board top and write the results JSON."""
-    cfg = json.loads(Path(os.environ["OPENQLINK_SIM_CONFIG"]).read_text())
-    tb = BoardTB(dut, cfg)
-    await tb.reset()
-    results = await tb.run()
-    Path(cfg["results"]).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    await run_configured(dut, BoardTB)
 
 
 def run_board_sim(program: str | Path, *, board: str = "colorlight-5a-75b",

@@ -62,7 +62,54 @@ def beats_to_frame(beats: list[int], data_width: int = 64) -> bytes:
     return bytes(out)
 
 
-class PacketSource:
+class FrameQueue:
+    """Queues frames for a transmitting coroutine: ``send(frame)`` returns at once (it never
+    blocks) and ``on_sent(frame, time_ns)`` is called once the frame has left.
+
+    Subclasses put one frame on their bus in ``_transmit(frame)``.
+    """
+
+    def __init__(self, on_sent: Callable[[bytes, int], None] | None = None):
+        self.on_sent = on_sent
+        self.queue: collections.deque[bytes] = collections.deque()
+        self._busy = False
+        self._wake = Event()
+        self._task = cocotb.start_soon(self._run())
+
+    def send(self, frame: bytes) -> None:
+        self.queue.append(bytes(frame))
+        self._wake.set()
+
+    @property
+    def idle(self) -> bool:
+        """No frame queued or on the bus."""
+        return not self.queue and not self._busy
+
+    async def _transmit(self, frame: bytes) -> None:
+        raise NotImplementedError
+
+    async def _woken(self) -> None:
+        """Waits after the queue has gone from empty to not empty."""
+
+    async def _after(self) -> None:
+        """Waits between frames (the inter-frame gap), after ``on_sent``."""
+
+    async def _run(self) -> None:
+        while True:
+            if not self.queue:
+                self._wake.clear()
+                await self._wake.wait()
+                await self._woken()
+            frame = self.queue.popleft()
+            self._busy = True
+            await self._transmit(frame)
+            self._busy = False
+            if self.on_sent is not None:
+                self.on_sent(frame, cocotb.utils.get_sim_time("ns"))
+            await self._after()
+
+
+class PacketSource(FrameQueue):
     """Drives frames into a stream sink port (``<name>__valid/ready/payload``).
 
     ``send(frame)`` queues a frame and returns at once (it never blocks); the driver coroutine
@@ -78,45 +125,27 @@ class PacketSource:
         self.clock = clock
         self.data_width = data_width
         self.ifg_cycles = ifg_cycles
-        self.on_sent = on_sent
-        self.queue: collections.deque[bytes] = collections.deque()
-        self._busy = False
-        self._wake = Event()
         self.valid.value = 0
-        self._task = cocotb.start_soon(self._run())
+        super().__init__(on_sent)
 
-    def send(self, frame: bytes) -> None:
-        self.queue.append(bytes(frame))
-        self._wake.set()
+    async def _woken(self) -> None:
+        await RisingEdge(self.clock)
 
-    @property
-    def idle(self) -> bool:
-        """No frame queued or on the bus."""
-        return not self.queue and not self._busy
-
-    async def _run(self) -> None:
-        while True:
-            if not self.queue:
-                self._wake.clear()
-                await self._wake.wait()
+    async def _transmit(self, frame: bytes) -> None:
+        for beat in frame_to_beats(frame, self.data_width):
+            self.payload.value = beat
+            self.valid.value = 1
+            # Values read right after the edge are those the design saw at the edge: the
+            # beat was transferred on this edge iff ready was high.
+            while True:
                 await RisingEdge(self.clock)
-            frame = self.queue.popleft()
-            self._busy = True
-            for beat in frame_to_beats(frame, self.data_width):
-                self.payload.value = beat
-                self.valid.value = 1
-                # Values read right after the edge are those the design saw at the edge: the
-                # beat was transferred on this edge iff ready was high.
-                while True:
-                    await RisingEdge(self.clock)
-                    if int(self.ready.value):
-                        break
-            self.valid.value = 0
-            self._busy = False
-            if self.on_sent is not None:
-                self.on_sent(frame, cocotb.utils.get_sim_time("ns"))
-            for _ in range(self.ifg_cycles):
-                await RisingEdge(self.clock)
+                if int(self.ready.value):
+                    break
+        self.valid.value = 0
+
+    async def _after(self) -> None:
+        for _ in range(self.ifg_cycles):
+            await RisingEdge(self.clock)
 
 
 class PacketSink:

@@ -19,7 +19,7 @@ from amaranth.lib.wiring import In, Out
 from ..packet import packet_signature
 from .cdc import RxClockCrossing
 from .ethernet import MIN_IFG_BYTES, MACRx, MACTx
-from .rgmii import RGMIIPort
+from .rgmii import RGMIIPort, rgmii_pin_members
 from .width import PacketDownsizer, PacketUpsizer
 
 __all__ = ["RGMIIMAC", "RX_COUNTERS", "TX_COUNTERS"]
@@ -124,10 +124,7 @@ class RGMIIMAC(wiring.Component):
         for name in RX_COUNTERS + TX_COUNTERS:
             members[name] = Out(counter_width)
         if pins is None:
-            members.update({
-                "rgmii_rx_clk": In(1), "rgmii_rxd": In(4), "rgmii_rx_ctl": In(1),
-                "rgmii_tx_clk": Out(1), "rgmii_txd": Out(4), "rgmii_tx_ctl": Out(1),
-            })
+            members.update(rgmii_pin_members())
         super().__init__(members)
 
     def elaborate(self, platform):
@@ -139,14 +136,9 @@ class RGMIIMAC(wiring.Component):
         m.d.comb += eth_rx.clk.eq(port.rx_clk)
         m.submodules.eth_rx_reset = ResetSynchronizer(ResetSignal("rti"), domain="eth_rx")
         if self.pins is None:
-            m.d.comb += [
-                port.rgmii_rx_clk.eq(self.rgmii_rx_clk),
-                port.rgmii_rxd.eq(self.rgmii_rxd),
-                port.rgmii_rx_ctl.eq(self.rgmii_rx_ctl),
-                self.rgmii_tx_clk.eq(port.rgmii_tx_clk),
-                self.rgmii_txd.eq(port.rgmii_txd),
-                self.rgmii_tx_ctl.eq(port.rgmii_tx_ctl),
-            ]
+            for name, member in rgmii_pin_members().items():
+                ours, theirs = getattr(self, name), getattr(port, name)
+                m.d.comb += theirs.eq(ours) if member.flow == In else ours.eq(theirs)
 
         # Receive.
         m.submodules.mac_rx = mac_rx = DomainRenamer("eth_rx")(MACRx())

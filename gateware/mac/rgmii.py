@@ -45,7 +45,8 @@ from amaranth.lib.wiring import In, Out
 
 from .ethernet import GMIISignature
 
-__all__ = ["RGMIIPort", "RXC_HZ", "DELAYG_TAP_NS", "DELAYG_MAX_TAPS", "control_pins"]
+__all__ = ["RGMIIPort", "RXC_HZ", "DELAYG_TAP_NS", "DELAYG_MAX_TAPS", "control_pins",
+           "rgmii_pin_members"]
 
 #: RXC at 1000 Mb/s (RGMII v2.0 3.3), constrained on the board build.
 RXC_HZ = 125e6
@@ -74,6 +75,14 @@ def _taps(delay_ns: float, name: str) -> int:
         raise ValueError(f"{name} must be between 0 and {DELAYG_MAX_TAPS * DELAYG_TAP_NS:.3f} ns, "
                          f"not {delay_ns!r}")
     return round(delay_ns / DELAYG_TAP_NS)
+
+
+def rgmii_pin_members() -> dict:
+    """The RGMII pins as component members, for the simulation build (``pins=None``)."""
+    return {
+        "rgmii_rx_clk": In(1), "rgmii_rxd": In(4), "rgmii_rx_ctl": In(1),
+        "rgmii_tx_clk": Out(1), "rgmii_txd": Out(4), "rgmii_tx_ctl": Out(1),
+    }
 
 
 class RGMIIPort(wiring.Component):
@@ -130,10 +139,7 @@ class RGMIIPort(wiring.Component):
             "rx_clk": Out(1),
         }
         if pins is None:
-            members.update({
-                "rgmii_rx_clk": In(1), "rgmii_rxd": In(4), "rgmii_rx_ctl": In(1),
-                "rgmii_tx_clk": Out(1), "rgmii_txd": Out(4), "rgmii_tx_ctl": Out(1),
-            })
+            members.update(rgmii_pin_members())
         super().__init__(members)
 
     def elaborate(self, platform):

@@ -29,7 +29,20 @@ def _check_widths(narrow: int, wide: int) -> int:
     return wide // narrow
 
 
-class PacketUpsizer(wiring.Component):
+class _WidthConverter(wiring.Component):
+    """A packet stream ``i`` of ``i_width`` bits in, ``o`` of ``o_width`` bits out."""
+
+    def __init__(self, i_width: int, o_width: int, *, narrow: int, wide: int):
+        self.ratio = _check_widths(narrow, wide)
+        self.i_width = i_width
+        self.o_width = o_width
+        super().__init__({
+            "i": In(packet_signature(i_width)),
+            "o": Out(packet_signature(o_width)),
+        })
+
+
+class PacketUpsizer(_WidthConverter):
     """Gathers ``ratio`` = ``o_width // i_width`` narrow beats into one wide beat.
 
     A wide beat is offered on the cycle after its last narrow beat was taken (its ``ratio``-th,
@@ -49,13 +62,7 @@ class PacketUpsizer(wiring.Component):
     """
 
     def __init__(self, i_width: int = 8, o_width: int = 64):
-        self.ratio = _check_widths(i_width, o_width)
-        self.i_width = i_width
-        self.o_width = o_width
-        super().__init__({
-            "i": In(packet_signature(i_width)),
-            "o": Out(packet_signature(o_width)),
-        })
+        super().__init__(i_width, o_width, narrow=i_width, wide=o_width)
 
     def elaborate(self, platform):
         m = Module()
@@ -107,7 +114,7 @@ class PacketUpsizer(wiring.Component):
         return m
 
 
-class PacketDownsizer(wiring.Component):
+class PacketDownsizer(_WidthConverter):
     """Splits each wide beat into ``ratio`` = ``i_width // o_width`` narrow beats, skipping the
     lanes ``keep`` leaves out on the last beat.
 
@@ -129,13 +136,7 @@ class PacketDownsizer(wiring.Component):
     """
 
     def __init__(self, i_width: int = 64, o_width: int = 8):
-        self.ratio = _check_widths(o_width, i_width)
-        self.i_width = i_width
-        self.o_width = o_width
-        super().__init__({
-            "i": In(packet_signature(i_width)),
-            "o": Out(packet_signature(o_width)),
-        })
+        super().__init__(i_width, o_width, narrow=o_width, wide=i_width)
 
     def elaborate(self, platform):
         m = Module()
