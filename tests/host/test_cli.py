@@ -194,14 +194,9 @@ def test_program_without_openfpgaloader_one_line_exit_1(tmp_path, monkeypatch):
         "(or set OPENFPGALOADER)"]
 
 
-def test_program_with_no_board_attached_one_line_exit_1(tmp_path, monkeypatch):
-    bit = tmp_path / "x.bit"
-    bit.write_bytes(b"\xff")
-    loader = tmp_path / "openFPGALoader"
-    loader.write_text("#!/bin/sh\necho 'JTAG init failed with: unable to open ftdi device: "
-                      "-3 (device not found)' >&2\nexit 1\n")
-    loader.chmod(0o755)
-    monkeypatch.setenv("OPENFPGALOADER", str(loader))
+def test_program_with_no_board_attached_one_line_exit_1(loader_without_board):
+    bit = loader_without_board(
+        "", "JTAG init failed with: unable to open ftdi device: -3 (device not found)\n")
     res = CliRunner().invoke(main, ["program", "--board", "ecpix5-85", str(bit)])
     assert res.exit_code == 1
     assert res.output.splitlines() == [

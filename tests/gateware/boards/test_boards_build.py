@@ -151,14 +151,9 @@ def test_program_without_openfpgaloader_is_one_line(tmp_path, monkeypatch):
         build.program_board(COLORLIGHT, bit)
 
 
-def test_program_with_no_board_quotes_the_loader(tmp_path, monkeypatch):
-    bit = tmp_path / "x.bit"
-    bit.write_bytes(b"\xff")
-    loader = tmp_path / "openFPGALoader"
-    loader.write_text("#!/bin/sh\necho 'write to ram'\necho 'unable to open ftdi device: -3 "
-                      "(device not found)' >&2\nexit 1\n")
-    loader.chmod(0o755)
-    monkeypatch.setenv("OPENFPGALOADER", str(loader))
+def test_program_with_no_board_quotes_the_loader(loader_without_board):
+    bit = loader_without_board("write to ram\n",
+                               "unable to open ftdi device: -3 (device not found)\n")
     with pytest.raises(build.ProgramError) as info:
         build.program_board(COLORLIGHT, bit)
     assert str(info.value) == ("no Colorlight 5A-75B r7.0 loaded over cable ft232: unable to "
