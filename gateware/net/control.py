@@ -46,7 +46,7 @@ from ...memory_map import PPU_BASE, PPU_STRIDE, QSCParams
 from ...wire.control import RESPONSE_BIT, Command, Flags, Status
 from ..bus import READ_TAG_BITS, BusCommand, BusOp, BusReadData
 from .common import COUNTER_INDEX, ControlReply
-from .regs import NUM_COUNTERS, RegisterPortSignature
+from .regs import NUM_COUNTERS, READ_LATENCY_CYCLES, RegisterPortSignature
 
 __all__ = ["ControlRequest", "ControlPlane", "PPU_TIMEOUT_CYCLES"]
 
@@ -104,7 +104,8 @@ class ControlPlane(wiring.Component):
     busy : Out(1)
         A bus command is pending (``bus_cmd.valid``), for the bus arbiter.
 
-    Latency: a local register access replies 2 cycles after the request is taken; a PPU access
+    Latency: a local register access replies 4 cycles after the request is taken (the request's
+    checks and the register block's read are registered on the way); a PPU access
     waits for ``bus_cmd.ready`` and, for a READ, for its answer, at most
     :data:`PPU_TIMEOUT_CYCLES` cycles in all (the reply is valid at most
     ``PPU_TIMEOUT_CYCLES + 2`` cycles after the request was taken).
@@ -134,27 +135,28 @@ class ControlPlane(wiring.Component):
         have_seq = Signal()
         last_seq = Signal(16)
 
+        # The request is taken into ``req`` (IDLE), its checks are registered as single bits
+        # (CHECK) while the register block decodes ``req.addr`` (READ_LATENCY_CYCLES), and DECODE
+        # only combines registered bits.
+        assert READ_LATENCY_CYCLES == 2
         is_read = Signal()
-        m.d.comb += is_read.eq((req.cmd == Command.RD_DWORD) | (req.cmd == Command.RD_BLOCK))
-        # The wide compares are made on the request as it is taken and registered with it, so
-        # that DECODE only combines single bits: ``seq_next`` is ``last_seq + 1``.
-        seq_next = Signal(16, init=1)
-        seq_match = Signal()
-        in_ppu = Signal()
-        new = self.req.payload
-        new_offset = Signal(32)
-        m.d.comb += new_offset.eq(new.addr - PPU_BASE)
+        seq_next = Signal(16, init=1)       # last_seq + 1
         seq_bad = Signal()
-        m.d.comb += seq_bad.eq((req.flags & Flags.SEQUENCE_CHECK).any() & have_seq & ~seq_match)
+        flags_bad = Signal()
+        in_ppu = Signal()
         aligned = Signal()
-        m.d.comb += aligned.eq(req.addr[:2] == 0)
         dword = Signal()
-        m.d.comb += dword.eq((req.cmd == Command.WR_DWORD) | (req.cmd == Command.RD_DWORD))
+        ack = Signal()
+        num_windows = Const(PPU_BASE // PPU_STRIDE, 8)
+        assert PPU_BASE % PPU_STRIDE == 0 and PPU_STRIDE == 1 << 24
+        w_en = Signal()                     # a local register write, the cycle after DECODE
+        m.d.sync += w_en.eq(0)
 
         accepted = Signal()     # a request passed the flags and sequence checks (RX_CONTROL)
         m.d.comb += [
             self.regs.addr.eq(req.addr),
             self.regs.w_data.eq(req.data),
+            self.regs.w_en.eq(w_en),
             self.busy.eq(self.bus_cmd.valid),
             # One assignment of the whole vector (a continuous assign in Verilog: Icarus never
             # runs an ``always @*`` block whose inputs keep their initial values).
@@ -181,20 +183,32 @@ class ControlPlane(wiring.Component):
             with m.State("IDLE"):
                 m.d.comb += self.req.ready.eq(1)
                 with m.If(self.req.valid):
-                    m.d.sync += [
-                        req.eq(new),
-                        seq_match.eq(new.seq == seq_next),
-                        in_ppu.eq((new.addr >= PPU_BASE) &
-                                  (new_offset < PPU_STRIDE * num_ppus)),
-                    ]
-                    m.next = "DECODE"
+                    m.d.sync += req.eq(self.req.payload)
+                    m.next = "CHECK"
+
+            with m.State("CHECK"):
+                m.d.sync += [
+                    is_read.eq((req.cmd == Command.RD_DWORD) | (req.cmd == Command.RD_BLOCK)),
+                    dword.eq((req.cmd == Command.WR_DWORD) | (req.cmd == Command.RD_DWORD)),
+                    aligned.eq(req.addr[:2] == 0),
+                    ack.eq((req.flags & Flags.ACK_REQUEST).any()),
+                    flags_bad.eq((req.flags & ~Const(_KNOWN_FLAGS, 8)).any()),
+                    seq_bad.eq((req.flags & Flags.SEQUENCE_CHECK).any() & have_seq &
+                               (req.seq != seq_next)),
+                    in_ppu.eq((req.addr[24:] >= num_windows) &
+                              (req.addr[24:] < num_windows + num_ppus)),
+                ]
+                m.next = "WAIT"
+
+            with m.State("WAIT"):
+                m.next = "DECODE"
 
             with m.State("DECODE"):
                 m.d.sync += [
-                    want_reply.eq((req.flags & Flags.ACK_REQUEST).any() | is_read),
+                    want_reply.eq(ack | is_read),
                     value.eq(0),
                 ]
-                with m.If((req.flags & ~Const(_KNOWN_FLAGS, 8)).any()):
+                with m.If(flags_bad):
                     m.d.sync += status.eq(Status.BAD_FLAGS)
                     m.next = "REPLY"
                 with m.Elif(seq_bad):
@@ -214,8 +228,7 @@ class ControlPlane(wiring.Component):
                         with m.If(is_read):
                             m.d.sync += value.eq(self.regs.r_data)
                         with m.Else():
-                            m.d.comb += self.regs.w_en.eq(1)
-                            m.d.sync += value.eq(req.data)
+                            m.d.sync += [w_en.eq(1), value.eq(req.data)]
                     with m.Elif(in_ppu):
                         m.d.sync += [
                             status.eq(Status.OK),

@@ -10,7 +10,7 @@ read-only registers and to counters are ignored. The block is generated from the
 error.
 """
 
-from amaranth.hdl import Cat, Const, Module, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -31,10 +31,19 @@ from ...wire.ethernet import mac_to_int
 from ...wire.ipv4 import ip_to_int
 from .common import NetConfig, QPContext
 
-__all__ = ["RegisterPortSignature", "NetRegisters", "REGISTER_WIDTHS", "NUM_COUNTERS"]
+__all__ = ["RegisterPortSignature", "NetRegisters", "REGISTER_WIDTHS", "NUM_COUNTERS",
+           "READ_LATENCY_CYCLES"]
 
 #: Number of 32-bit counters (one increment strobe bit each).
 NUM_COUNTERS = len(COUNTERS)
+
+#: Cycles from ``port.addr`` to its ``port.r_data`` and ``port.hit``: the address is decoded
+#: into one register per 256-byte window (a 64-way choice inside it and the window match), and
+#: the windows' results are combined into a second.
+READ_LATENCY_CYCLES = 2
+
+#: Address bits below the window: every window (global registers, counters, one QP) is 256 bytes.
+_WINDOW_BITS = 8
 
 #: Stored width in bits of every writable register (global and QP context).
 REGISTER_WIDTHS: dict[str, int] = {
@@ -73,9 +82,13 @@ class RegisterPortSignature(wiring.Signature):
     w_data : Out(32)
         Write data.
     r_data : In(32)
-        Value of the register at ``addr``, combinational (0 when ``hit`` is low).
+        Value of the register at ``addr`` (0 when ``hit`` is low), registered:
+        :data:`READ_LATENCY_CYCLES` cycles behind ``addr``.
     hit : In(1)
-        ``addr`` names a register of this block, combinational.
+        ``addr`` names a register of this block, registered like ``r_data``.
+
+    ``addr`` is decoded into a register first: a write takes effect only if ``addr`` was
+    already applied in the cycle before ``w_en``.
     """
 
     def __init__(self):
@@ -101,7 +114,8 @@ class NetRegisters(wiring.Component):
     Members
     -------
     port : In(RegisterPortSignature())
-        Control-plane access: combinational read, write at the clock edge.
+        Control-plane access: read :data:`READ_LATENCY_CYCLES` cycles behind the address, write
+        at the clock edge (the address applied at least one cycle before ``w_en``).
     config : Out(NetConfig)
         The network configuration held in the global registers (registered outputs).
     qp : Out(ArrayLayout(QPContext, num_ppus))
@@ -195,13 +209,37 @@ class NetRegisters(wiring.Component):
                     entries[addr] = (sig, sig if reg.access is Access.RW else None)
             qpregs.append(regs)
 
-        with m.Switch(Cat(Const(0, 2), port.addr[2:])):
-            for addr, (value, storage) in sorted(entries.items()):
-                with m.Case(addr):
-                    m.d.comb += [port.hit.eq(1), port.r_data.eq(value)]
-                    if storage is not None:
-                        with m.If(port.w_en):
-                            m.d.sync += storage.eq(port.w_data)
+        # The entries by 256-byte window. Stage 1 registers, per window, whether ``addr`` lies
+        # in it and the entry its low bits choose; stage 2 combines the windows.
+        windows: dict[int, dict[int, tuple]] = {}
+        for addr, entry in entries.items():
+            slot = (addr % (1 << _WINDOW_BITS)) >> 2
+            windows.setdefault(addr >> _WINDOW_BITS, {})[slot] = entry
+        low_q = Signal(_WINDOW_BITS - 2)      # addr[7:2], registered
+        m.d.sync += low_q.eq(port.addr[2:_WINDOW_BITS])
+        r_data = Const(0, 32)
+        hit = Const(0, 1)
+        for w, slots in sorted(windows.items()):
+            in_w = Signal(name=f"in_window_{w:x}")
+            w_data = Signal(32, name=f"window_data_{w:x}")
+            w_hit = Signal(name=f"window_hit_{w:x}")
+            m.d.sync += in_w.eq(port.addr[_WINDOW_BITS:] == w)
+            with m.Switch(port.addr[2:_WINDOW_BITS]):
+                for slot, (value, storage) in sorted(slots.items()):
+                    with m.Case(slot):
+                        m.d.sync += [w_hit.eq(1), w_data.eq(value)]
+                with m.Default():
+                    m.d.sync += [w_hit.eq(0), w_data.eq(0)]
+            # writes: the window match and the low bits of the address of the cycle before
+            with m.If(port.w_en & in_w):
+                with m.Switch(low_q):
+                    for slot, (value, storage) in sorted(slots.items()):
+                        if storage is not None:
+                            with m.Case(slot):
+                                m.d.sync += storage.eq(port.w_data)
+            r_data = r_data | Mux(in_w, w_data, 0)
+            hit = hit | (in_w & w_hit)
+        m.d.sync += [port.r_data.eq(r_data), port.hit.eq(hit)]
 
         m.d.comb += [
             self.config.qsc_mac.eq(Cat(glob["QSC_MAC_LO"], glob["QSC_MAC_HI"])),

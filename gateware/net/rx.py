@@ -507,11 +507,11 @@ class RoCEReceiver(wiring.Component):
                 m.d.sync += icrc_rx.eq(realigned[32:])
             with m.If(v_post & ~v_half):
                 m.d.sync += icrc_rx.eq(realigned[:32])
-        crc_held = Signal(32)
-        with m.If(icrc.done):
-            m.d.sync += crc_held.eq(icrc.crc)
-        crc_now = Signal(32)
-        m.d.comb += crc_now.eq(Mux(icrc.done, icrc.crc, crc_held))
+        # The ICRC holds its result from ``done`` until the next frame's first word of V, which
+        # is fed 2 cycles after that frame's first beat at the earliest: at the verdict (2 cycles
+        # after the last beat) it is this frame's, or, for a frame whose V never ended, the
+        # frame fails the IP checks (ranked before ICRC) anyway.
+        crc_now = icrc.crc
 
         # ---- buffer write, three cycles behind the arrival ----------------------------------
         # The delay lets the decision of the previous frame (3 cycles after its last beat) move
@@ -779,8 +779,12 @@ class RoCEReceiver(wiring.Component):
         ]
         dropped = Signal()
         m.d.comb += dropped.eq(s2.fail.any())
+        # A RoCE frame that passes the checks is at least 8 beats long, so w3 holds its last
+        # beat and not its first: ``ovf_frame`` is ``ovf | w3.nofit``, two registers (for
+        # other frames ``overflow`` is not used).
         overflow = Signal()
-        m.d.comb += overflow.eq(Mux(s2.roce, ovf_frame | ~desc_fifo.w_rdy, ~ctrl_fifo.w_rdy))
+        m.d.comb += overflow.eq(Mux(s2.roce, ovf | w3.nofit | ~desc_fifo.w_rdy,
+                                    ~ctrl_fifo.w_rdy))
         with m.If(s2.valid & ~dropped & ~overflow):
             with m.If(s2.roce):
                 m.d.comb += desc_fifo.w_en.eq(1)
@@ -791,34 +795,28 @@ class RoCEReceiver(wiring.Component):
             with m.Else():
                 m.d.comb += ctrl_fifo.w_en.eq(1)
 
-        # ---- counted: the counter strobes, 1 cycle after the decision -------------------------
-        s3 = Signal(data.StructLayout({"valid": 1, "fail": len(checks), "overflow": 1,
-                                       "roce": 1, "send": 1, "psn_gap": 1}))
-        m.d.sync += [
-            s3.valid.eq(s2.valid),
-            s3.fail.eq(s2.fail),
-            s3.overflow.eq(overflow),
-            s3.roce.eq(s2.roce),
-            s3.send.eq(s2.send),
-            s3.psn_gap.eq(s2.psn_gap),
-        ]
-        reason = Signal(DropReason, init=DropReason.ETH)
-        for i, (_, why) in reversed(list(enumerate(checks))):
-            with m.If(s3.fail[i]):
-                m.d.comb += reason.eq(why)
+        # ---- counted: the counter strobes, registered at the decision ------------------------
+        # Each check's strobe is its fail bit with no earlier check failing (the first failing
+        # check names the reason); the strobes show 1 cycle after the decision.
         count = self.count
-        with m.If(s3.valid):
-            m.d.comb += count[COUNTER_INDEX["RX_FRAMES"]].eq(1)
-            with m.If(s3.fail.any()):
-                m.d.comb += count.bit_select(reason.as_value(), 1).eq(1)
-            with m.Elif(s3.overflow):
-                m.d.comb += count[COUNTER_INDEX["DROP_OVERFLOW"]].eq(1)
-            with m.Elif(s3.roce):
-                m.d.comb += [
-                    count[COUNTER_INDEX["RX_ROCE_ACCEPTED"]].eq(1),
-                    count[COUNTER_INDEX["RX_RPC_RESPONSES"]].eq(s3.send),
-                    count[COUNTER_INDEX["PSN_GAP"]].eq(s3.psn_gap),
-                ]
+        fail = s2.fail
+        strobes: dict[int, list] = {}
+        for i, (_, why) in enumerate(checks):
+            first = fail[i] if i == 0 else fail[i] & ~fail[:i].any()
+            strobes.setdefault(why.value, []).append(first)
+        count_next = Signal(NUM_COUNTERS)
+        for index, firsts in strobes.items():
+            m.d.comb += count_next[index].eq(s2.valid & Cat(*firsts).any())
+        accept = Signal()
+        m.d.comb += accept.eq(s2.valid & ~dropped & ~overflow & s2.roce)
+        m.d.comb += [
+            count_next[COUNTER_INDEX["RX_FRAMES"]].eq(s2.valid),
+            count_next[COUNTER_INDEX["DROP_OVERFLOW"]].eq(s2.valid & ~dropped & overflow),
+            count_next[COUNTER_INDEX["RX_ROCE_ACCEPTED"]].eq(accept),
+            count_next[COUNTER_INDEX["RX_RPC_RESPONSES"]].eq(accept & s2.send),
+            count_next[COUNTER_INDEX["PSN_GAP"]].eq(accept & s2.psn_gap),
+        ]
+        m.d.sync += count.eq(count_next)
 
         # ---- commit engine and outputs -----------------------------------------------------
         m.d.comb += [

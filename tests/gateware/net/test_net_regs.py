@@ -8,7 +8,7 @@ from amaranth.hdl import UnusedElaboratable
 from amaranth.sim import Simulator
 
 from openqlink.gateware.net.common import COUNTER_INDEX
-from openqlink.gateware.net.regs import REGISTER_WIDTHS, NetRegisters
+from openqlink.gateware.net.regs import READ_LATENCY_CYCLES, REGISTER_WIDTHS, NetRegisters
 from openqlink.isa.layout import ISA_VERSION
 from openqlink.memory_map import (
     COUNTERS,
@@ -40,33 +40,37 @@ def simulate(testbench, params=PARAMS, **kw):
 
 
 async def write(ctx, dut, addr, value):
+    # the address is decoded into a register: it comes a cycle before the write strobe
     ctx.set(dut.port.addr, addr)
     ctx.set(dut.port.w_data, value)
+    await ctx.tick()
     ctx.set(dut.port.w_en, 1)
     await ctx.tick()
     ctx.set(dut.port.w_en, 0)
 
 
-def read(ctx, dut, addr):
+async def read(ctx, dut, addr):
     ctx.set(dut.port.addr, addr)
+    for _ in range(READ_LATENCY_CYCLES):
+        await ctx.tick()
     return ctx.get(dut.port.hit), ctx.get(dut.port.r_data)
 
 
 def test_reset_values_and_config():
     async def tb(ctx, dut):
-        assert read(ctx, dut, global_reg("VERSION")) == (1, version_word(ISA_VERSION))
-        assert read(ctx, dut, global_reg("NUM_PPUS")) == (1, 3)
-        assert read(ctx, dut, global_reg("QSC_MAC_HI")) == (1, 0x0211)
-        assert read(ctx, dut, global_reg("QSC_MAC_LO")) == (1, 0x22334455)
-        assert read(ctx, dut, global_reg("QSC_IP")) == (1, ip_to_int("10.1.2.3"))
+        assert await read(ctx, dut, global_reg("VERSION")) == (1, version_word(ISA_VERSION))
+        assert await read(ctx, dut, global_reg("NUM_PPUS")) == (1, 3)
+        assert await read(ctx, dut, global_reg("QSC_MAC_HI")) == (1, 0x0211)
+        assert await read(ctx, dut, global_reg("QSC_MAC_LO")) == (1, 0x22334455)
+        assert await read(ctx, dut, global_reg("QSC_IP")) == (1, ip_to_int("10.1.2.3"))
         for reg in GLOBAL_REGISTERS:
             if reg.name not in ("VERSION", "NUM_PPUS", "QSC_MAC_HI", "QSC_MAC_LO", "QSC_IP"):
-                assert read(ctx, dut, global_reg(reg.name)) == (1, reg.reset), reg.name
+                assert await read(ctx, dut, global_reg(reg.name)) == (1, reg.reset), reg.name
         for n in range(3):
-            assert read(ctx, dut, qp_reg(n, "QSC_QPN")) == (1, 0x200 + n)
+            assert await read(ctx, dut, qp_reg(n, "QSC_QPN")) == (1, 0x200 + n)
             for reg in QP_REGISTERS:
                 if reg.name != "QSC_QPN":
-                    assert read(ctx, dut, qp_reg(n, reg.name)) == (1, reg.reset), reg.name
+                    assert await read(ctx, dut, qp_reg(n, reg.name)) == (1, reg.reset), reg.name
         cfg = ctx.get(dut.config)
         assert cfg.qsc_mac == mac_to_int("02:11:22:33:44:55")
         assert cfg.qsc_ip == ip_to_int("10.1.2.3")
@@ -101,7 +105,7 @@ def test_writes_drive_config_and_qp_contexts():
         assert cfg.host_ip == 0xC0A80065 and cfg.qsc_ip == 0x0A000009
         assert cfg.udp_src_port == 0xD001 and cfg.p_key == 0x8005
         assert cfg.timestamp_format == 1 and cfg.rx_enable == 0
-        assert read(ctx, dut, global_reg("HOST_MAC_HI")) == (1, 0x0A0B)
+        assert await read(ctx, dut, global_reg("HOST_MAC_HI")) == (1, 0x0A0B)
         qp = ctx.get(dut.qp)
         assert qp[1].host_qpn == 0xABCDEF and qp[1].host_rkey == 0x12345678
         assert qp[1].ring_va == 0x1_8000_0000
@@ -116,9 +120,9 @@ def test_read_only_registers_ignore_writes():
     async def tb(ctx, dut):
         for addr in (global_reg("VERSION"), global_reg("NUM_PPUS"), qp_reg(0, "QSC_QPN"),
                      qp_reg(0, "TX_PSN"), qp_reg(0, "RX_EPSN"), counter_addr("RX_FRAMES")):
-            before = read(ctx, dut, addr)
+            before = await read(ctx, dut, addr)
             await write(ctx, dut, addr, 0x5A5A5A5A)
-            assert read(ctx, dut, addr) == before
+            assert await read(ctx, dut, addr) == before
 
     simulate(tb)
 
@@ -127,10 +131,10 @@ def test_psn_readback():
     async def tb(ctx, dut):
         ctx.set(dut.tx_psn, [0x000001, 0xABCDEF, 0xFFFFFF])
         ctx.set(dut.rx_epsn, [0x123456, 0, 7])
-        assert read(ctx, dut, qp_reg(1, "TX_PSN")) == (1, 0xABCDEF)
-        assert read(ctx, dut, qp_reg(2, "TX_PSN")) == (1, 0xFFFFFF)
-        assert read(ctx, dut, qp_reg(0, "RX_EPSN")) == (1, 0x123456)
-        assert read(ctx, dut, qp_reg(2, "RX_EPSN")) == (1, 7)
+        assert await read(ctx, dut, qp_reg(1, "TX_PSN")) == (1, 0xABCDEF)
+        assert await read(ctx, dut, qp_reg(2, "TX_PSN")) == (1, 0xFFFFFF)
+        assert await read(ctx, dut, qp_reg(0, "RX_EPSN")) == (1, 0x123456)
+        assert await read(ctx, dut, qp_reg(2, "RX_EPSN")) == (1, 7)
 
     simulate(tb)
 
@@ -147,12 +151,12 @@ def test_counters_sum_all_sources():
             await ctx.tick()
         ctx.set(dut.inc, [0, 0, 0])
         await ctx.tick()
-        assert read(ctx, dut, counter_addr("RX_FRAMES")) == (1, 15)
-        assert read(ctx, dut, counter_addr("PSN_GAP")) == (1, 5)
-        assert read(ctx, dut, counter_addr("TX_FRAMES")) == (1, 5)
+        assert await read(ctx, dut, counter_addr("RX_FRAMES")) == (1, 15)
+        assert await read(ctx, dut, counter_addr("PSN_GAP")) == (1, 5)
+        assert await read(ctx, dut, counter_addr("TX_FRAMES")) == (1, 5)
         for name, _ in COUNTERS:
             if name not in ("RX_FRAMES", "PSN_GAP", "TX_FRAMES"):
-                assert read(ctx, dut, counter_addr(name)) == (1, 0), name
+                assert await read(ctx, dut, counter_addr(name)) == (1, 0), name
 
     simulate(tb)
 
@@ -161,7 +165,7 @@ def test_unmapped_addresses_miss():
     async def tb(ctx, dut):
         for addr in (0x00C, 0x03C, 0x0F0, 0x100 + 4 * len(COUNTERS), 0x1000 + 0x30,
                      0x1000 + 0x100 * 3, 0x2000, 0x1000_0000, 0xFFFF_FFFC):
-            assert read(ctx, dut, addr) == (0, 0), hex(addr)
+            assert await read(ctx, dut, addr) == (0, 0), hex(addr)
 
     simulate(tb)
 

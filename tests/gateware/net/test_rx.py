@@ -30,7 +30,7 @@ from netbench import (
     write_frame,
 )
 
-from openqlink.gateware.net.regs import NetRegisters
+from openqlink.gateware.net.regs import READ_LATENCY_CYCLES, NetRegisters
 from openqlink.gateware.net.rx import COMMIT_LATENCY_CYCLES, RoCEReceiver
 from openqlink.memory_map import (
     ENV_OFFSET,
@@ -72,15 +72,18 @@ class RxHarness(wiring.Component):
 
 
 async def reg_write(ctx, regs, addr: int, value: int) -> None:
-    ctx.set(regs.port.addr, addr)
+    ctx.set(regs.port.addr, addr)             # decoded a cycle ahead of the write strobe
     ctx.set(regs.port.w_data, value)
+    await ctx.tick()
     ctx.set(regs.port.w_en, 1)
     await ctx.tick()
     ctx.set(regs.port.w_en, 0)
 
 
-def reg_read(ctx, regs, addr: int) -> int:
+async def reg_read(ctx, regs, addr: int) -> int:
     ctx.set(regs.port.addr, addr)
+    for _ in range(READ_LATENCY_CYCLES):
+        await ctx.tick()
     assert ctx.get(regs.port.hit)
     return ctx.get(regs.port.r_data)
 
@@ -114,8 +117,9 @@ def run_rx(frames, *, params=PARAMS, ready=lambda c: True, gap=0, rng=None, setu
             await ctx.tick()
         while ctx.get(dut.busy):
             await ctx.tick()
-        result["counters"] = {n: reg_read(ctx, regs, counter_addr(n)) for n in COUNTER_NAMES}
-        result["epsn"] = [reg_read(ctx, regs, qp_reg(n, "RX_EPSN"))
+        result["counters"] = {n: await reg_read(ctx, regs, counter_addr(n))
+                              for n in COUNTER_NAMES}
+        result["epsn"] = [await reg_read(ctx, regs, qp_reg(n, "RX_EPSN"))
                           for n in range(params.num_ppus)]
 
     sim = Simulator(h)
