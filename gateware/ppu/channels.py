@@ -221,12 +221,23 @@ class TimedQueue(wiring.Component):
         ]
         with q.If(load):
             q.d.sync += [valid.eq(fifo.r_rdy | bypass), self.head.eq(first)]
-        # The three candidates compared in parallel, the choice made last.
-        q.d.sync += [
-            on_time.eq(Mux(load, Mux(bypass, pushed.time == due_next, out.time == due_next),
-                           self.head.time == due_next)),
-            past.eq(Mux(load, Mux(bypass, pushed.time < due_next, out.time < due_next),
-                        self.head.time < due_next)),
+        # The three candidates compared in parallel, each in two 32-bit halves, and registered;
+        # the choice (registered too) is made after the flip-flops: two LUT levels.
+        loaded = Signal()
+        bypassed = Signal()
+        q.d.sync += [loaded.eq(load), bypassed.eq(bypass)]
+
+        def compare(time):
+            eq_hi, eq_lo, lt = Signal(), Signal(), Signal()
+            q.d.sync += [eq_hi.eq(time[32:] == due_next[32:]),
+                         eq_lo.eq(time[:32] == due_next[:32]),
+                         lt.eq(time < due_next)]
+            return eq_hi & eq_lo, lt
+
+        cands = [compare(pushed.time), compare(out.time), compare(self.head.time)]
+        q.d.comb += [
+            on_time.eq(Mux(loaded, Mux(bypassed, cands[0][0], cands[1][0]), cands[2][0])),
+            past.eq(Mux(loaded, Mux(bypassed, cands[0][1], cands[1][1]), cands[2][1])),
         ]
         q.d.comb += [
             self.valid.eq(valid),

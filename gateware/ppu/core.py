@@ -64,7 +64,7 @@ block, the ring, the envelope memory or the mailbox are unmapped (read error, wr
 # NVQLink fast modality (atomic trigger).
 """
 
-from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value, signed, unsigned
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value, unsigned
 from amaranth.lib import data, enum, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -98,6 +98,11 @@ LOCAL_ADDR_BITS = 21
 REGION_WORD_BITS = 19
 #: 64-bit words of the register block that are mapped.
 REGS_WORDS = max(r.offset for r in PPU_REGISTERS) // 8 + 1
+#: Memory attribute: a read of the word that another port writes in the same cycle returns
+#: undefined data (the block RAM's own behaviour), so no collision logic follows the block
+#: RAM's output. The bus writes a word the core or a channel reads only while it is being
+#: overwritten anyway; a bus READ and WRITE never share a cycle.
+_NO_RW_CHECK = {"no_rw_check": True}
 
 
 class WindowRegion(enum.Enum, shape=2):
@@ -184,11 +189,12 @@ class PPU(wiring.Component):
 
         # ---- Memories ---------------------------------------------------------------------
         m.submodules.imem = imem = Memory(shape=unsigned(INSTRUCTION_BITS), depth=imem_depth,
-                                          init=[])
+                                          init=[], attrs=_NO_RW_CHECK)
         imem_w = imem.write_port(granularity=8)
         imem_bus_r = imem.read_port()
         imem_core_r = imem.read_port()
-        m.submodules.env = env = Memory(shape=unsigned(64), depth=env_words, init=[])
+        m.submodules.env = env = Memory(shape=unsigned(64), depth=env_words, init=[],
+                                        attrs=_NO_RW_CHECK)
         env_w = env.write_port(granularity=8)
         env_bus_r = env.read_port()
 
@@ -229,14 +235,12 @@ class PPU(wiring.Component):
             "illegal_instruction": 1, "trigger_busy": 1, "trigger_late": 1,
         }))
         started = Signal()                 # now >= START_TIME of the run, registered
+        # ``now + 2``, registered (``now`` advances by one every cycle): ``time <= now + 1`` is
+        # ``time < now_p2``, one carry chain from flip-flops.
+        now_p2 = Signal(64, init=2)
+        m.d.sync += now_p2.eq(now + 3)
 
-        def due_by_next(time):
-            """``time <= now + 1``, with one subtraction (``time - now <= 1``, signed)."""
-            diff = Signal(signed(65))
-            m.d.comb += diff.eq(time - now)
-            return diff[-1] | (diff[1:] == 0)
-
-        m.d.sync += started.eq(due_by_next(run_start))
+        m.d.sync += started.eq(run_start < now_p2)
         eff_state = Signal(PPUState)
         with m.If((state == PPUState.ARMED) & started):
             m.d.comb += eff_state.eq(PPUState.RUNNING)
@@ -727,10 +731,12 @@ class PPU(wiring.Component):
         trig_r = Signal()
         trig_value = Signal(32)
         trig_late = Signal()
+        trig_soon = Signal()               # START_TIME is the next cycle's ``now + 1``
         m.d.sync += [
             trig_r.eq(trig),
             trig_value.eq(cmd.data[32 * t_lane:32 * t_lane + 32]),
-            trig_late.eq(due_by_next(start_time)),
+            trig_late.eq(start_time < now_p2),
+            trig_soon.eq(start_time == now_p2),
         ]
         with m.If(trig_r):
             with m.If(active):
@@ -740,7 +746,8 @@ class PPU(wiring.Component):
             with m.Else():
                 m.d.comb += clear_regs.eq(1)
                 m.d.sync += [
-                    started.eq(due_by_next(start_time)),
+                    # Not late: START_TIME >= now + 1, so the run starts next cycle iff equal.
+                    started.eq(trig_soon),
                     tail.eq(trig_value[:pc_bits]),
                     pc.eq(0),
                     t.eq(start_time),
@@ -760,17 +767,21 @@ class PPU(wiring.Component):
                     new = _merge_bytes(_u32(rw[r.name]), cmd.data[32 * lane:32 * lane + 32], be, 4)
                     m.d.sync += rw[r.name].eq(new)
 
-        # Reads: the request stage ``rd_*`` registers the decoded READ, the answer stage
-        # ``ans_*`` the selected register word and the memories' outputs (nothing between
-        # them); the answer is selected from it, two cycles after the READ. A TIMELINE_LO
-        # read returns, and latches the high half of, ``now`` of the request stage's cycle.
+        # Reads: the request stage ``rd_*`` registers the decoded READ (the register word as a
+        # one-hot select), the answer stage ``ans_*`` the selected register word and the
+        # memories' outputs (nothing between them); the answer is selected from it, two cycles
+        # after the READ. A TIMELINE_LO read returns, and latches the high half of, ``now`` of
+        # the request stage's cycle. The mailbox word is read in the command stage: only a bus
+        # WRITE, which cannot be in the command stage in the cycle after a READ, changes it.
         rd_valid = Signal()
         rd_region = Signal(WindowRegion)
         rd_half = Signal()
         rd_error = Signal()
-        rd_off = Signal(4)
+        rd_sel = Signal(REGS_WORDS)        # the register word, one-hot (REGS region only)
         rd_tl = Signal()
-        tl_read = is_read & (region == WindowRegion.REGS) & at_word(tl_reg.offset >> 3)
+        rd_mb = Signal(64)                 # the mailbox word (MAILBOX region), else 0
+        is_regs = region == WindowRegion.REGS
+        tl_read = is_read & is_regs & at_word(tl_reg.offset >> 3)
         tl_lo_lanes = (cmd.be[:4] != 0) | (cmd.be == 0)
         m.d.sync += rd_valid.eq(is_read)
         with m.If(is_read):
@@ -778,26 +789,28 @@ class PPU(wiring.Component):
                 rd_region.eq(region),
                 rd_half.eq(off[0]),
                 rd_error.eq(~mapped),
-                rd_off.eq(off[:4]),
+                rd_sel.eq(Cat(*(is_regs & at_word(k) &
+                                ~((k == tl_reg.offset >> 3) & tl_lo_lanes)
+                                for k in range(REGS_WORDS)))),
                 rd_tl.eq(tl_read & tl_lo_lanes),
+                rd_mb.eq(Mux(region == WindowRegion.MAILBOX, call.mb_rdata, 0)),
             ]
         with m.If(rd_valid & rd_tl):
             m.d.sync += timeline_hi.eq(now[32:])
-        word_mux = Array(Cat(*w) for w in word_values)
         m.d.comb += [imem_bus_r.en.eq(is_read), env_bus_r.en.eq(is_read),
-                     call.mb_raddr.eq(rd_off[:3])]
+                     call.mb_raddr.eq(off[:3])]
         ans_region = Signal(WindowRegion)
         ans_half = Signal()
         ans_error = Signal()
         ans_reg = Signal(64)
         ans_imem = Signal(INSTRUCTION_BITS)
         ans_env = Signal(64)
+        selected = [Mux(rd_sel[k], Cat(*w), 0) for k, w in enumerate(word_values)]
         m.d.sync += [
             ans_region.eq(rd_region),
             ans_half.eq(rd_half),
             ans_error.eq(rd_error),
-            ans_reg.eq(Mux(rd_region == WindowRegion.MAILBOX, call.mb_rdata,
-                           Mux(rd_tl, now, word_mux[rd_off]))),
+            ans_reg.eq(_or_all([rd_mb, Mux(rd_tl, now, 0), *selected])),
             ans_imem.eq(imem_bus_r.data),
             ans_env.eq(env_bus_r.data),
         ]
@@ -819,6 +832,14 @@ class PPU(wiring.Component):
 def _reset_of(name: str) -> int:
     return next(r.reset for r in PPU_REGISTERS if r.name == name)
 
+
+
+def _or_all(values):
+    """The bitwise OR of ``values``, as a balanced tree."""
+    while len(values) > 1:
+        values = [values[i] | values[i + 1] if i + 1 < len(values) else values[i]
+                  for i in range(0, len(values), 2)]
+    return values[0]
 
 
 def _u32(value):
