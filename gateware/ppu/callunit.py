@@ -175,18 +175,18 @@ class CallUnit(wiring.Component):
         header = RPCResponse(Cat(mailbox[0], mailbox[1], mailbox[2]))
         chk_magic = Signal()
         chk_rid = Signal()
-        chk_len = Signal(17)       # result_len + header
         commit_r = Signal()
-        nbytes = Signal(16)
+        length_ok = Signal()       # the byte count fits the header and result_len
+        nbytes = self.commit_bytes
         m.d.sync += [
             chk_magic.eq(header.magic == RESPONSE_MAGIC),
             chk_rid.eq(header.request_id == awaited),
-            chk_len.eq(header.result_len + HEADER_BYTES),
             commit_r.eq(self.commit),
-            nbytes.eq(self.commit_bytes),
+            # The mailbox's last write precedes the commit: its header is final in this cycle.
+            length_ok.eq((nbytes >= HEADER_BYTES) & (nbytes <= 8 * MAILBOX_WORDS) &
+                         (header.result_len[6:] == 0) &
+                         (header.result_len[:6] + HEADER_BYTES <= nbytes[:7])),
         ]
-        length_ok = ((nbytes >= HEADER_BYTES) & (nbytes <= 8 * MAILBOX_WORDS) &
-                     (chk_len <= nbytes))
         match = waiting & sent & length_ok & chk_magic & chk_rid
         result_len = Mux(header.result_len > 4, 4, header.result_len[:3])
         byte_mask = Array(Const((1 << (8 * i)) - 1, 32) for i in range(5))[result_len]
@@ -215,7 +215,9 @@ class CallUnit(wiring.Component):
             m.d.sync += due.eq(self.timeout_cycles <= 1)
         with m.Else():
             m.d.sync += due.eq(elapsed + 1 >= self.timeout_cycles)
-        with m.If(waiting & ~commit_r & (self.timeout_cycles != 0) & due):
+        timeout_on = Signal()
+        m.d.sync += timeout_on.eq(self.timeout_cycles != 0)
+        with m.If(waiting & ~commit_r & timeout_on & due):
             m.d.comb += self.timeout.eq(1)
             m.d.sync += [waiting.eq(0), sent.eq(0)]
 

@@ -319,6 +319,7 @@ class DriveChannel(wiring.Component):
         # are the next sample's address and the samples left after the one being read.
         addr = Signal(range(self._env_depth))
         rem = Signal(16)
+        more = Signal()          # rem != 0, registered
         amp = Signal(signed(SAMPLE_BITS))
         rd_addr = Signal(range(self._env_depth))
         reading = Signal()
@@ -327,12 +328,13 @@ class DriveChannel(wiring.Component):
             m.d.sync += [
                 addr.eq(head.env_addr[:len(addr)] + 1),
                 rem.eq(Mux(head.env_len != 0, head.env_len - 1, 0)),
+                more.eq(head.env_len > 1),
                 amp.eq(head.amplitude),
             ]
         with m.Else():
-            m.d.comb += [rd_addr.eq(addr), reading.eq(rem != 0)]
-            with m.If(rem != 0):
-                m.d.sync += [addr.eq(addr + 1), rem.eq(rem - 1)]
+            m.d.comb += [rd_addr.eq(addr), reading.eq(more)]
+            with m.If(more):
+                m.d.sync += [addr.eq(addr + 1), rem.eq(rem - 1), more.eq(rem != 1)]
         m.d.comb += self.env_rd_addr.eq(rd_addr >> 2)
 
         # Envelope read stage: the memory's output is valid in this cycle.
@@ -373,7 +375,7 @@ class DriveChannel(wiring.Component):
             self.active.eq(s3_valid),
         ]
 
-        m.d.comb += self.idle.eq(q.empty & (rem == 0) & ~s1_valid & ~s2_valid & ~s3_valid)
+        m.d.comb += self.idle.eq(q.empty & ~more & ~s1_valid & ~s2_valid & ~s3_valid)
         return ResetInserter(self.flush)(m)
 
 
@@ -430,18 +432,18 @@ class ReadoutChannel(wiring.Component):
         # ``acc + sum >= 0``, the sign of one adder. 34 bits hold every sum of 65535 samples.
         acc = Signal(signed(34))
         rd = Signal(4)
-
-        free = rem <= 1          # no window, or its last cycle: a new one may start next cycle
+        last = Signal()          # rem == 1, registered
+        open_ = Signal()         # rem != 0, registered
+        free = ~open_ | last     # no window, or its last cycle: a new one may start next cycle
         fire = q.on_time & free
         late = q.past | (q.on_time & ~free)
         m.d.comb += [q.now.eq(self.now), q.flush.eq(self.flush), q.pop.eq(fire | late),
                      self.late.eq(late)]
 
-        last = Signal()          # rem == 1, registered
         total = Signal(signed(34))
         m.d.comb += [
             total.eq(acc + self.adc),
-            self.window.eq(rem != 0),
+            self.window.eq(open_),
             self.result_valid.eq(last),
             self.result_rd.eq(rd),
             self.result_bit.eq(~total[-1]),
@@ -450,13 +452,14 @@ class ReadoutChannel(wiring.Component):
             m.d.sync += [
                 rem.eq(head.window_cycles),
                 last.eq(head.window_cycles == 1),
+                open_.eq(head.window_cycles != 0),
                 acc.eq(~head.threshold),
                 rd.eq(head.rd),
             ]
-        with m.Elif(rem != 0):
-            m.d.sync += [rem.eq(rem - 1), last.eq(rem == 2), acc.eq(total)]
+        with m.Elif(open_):
+            m.d.sync += [rem.eq(rem - 1), last.eq(rem == 2), open_.eq(~last), acc.eq(total)]
 
-        m.d.comb += self.idle.eq(q.empty & (rem == 0))
+        m.d.comb += self.idle.eq(q.empty & ~open_)
         return ResetInserter(self.flush)(m)
 
 
@@ -494,16 +497,18 @@ class MarkerChannel(wiring.Component):
         m.submodules.queue = q = TimedQueue(MarkerEvent, self.LEAD_CYCLES - 1)
         wiring.connect(m, wiring.flipped(self.event), q.event)
         rem = Signal(16)
+        high = Signal()          # rem != 0, registered
         fire = q.on_time
         late = q.past
         m.d.comb += [q.now.eq(self.now), q.flush.eq(self.flush), q.pop.eq(fire | late),
                      self.late.eq(late)]
         with m.If(fire):
-            m.d.sync += rem.eq(q.head.duration_cycles)
-        with m.Elif(rem != 0):
-            m.d.sync += rem.eq(rem - 1)
+            m.d.sync += [rem.eq(q.head.duration_cycles),
+                         high.eq(q.head.duration_cycles != 0)]
+        with m.Elif(high):
+            m.d.sync += [rem.eq(rem - 1), high.eq(rem != 1)]
         m.d.comb += [
-            self.marker.eq(rem != 0),
-            self.idle.eq(q.empty & (rem == 0)),
+            self.marker.eq(high),
+            self.idle.eq(q.empty & ~high),
         ]
         return ResetInserter(self.flush)(m)

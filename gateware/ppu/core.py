@@ -241,6 +241,11 @@ class PPU(wiring.Component):
         m.d.sync += now_p2.eq(now + 3)
 
         m.d.sync += started.eq(run_start < now_p2)
+        # SYNC's anchor, registered: never before the start time (while ARMED, "now" on the
+        # program's timeline is the start time), so ``started ? now : START_TIME``. It is
+        # right from the second cycle after a trigger, before any instruction executes.
+        sync_base = Signal(64)
+        m.d.sync += sync_base.eq(Mux(run_start < now_p2, now + 1, run_start))
         eff_state = Signal(PPUState)
         with m.If((state == PPUState.ARMED) & started):
             m.d.comb += eff_state.eq(PPUState.RUNNING)
@@ -277,6 +282,12 @@ class PPU(wiring.Component):
         acq_issue = Signal()               # an ACQUIRE pushed this cycle, for register acq_rd
         acq_rd = Signal(4)
         clear_regs = Signal()              # accepted trigger
+        # The scoreboard counts an ACQUIRE the cycle after it is pushed (registered): the next
+        # instruction enters the execute stage two cycles after the push at the earliest, and
+        # its result lands later still.
+        acq_inc = Signal()
+        acq_inc_rd = Signal(4)
+        m.d.sync += [acq_inc.eq(acq_issue), acq_inc_rd.eq(acq_rd)]
         for i in range(1, NUM_REGISTERS):
             landed = [Mux(ch.result_valid & (ch.result_rd == i), 1, 0) for ch in readouts]
             with m.If(wr_we & (wr_rd == i)):
@@ -284,7 +295,7 @@ class PPU(wiring.Component):
             for ch in readouts:
                 with m.If(ch.result_valid & (ch.result_rd == i)):
                     m.d.sync += regs[i].eq(ch.result_bit)
-            inc = Mux(acq_issue & (acq_rd == i), 1, 0)
+            inc = Mux(acq_inc & (acq_inc_rd == i), 1, 0)
             pending_next = Signal.like(pending[i], name=f"pending{i}_next")
             m.d.comb += pending_next.eq(pending[i] + inc - sum(landed))
             m.d.sync += [pending[i].eq(pending_next), busy[i].eq(pending_next != 0),
@@ -328,8 +339,17 @@ class PPU(wiring.Component):
             is_ = {op: ins.op == op for op in Op}
             chan = raw[8:12]
             b = ins.operands.branch
-            cond_legal = Cat(*(b.cond == c for c in Cond)).any()
-            illegal = (~Cat(*is_.values()).any() |
+            cond_legal = b.cond.as_value() <= max(c.value for c in Cond)
+            assert [c.value for c in Cond] == list(range(len(Cond)))
+            # The known opcodes, by high nibble: the low nibbles below a bound.
+            op_hi, op_lo = raw[4:8], raw[0:4]
+            bounds = {}
+            for op in Op:
+                bounds[op.value >> 4] = max(bounds.get(op.value >> 4, 0), (op.value & 15) + 1)
+            assert all((hi << 4 | lo) in {op.value for op in Op}
+                       for hi, n in bounds.items() for lo in range(n))
+            known = Cat(*((op_hi == hi) & (op_lo < n) for hi, n in bounds.items())).any()
+            illegal = (~known |
                        (is_[Op.PLAY] & (chan >= self._n_drive)) |
                        (is_[Op.MARKER] & (chan >= self._n_marker)) |
                        (is_[Op.ACQUIRE] & ((chan >= self._n_readout) |
@@ -361,9 +381,10 @@ class PPU(wiring.Component):
                 "mask": mask,
                 "taken_if_0": taken[0],
                 "taken_if_1": taken[1],
-                "arg_mask": Array(Const((1 << i) - 1, REGISTER_BITS)
-                                  for i in range(33))[Mux(arg_bits > 32, 32, arg_bits)],
-                "arg_len": (Mux(arg_bits > 32, 32, arg_bits) + 7) >> 3,
+                # Bit i is set iff i < min(arg_bits, 32); bytes: ceil(min(arg_bits, 32) / 8).
+                "arg_mask": Cat(*(arg_bits > i for i in range(REGISTER_BITS))),
+                "arg_len": Mux(arg_bits > 24, 4, Mux(arg_bits > 16, 3, Mux(
+                    arg_bits > 8, 2, Mux(arg_bits != 0, 1, 0)))),
             }
 
         # Decode stages: registered the cycle after their instruction register is loaded.
@@ -535,14 +556,10 @@ class PPU(wiring.Component):
             with m.If(x_is[Op.END]):
                 m.d.sync += mode.eq(_CoreMode.DRAIN)
                 kill_fetch()
-            with m.If(x_is[Op.WAIT]):
-                m.d.sync += t.eq(t + x.operands.wait.cycles)
-                m.d.comb += x_done.eq(1)
-            with m.If(x_is[Op.SYNC]):
-                # Never anchor before the start time: while ARMED, "now" on the program's
-                # timeline is the start time.
-                slack = x.operands.sync.slack_cycles
-                m.d.sync += t.eq(Mux(started, now + slack, run_start + slack))
+            with m.If(x_is[Op.WAIT] | x_is[Op.SYNC]):
+                # One adder: WAIT adds ``cycles`` to t, SYNC ``slack_cycles`` (the same bits) to
+                # ``sync_base``.
+                m.d.sync += t.eq(Mux(x_is[Op.SYNC], sync_base, t) + x.operands.wait.cycles)
                 m.d.comb += x_done.eq(1)
             with m.If(x_is[Op.SET] & ~blocked):
                 m.d.comb += [core_we.eq(1), core_wrd.eq(x_rd),
@@ -616,9 +633,11 @@ class PPU(wiring.Component):
         error_r = Signal(len(errors))
         m.d.sync += error_r.eq(Mux(active & ~error_set, Cat(*errors.values()), 0))
         m.d.comb += error_set.eq(error_r.any())
-        with m.If(active):
-            m.d.sync += late_events.eq(late_events + sum(ch.late for ch in
-                                                         drives + readouts + markers))
+        # LATE_EVENTS counts the late pulses of a cycle one cycle later (a registered count).
+        late_count = Signal(range(len(lates) + 1))
+        m.d.sync += [late_count.eq(Mux(active, sum(ch.late for ch in drives + readouts + markers),
+                                       0)),
+                     late_events.eq(late_events + late_count)]
         with m.If(error_set):
             m.d.sync += [state.eq(PPUState.ERROR), mode.eq(_CoreMode.HALT), x_valid.eq(0)]
             kill_fetch()
@@ -652,20 +671,21 @@ class PPU(wiring.Component):
         region = Signal(WindowRegion)
         mapped = Signal()
         b_low = Signal()                   # the offset is below 16 (a register-block word)
+        is_write = Signal()                # a WRITE to a mapped word
+        is_read = Signal()
         m.d.sync += [
             b_valid.eq(self.bus_valid),
             cmd.eq(self.bus_cmd),
             region.eq(raw_region),
             mapped.eq(raw_mapped),
             b_low.eq(raw_off[4:] == 0),
+            is_write.eq(self.bus_valid & (self.bus_cmd.op == BusOp.WRITE) & raw_mapped),
+            is_read.eq(self.bus_valid & (self.bus_cmd.op == BusOp.READ)),
         ]
         off = cmd.word_addr[:REGION_WORD_BITS]
 
         def at_word(word: int):
             return b_low & (off[:4] == word)
-
-        is_write = b_valid & (cmd.op == BusOp.WRITE) & mapped
-        is_read = b_valid & (cmd.op == BusOp.READ)
 
         # Memory writes.
         m.d.comb += [
