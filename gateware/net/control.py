@@ -172,11 +172,22 @@ class ControlPlane(wiring.Component):
         # Tag of the READ awaited. Not reset: after an rti reset a late answer to a READ issued
         # before it must not match the first READ issued after it.
         tag = Signal(READ_TAG_BITS, reset_less=True)
+        in_read = Signal()
         next_tag = Signal(READ_TAG_BITS)
         m.d.comb += [
             next_tag.eq(tag + 1),
             # Answers are always taken; only the awaited one is used (READ state below).
             self.bus_rdata.ready.eq(1),
+        ]
+
+        # The awaited READ's answer, registered (the tag compare and the half select in front
+        # of the register): taken in READ one cycle after it came.
+        answer = Signal(data.StructLayout({"valid": 1, "error": 1, "value": 32}))
+        rdata = self.bus_rdata.payload
+        m.d.sync += [
+            answer.valid.eq(self.bus_rdata.valid & (rdata.tag == tag) & in_read),
+            answer.error.eq(rdata.error),
+            answer.value.eq(Mux(req.addr[2], rdata.data[32:], rdata.data[:32])),
         ]
 
         with m.FSM() as fsm:
@@ -263,12 +274,11 @@ class ControlPlane(wiring.Component):
                     m.next = "REPLY"
 
             with m.State("READ"):
-                rdata = self.bus_rdata.payload
-                with m.If(self.bus_rdata.valid & (rdata.tag == tag)):
-                    with m.If(rdata.error):
+                with m.If(answer.valid):
+                    with m.If(answer.error):
                         m.d.sync += status.eq(Status.BAD_ADDRESS)
                     with m.Else():
-                        m.d.sync += value.eq(Mux(req.addr[2], rdata.data[32:], rdata.data[:32]))
+                        m.d.sync += value.eq(answer.value)
                     m.next = "REPLY"
                 with m.Elif(timed_out):
                     m.d.sync += status.eq(Status.PPU_TIMEOUT)
@@ -292,6 +302,7 @@ class ControlPlane(wiring.Component):
                 with m.If(~want_reply | self.reply.ready):
                     m.next = "IDLE"
 
+        m.d.comb += in_read.eq(fsm.ongoing("READ"))
         with m.If(fsm.ongoing("IDLE")):
             m.d.sync += elapsed.eq(0)
         with m.Elif(~timed_out):

@@ -17,6 +17,12 @@ an initial register value ``S`` chosen so that 32 zero bits take ``S`` to the st
 value. At the end, the result of the processor whose stream ended on a word boundary is taken.
 No keep multiplexer sits in the CRC path.
 
+The CRC register is linear in its old value and the word: ``next = A(reg) ^ B(word)``.
+:class:`ICRCEngine` takes the data terms ``B(word)`` of both processors (:func:`icrc_terms`) and
+only does ``A(reg) ^ term`` per word, so that a caller can register the terms with the word
+(the XOR trees of a 64-bit step split over two cycles without adding latency). :class:`ICRC`
+takes the words themselves.
+
 Lane order everywhere: byte ``i`` of a 64-bit word at bits ``[8*i+7 : 8*i]``, byte 0 first on the
 wire (the convention of :mod:`openqlink.gateware.packet`).
 """
@@ -26,7 +32,8 @@ from amaranth.lib import crc, wiring
 from amaranth.lib.crc.catalog import CRC32_ETHERNET
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["ICRC", "ICRC_WORD_MASKS", "icrc_mask", "shifted_initial_crc"]
+__all__ = ["ICRC", "ICRCEngine", "ICRC_WORD_MASKS", "icrc_mask", "icrc_terms",
+           "shifted_initial_crc"]
 
 
 def _solve_gf2(columns: list[int], target: int, width: int) -> int:
@@ -124,13 +131,124 @@ def icrc_mask(word_index: Value | int, word: Value) -> Value:
     return word | mask
 
 
+def _register_step(algorithm: crc.Algorithm, init: int, data: bytes) -> int:
+    """The CRC register (unreflected, no output XOR) after ``data``, starting from ``init``."""
+    raw = crc.Algorithm(crc_width=algorithm.crc_width, polynomial=algorithm.polynomial,
+                        initial_crc=init, reflect_input=algorithm.reflect_input,
+                        reflect_output=False, xor_output=0)
+    return raw(data_width=8).compute(data)
+
+
+def _state_columns(algorithm: crc.Algorithm = CRC32_ETHERNET) -> list[int]:
+    """Columns of ``A``: the register after 8 zero bytes from each single-bit register."""
+    return [_register_step(algorithm, 1 << i, bytes(8)) for i in range(algorithm.crc_width)]
+
+
+def _data_columns(algorithm: crc.Algorithm = CRC32_ETHERNET) -> list[int]:
+    """Columns of ``B``: the register after each single-bit 64-bit word (lane order), from 0."""
+    return [_register_step(algorithm, 0, (1 << j).to_bytes(8, "little")) for j in range(64)]
+
+
+def _apply(columns: list[int], vector: Value, width: int) -> Value:
+    """The GF(2) product of the matrix with these columns and ``vector``."""
+    vector = Value.cast(vector)
+    bits = []
+    for r in range(width):
+        taps = [vector[c] for c, col in enumerate(columns) if (col >> r) & 1]
+        bits.append(Cat(*taps).xor() if taps else Const(0, 1))
+    return Cat(*bits)
+
+
+def icrc_terms(word: Value, prev_hi: Value) -> tuple[Value, Value]:
+    """The data terms of one word of ``V`` for :class:`ICRCEngine`: ``(whole, shifted)``.
+
+    ``word`` is the (masked) word of ``V``; ``prev_hi`` lanes 4-7 of the previous word of
+    ``V`` (0 for the first word). Combinational XOR trees of up to 64 inputs.
+    """
+    columns = _data_columns()
+    word = Value.cast(word)
+    return (_apply(columns, word, 32),
+            _apply(columns, Cat(Value.cast(prev_hi), word[:32]), 32))
+
+
+class ICRCEngine(wiring.Component):
+    """ICRC of one word-aligned message ``V`` at a time, from the data terms of its words.
+
+    As :class:`ICRC`, with ``term_whole`` and ``term_shifted`` (:func:`icrc_terms` of the word
+    and of the word shifted behind lanes 4-7 of the previous one) in place of ``word``. The
+    first word of ``V`` is always all ones: with ``first`` the terms are ignored and the
+    registers start from their value after that word.
+
+    Members
+    -------
+    valid, first, last, last_half : In(1)
+        As :class:`ICRC`.
+    term_whole, term_shifted : In(32)
+        The data terms of the word.
+    crc : Out(32)
+        As :class:`ICRC`: valid from the cycle ``done`` pulses until the next accepted ``first``.
+    done : Out(1)
+        Pulses for one cycle, the cycle after the ``last`` word was accepted.
+    """
+
+    valid: In(1)
+    first: In(1)
+    last: In(1)
+    last_half: In(1)
+    term_whole: In(32)
+    term_shifted: In(32)
+    crc: Out(32)
+    done: Out(1)
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        algorithm = CRC32_ETHERNET
+        columns = _state_columns(algorithm)
+        # The registers after V's first word (8 bytes of ones; the shifted processor sees 4
+        # zero bytes and 4 of them).
+        start_whole = _register_step(algorithm, algorithm.initial_crc, b"\xff" * 8)
+        start_shifted = _register_step(algorithm, shifted_initial_crc(algorithm),
+                                       bytes(4) + b"\xff" * 4)
+
+        whole = Signal(32, init=algorithm.initial_crc)
+        shifted = Signal(32, init=shifted_initial_crc(algorithm))
+        busy = Signal()         # between an accepted first and the accepted last
+        use_shifted = Signal()  # the message ended on a half word
+        accept = Signal()
+        m.d.comb += accept.eq(self.valid & (self.first | busy))
+
+        m.d.sync += self.done.eq(0)
+        with m.If(accept):
+            m.d.sync += [
+                whole.eq(Mux(self.first, start_whole,
+                             _apply(columns, whole, 32) ^ self.term_whole)),
+                shifted.eq(Mux(self.first, start_shifted,
+                               _apply(columns, shifted, 32) ^ self.term_shifted)),
+            ]
+            with m.If(self.last):
+                m.d.sync += [
+                    busy.eq(0),
+                    use_shifted.eq(self.last_half),
+                    self.done.eq(1),
+                ]
+            with m.Else():
+                m.d.sync += busy.eq(1)
+
+        reg = Mux(use_shifted, shifted, whole)
+        if algorithm.reflect_output:
+            reg = Cat(*reversed(list(reg)))
+        m.d.comb += self.crc.eq(reg ^ algorithm.xor_output)
+        return m
+
+
 class ICRC(wiring.Component):
     """ICRC of one word-aligned message ``V`` at a time, one 64-bit word per cycle.
 
     The caller feeds ``V`` (already masked, see :func:`icrc_mask`) word by word: ``first`` on
-    word 0, ``last`` on the final word, with ``last_half`` when only lanes 0-3 of that final word
+    word 0 (which is all ones in every ``V``), ``last`` on the final word, with ``last_half`` when only lanes 0-3 of that final word
     belong to ``V`` (``V`` of ``8k + 4`` bytes; the upper lanes are ignored). Words with ``valid``
     low are skipped. Words arriving after ``last`` and before the next ``first`` are ignored.
+    An :class:`ICRCEngine` with the data terms computed in front of it, combinationally.
 
     Members
     -------
@@ -161,39 +279,19 @@ class ICRC(wiring.Component):
 
     def elaborate(self, platform) -> Module:
         m = Module()
-
-        m.submodules.whole = whole = crc.Processor(CRC32_ETHERNET(data_width=64))
-        shifted_algorithm = _with_initial(CRC32_ETHERNET, shifted_initial_crc(CRC32_ETHERNET))
-        m.submodules.shifted = shifted = crc.Processor(shifted_algorithm(data_width=64))
-
-        busy = Signal()         # between an accepted first and the accepted last
+        m.submodules.engine = engine = ICRCEngine()
         prev_hi = Signal(32)    # lanes 4-7 of the previous accepted word
-        use_shifted = Signal()  # the message ended on a half word
-        accept = Signal()
-
-        m.d.comb += accept.eq(self.valid & (self.first | busy))
-        shifted_word = Cat(Mux(self.first, 0, prev_hi), self.word[:32])
-
-        m.d.comb += [
-            whole.start.eq(accept & self.first),
-            whole.valid.eq(accept),
-            whole.data.eq(self.word),
-            shifted.start.eq(accept & self.first),
-            shifted.valid.eq(accept),
-            shifted.data.eq(shifted_word),
-        ]
-
-        m.d.sync += self.done.eq(0)
-        with m.If(accept):
+        with m.If(self.valid):
             m.d.sync += prev_hi.eq(self.word[32:])
-            with m.If(self.last):
-                m.d.sync += [
-                    busy.eq(0),
-                    use_shifted.eq(self.last_half),
-                    self.done.eq(1),
-                ]
-            with m.Else():
-                m.d.sync += busy.eq(1)
-
-        m.d.comb += self.crc.eq(Mux(use_shifted, shifted.crc, whole.crc))
+        term_whole, term_shifted = icrc_terms(self.word, Mux(self.first, 0, prev_hi))
+        m.d.comb += [
+            engine.valid.eq(self.valid),
+            engine.first.eq(self.first),
+            engine.last.eq(self.last),
+            engine.last_half.eq(self.last_half),
+            engine.term_whole.eq(term_whole),
+            engine.term_shifted.eq(term_shifted),
+            self.crc.eq(engine.crc),
+            self.done.eq(engine.done),
+        ]
         return m

@@ -38,12 +38,13 @@ __all__ = ["RegisterPortSignature", "NetRegisters", "REGISTER_WIDTHS", "NUM_COUN
 NUM_COUNTERS = len(COUNTERS)
 
 #: Cycles from ``port.addr`` to its ``port.r_data`` and ``port.hit``: the address is decoded
-#: into one register per 256-byte window (a 64-way choice inside it and the window match), and
+#: into one register per 128-byte window (a 32-way choice inside it and the window match), and
 #: the windows' results are combined into a second.
 READ_LATENCY_CYCLES = 2
 
-#: Address bits below the window: every window (global registers, counters, one QP) is 256 bytes.
-_WINDOW_BITS = 8
+#: Address bits below the window: every window (global registers, counters, one QP) is 128 bytes,
+#: so that a 32-way choice picks the entry inside it.
+_WINDOW_BITS = 7
 
 #: Stored width in bits of every writable register (global and QP context).
 REGISTER_WIDTHS: dict[str, int] = {
@@ -209,7 +210,7 @@ class NetRegisters(wiring.Component):
                     entries[addr] = (sig, sig if reg.access is Access.RW else None)
             qpregs.append(regs)
 
-        # The entries by 256-byte window. Stage 1 registers, per window, whether ``addr`` lies
+        # The entries by 128-byte window. Stage 1 registers, per window, whether ``addr`` lies
         # in it and the entry its low bits choose; stage 2 combines the windows.
         windows: dict[int, dict[int, tuple]] = {}
         for addr, entry in entries.items():
@@ -225,7 +226,7 @@ class NetRegisters(wiring.Component):
             w_hit = Signal(name=f"window_hit_{w:x}")
             m.d.sync += in_w.eq(port.addr[_WINDOW_BITS:] == w)
             with m.Switch(port.addr[2:_WINDOW_BITS]):
-                for slot, (value, storage) in sorted(slots.items()):
+                for slot, (value, _storage) in sorted(slots.items()):
                     with m.Case(slot):
                         m.d.sync += [w_hit.eq(1), w_data.eq(value)]
                 with m.Default():
@@ -233,7 +234,7 @@ class NetRegisters(wiring.Component):
             # writes: the window match and the low bits of the address of the cycle before
             with m.If(port.w_en & in_w):
                 with m.Switch(low_q):
-                    for slot, (value, storage) in sorted(slots.items()):
+                    for slot, (_value, storage) in sorted(slots.items()):
                         if storage is not None:
                             with m.Case(slot):
                                 m.d.sync += storage.eq(port.w_data)

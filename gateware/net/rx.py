@@ -75,7 +75,7 @@ from ..bus import BusCommand, BusOp
 from ..packet import packet_signature
 from .common import COUNTER_INDEX, DropReason, NetConfig, QPContext
 from .control import ControlRequest
-from .icrc import ICRC, ICRC_WORD_MASKS
+from .icrc import ICRC_WORD_MASKS, ICRCEngine, icrc_terms
 from .regs import NUM_COUNTERS
 
 __all__ = ["RoCEReceiver", "CommitEngine", "commit_descriptor_layout", "HEADER_BYTES",
@@ -369,7 +369,7 @@ class RoCEReceiver(wiring.Component):
         m.submodules.buffer = buffer = Memory(shape=64, depth=depth, init=[])
         wport = buffer.write_port()
         rport = buffer.read_port(transparent_for=())
-        m.submodules.icrc = icrc = ICRC()
+        m.submodules.icrc = icrc = ICRCEngine()
         m.submodules.commit = commit = CommitEngine(ptr_bits)
         desc_layout = commit_descriptor_layout(ptr_bits)
         m.submodules.desc_fifo = desc_fifo = SyncFIFO(width=desc_layout.size,
@@ -463,8 +463,12 @@ class RoCEReceiver(wiring.Component):
         m.d.comb += realigned.eq(Cat(prev_hi, data_in[:48]))
         beyond3 = Signal()                    # the current beat is beat 4 or later
         m.d.comb += beyond3.eq(~at[:4].any())
+        # (total_length + 3) // 8, registered from the beat that carries total_length (beat 2,
+        # lanes 0-1, big-endian) and used from beat 3 on.
+        assert _IP_AT + 2 == 16
         v_last = Signal(14)
-        m.d.comb += v_last.eq((total_length + 3) >> 3)
+        with m.If(take & at[2]):
+            m.d.sync += v_last.eq((Cat(data_in[8:16], data_in[:8]) + 3) >> 3)
         with m.If(take):
             m.d.sync += v_post.eq(0)
             with m.If(at[3]):
@@ -482,24 +486,36 @@ class RoCEReceiver(wiring.Component):
                     v_post.eq(v_last_next),
                 ]
 
-        # ICRC input stage: the masked word of V and its flags, registered.
-        crc_in = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1, "word": 64}))
+        # ICRC input stage: the data terms of the masked word of V (icrc_terms) and its flags,
+        # registered. The terms are taken from the beat as it came (no keep mask: a V byte
+        # beyond the frame's end only comes with a total_length that fails the IP checks), the
+        # masks from ``pos_next``: where it differs from ``at`` (a frame's first beat) no word of
+        # V is fed. The terms of V's first word (all ones) are not used.
+        crc_in = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1,
+                                           "term_whole": 32, "term_shifted": 32}))
         word_mask = Const(0, 64)
         for vidx, lanes in ICRC_WORD_MASKS.items():
             if vidx:
-                word_mask = word_mask | Mux(at[vidx + 1], Const(lanes, 64), Const(0, 64))
+                word_mask = word_mask | Mux(pos_next[vidx + 1], Const(lanes, 64), Const(0, 64))
+        crc_prev_hi = Signal(32)              # lanes 4-7 of the previous word of V
+        with m.If(take):
+            m.d.sync += crc_prev_hi.eq(Mux(at[1], Const(2**32 - 1, 32), beat.data[16:48]))
+        term_whole, term_shifted = icrc_terms(Cat(prev_hi, beat.data[:48]) | word_mask,
+                                              crc_prev_hi)
         m.d.sync += [
             crc_in.valid.eq(take & (at[1] | at[2] | at[3] | (beyond3 & v_in))),
             crc_in.first.eq(at[1]),
             crc_in.last.eq(beyond3 & v_last_next),
-            crc_in.word.eq(Mux(at[1], Const(2**64 - 1, 64), realigned | word_mask)),
+            crc_in.term_whole.eq(term_whole),
+            crc_in.term_shifted.eq(term_shifted),
         ]
         m.d.comb += [
             icrc.valid.eq(crc_in.valid),
             icrc.first.eq(crc_in.first),
             icrc.last.eq(crc_in.last),
             icrc.last_half.eq(v_half),
-            icrc.word.eq(crc_in.word),
+            icrc.term_whole.eq(crc_in.term_whole),
+            icrc.term_shifted.eq(crc_in.term_shifted),
         ]
         icrc_rx = Signal(32)                  # the ICRC bytes as received, lane order
         with m.If(take & beyond3):
@@ -605,6 +621,14 @@ class RoCEReceiver(wiring.Component):
             "ctrl": ControlRequest,
         })
         c1 = Signal(c1_layout)
+        # Sums of header fields, registered from ``hdr`` every cycle: in c1 they are those of the
+        # header as it stood at the last beat, exact for the fields of earlier beats. Later
+        # fields (frames of at most 5 beats) only come with frames that fail the IP check or the
+        # UDP check on total_length alone.
+        tl_p14 = Signal(17)                   # total_length + 14 (beat 2)
+        udp_p20 = Signal(17)                  # udp length + 20 (beat 4)
+        m.d.sync += [tl_p14.eq(total_length + _IP_AT),
+                     udp_p20.eq(udp_len + IPV4.length_bytes)]
         ip_ok_fields = ((ip["version"] == 4) & (ip["ihl"] == 5) & ~ip["flags"][0] &
                         (ip["fragment_offset"] == 0) & (ip["dst"] == cfg.qsc_ip) &
                         (ip["protocol"] == IpProtocol.UDP))
@@ -620,11 +644,11 @@ class RoCEReceiver(wiring.Component):
                 (eth["ethertype"] != EtherType.IPV4)),
             c1.ip_fields_fail.eq((f_len < _UDP_AT) | ~ip_ok_fields |
                                  (total_length < IPV4.length_bytes)),
-            c1.ip_len_fail.eq(total_length + _IP_AT > f_len),
+            c1.ip_len_fail.eq(tl_p14 > f_len),
             c1.ip_sum.eq(ip_sum_b2 + ip_sum_b3 + ip_words[0] + ip_words[9]),
             c1.udp_fail.eq(
                 (total_length < IPV4.length_bytes + UDP.length_bytes) |
-                (udp_len + IPV4.length_bytes != total_length) |
+                (udp_p20 != total_length) |
                 ~(is_roce | is_ctrl) |
                 (is_roce & ((udp_len < _ROCE_FIXED_BYTES) | (udp_len[:2] != 0))) |
                 (is_ctrl & (udp_len < UDP.length_bytes + CONTROL_REQUEST.length_bytes))),
@@ -675,15 +699,18 @@ class RoCEReceiver(wiring.Component):
                                    ((sum_lo[4:] == 0xFFF) & (sum_lo[:4] == ~sum_hi))))
         region_hit = Signal()
         m.d.comb += region_hit.eq(c1.region_hit.any())
+        # The regions are disjoint: at most one ``region_hit`` bit is set.
         range_fail = Signal()
         rkey_fail = Signal()
         is_imem = Signal()
-        for r, region in enumerate(region_list):
-            hi = region.va - ppu_base(0) + region.length_bytes
-            with m.If(c1.region_hit[r]):
-                m.d.comb += [range_fail.eq(c1.dma_end > hi), rkey_fail.eq(~c1.rkey_ok[r])]
-                if region.name == "IMEM":
-                    m.d.comb += is_imem.eq(1)
+        m.d.comb += [
+            range_fail.eq(Cat(*(c1.region_hit[r] &
+                                (c1.dma_end > region.va - ppu_base(0) + region.length_bytes)
+                                for r, region in enumerate(region_list))).any()),
+            rkey_fail.eq((c1.region_hit & ~c1.rkey_ok).any()),
+            is_imem.eq(Cat(*(c1.region_hit[r] for r, region in enumerate(region_list)
+                             if region.name == "IMEM")).any()),
+        ]
         payload_bytes = c1.payload_bytes[:16]
         hdrlen_fail = c1.payload_bytes[16]
         len_fail = Signal()

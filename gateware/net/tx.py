@@ -30,7 +30,7 @@ from ...wire.udp import CONTROL_PORT, ROCEV2_PORT, UDP
 from ..bus import MAX_CALL_ARG_BYTES, CallRequest
 from ..packet import packet_signature
 from .common import ControlReply, NetConfig, QPContext
-from .icrc import ICRC, ICRC_WORD_MASKS
+from .icrc import ICRC_WORD_MASKS, ICRCEngine, icrc_terms
 from .ipv4csum import IPv4Checksum
 
 __all__ = ["TxBuilder", "rpc_frame_bytes", "CONTROL_FRAME_BYTES", "START_LATENCY_CYCLES"]
@@ -150,7 +150,7 @@ class TxBuilder(wiring.Component):
     def elaborate(self, platform) -> Module:
         m = Module()
         m.submodules.csum = csum = IPv4Checksum()
-        m.submodules.icrc = icrc = ICRC()
+        m.submodules.icrc = icrc = ICRCEngine()
 
         m.d.sync += self.call_dropped.eq(0)
 
@@ -301,16 +301,24 @@ class TxBuilder(wiring.Component):
         # of beat k and lanes 0-5 of beat k + 1 (frame words 0 and 1 of the shift register).
         # The last word goes in with the beat before the first ICRC byte's, so the ICRC is
         # ready in the cycle that beat is due.
-        v_word = Cat(frame[48:64], frame[64:112])
+        # The ICRC data terms (icrc_terms) of the word of V that the head beat feeds, held in
+        # registers: at each take, computed from the beat behind the head (its word, masked by
+        # the next position) and the head's word. (The terms of word 0, all ones, are unused.)
+        term_whole = Signal(32)
+        term_shifted = Signal(32)
+        next_word = Cat(frame[112:128], frame[128:176])
         for vidx, lanes in ICRC_WORD_MASKS.items():
             if vidx:
-                v_word = v_word | Mux(v_pos[vidx], Const(lanes, 64), Const(0, 64))
+                next_word = next_word | Mux(v_pos[vidx - 1], Const(lanes, 64), Const(0, 64))
+        next_whole, next_shifted = icrc_terms(
+            next_word, Mux(v_pos[0], Const(2**32 - 1, 32), frame[80:112]))
         m.d.comb += [
             icrc.valid.eq(take & v_mark[0]),
             icrc.first.eq(v_pos[0]),
             icrc.last.eq(v_last_mark[0]),
             icrc.last_half.eq(icrc_half),
-            icrc.word.eq(Mux(v_pos[0], Const(2**64 - 1, 64), v_word)),
+            icrc.term_whole.eq(term_whole),
+            icrc.term_shifted.eq(term_shifted),
         ]
         with m.If(icrc.done):
             m.d.sync += icrc_ready.eq(1)
@@ -420,6 +428,8 @@ class TxBuilder(wiring.Component):
                         v_mark.eq(v_mark >> 1),
                         v_last_mark.eq(v_last_mark >> 1),
                         v_pos.eq(v_pos << 1),
+                        term_whole.eq(next_whole),
+                        term_shifted.eq(next_shifted),
                         first_beat.eq(0),
                     ]
                     with m.If(last_mark[0]):
