@@ -245,10 +245,11 @@ class ICRC(wiring.Component):
     """ICRC of one word-aligned message ``V`` at a time, one 64-bit word per cycle.
 
     The caller feeds ``V`` (already masked, see :func:`icrc_mask`) word by word: ``first`` on
-    word 0 (which is all ones in every ``V``), ``last`` on the final word, with ``last_half`` when only lanes 0-3 of that final word
-    belong to ``V`` (``V`` of ``8k + 4`` bytes; the upper lanes are ignored). Words with ``valid``
-    low are skipped. Words arriving after ``last`` and before the next ``first`` are ignored.
-    An :class:`ICRCEngine` with the data terms computed in front of it, combinationally.
+    word 0 (all ones in every ``V``), ``last`` on the final word, with ``last_half`` when only
+    lanes 0-3 of that final word belong to ``V`` (``V`` of ``8k + 4`` bytes; the upper lanes are
+    ignored). Words with ``valid`` low are skipped. Words arriving after ``last`` and before the
+    next ``first`` are ignored. An :class:`ICRCEngine` with the data terms computed in front of
+    it, combinationally.
 
     Members
     -------
