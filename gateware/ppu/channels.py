@@ -27,7 +27,7 @@ asserts it while it is in ERROR; a push that is offered in a flushed cycle is di
 # No ``from __future__ import annotations``: data.Struct reads its annotations as shapes.
 from amaranth.hdl import Module, Mux, ResetInserter, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import SyncFIFOBuffered
+from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 __all__ = [
@@ -199,33 +199,59 @@ class TimedQueue(wiring.Component):
         m.d.sync += due_next.eq(self.now + 2 + self._fire_lead)
 
         q = Module()
-        # A FIFO with a registered output: the compares below start at a flip-flop.
-        fifo = q.submodules.fifo = SyncFIFOBuffered(width=self._layout.as_shape().size,
-                                                    depth=FIFO_DEPTH - 1)
-        fifo_empty = fifo.level == 0
-        valid = Signal()
-        on_time = Signal()
-        past = Signal()
-        load = ~valid | self.pop
-        # An event pushed while the queue is empty (or its head leaves) goes straight to the
-        # head register.
-        bypass = load & fifo_empty & self.event.valid
-        first = self._layout(Mux(bypass, self.event.payload.as_value(), fifo.r_data))
-        out = self._layout(fifo.r_data)
+        width = self._layout.as_shape().size
+        # Every pushed event is written to a distributed RAM ring (``wr`` is the next entry);
+        # the oldest event is also in ``head``, the next one in ``second``, and ``rd`` is the
+        # entry after ``second``. ``n`` counts the events queued, with flags ``ge[k] = n >= k``
+        # kept as flip-flops: the pop of a cycle (the last signal to settle) only picks
+        # between values prepared from flip-flops.
+        mem = q.submodules.mem = Memory(shape=unsigned(width), depth=FIFO_DEPTH, init=[])
+        mem_w = mem.write_port()
+        mem_r = mem.read_port(domain="comb")
+        wr = Signal(range(FIFO_DEPTH))
+        rd = Signal(range(FIFO_DEPTH), init=2)
+        n = Signal(range(FIFO_DEPTH + 1))
+        ge1, ge2, ge3 = Signal(), Signal(), Signal()
+        ge4 = n >= 4
+        # ``ready`` is registered: ``n + push < FIFO_DEPTH`` before this cycle's pop (a pop
+        # makes room from the next cycle on).
+        ready = Signal(init=1)
+        second = Signal(self._layout)
         pushed = self.event.payload
+        push = self.event.valid & ready
+        pop = self.pop
+        load = ~ge1 | pop
+        up = push & ~pop
+        down = pop & ~push
         q.d.comb += [
-            fifo.w_data.eq(self.event.payload),
-            fifo.w_en.eq(self.event.valid & ~bypass),
-            self.event.ready.eq(fifo.w_rdy),
-            fifo.r_en.eq(load),
+            self.event.ready.eq(ready),
+            mem_w.addr.eq(wr), mem_w.data.eq(pushed), mem_w.en.eq(push),
+            mem_r.addr.eq(rd),
         ]
+        q.d.sync += [
+            wr.eq(wr + push),
+            rd.eq(rd + pop),
+            n.eq(Mux(up, n + 1, Mux(down, n - 1, n))),
+            ge1.eq(Mux(up, 1, Mux(down, ge2, ge1))),
+            ge2.eq(Mux(up, ge1, Mux(down, ge3, ge2))),
+            ge3.eq(Mux(up, ge2, Mux(down, ge4, ge3))),
+            ready.eq(Mux(push, n < FIFO_DEPTH - 1, n < FIFO_DEPTH)),
+        ]
+        # The head takes ``second`` (or, with one event or none queued, the pushed event) when
+        # it leaves or is empty; ``second`` takes the RAM's entry (or the pushed event) when the
+        # head takes it, or when it is empty and the head stays.
         with q.If(load):
-            q.d.sync += [valid.eq(fifo.r_rdy | bypass), self.head.eq(first)]
+            q.d.sync += self.head.eq(Mux(ge2, second.as_value(), pushed.as_value()))
+        with q.If(Mux(ge2, pop, ~pop)):
+            q.d.sync += second.eq(Mux(ge3, mem_r.data, pushed.as_value()))
+
         # The three candidates compared in parallel, each in two 32-bit halves, and registered;
         # the choice (registered too) is made after the flip-flops: two LUT levels.
+        on_time = Signal()
+        past = Signal()
         loaded = Signal()
-        bypassed = Signal()
-        q.d.sync += [loaded.eq(load), bypassed.eq(bypass)]
+        from_second = Signal()
+        q.d.sync += [loaded.eq(load), from_second.eq(ge2)]
 
         def compare(time):
             eq_hi, eq_lo, lt = Signal(), Signal(), Signal()
@@ -234,16 +260,16 @@ class TimedQueue(wiring.Component):
                          lt.eq(time < due_next)]
             return eq_hi & eq_lo, lt
 
-        cands = [compare(pushed.time), compare(out.time), compare(self.head.time)]
+        cands = [compare(pushed.time), compare(second.time), compare(self.head.time)]
         q.d.comb += [
-            on_time.eq(Mux(loaded, Mux(bypassed, cands[0][0], cands[1][0]), cands[2][0])),
-            past.eq(Mux(loaded, Mux(bypassed, cands[0][1], cands[1][1]), cands[2][1])),
+            on_time.eq(Mux(loaded, Mux(from_second, cands[1][0], cands[0][0]), cands[2][0])),
+            past.eq(Mux(loaded, Mux(from_second, cands[1][1], cands[0][1]), cands[2][1])),
         ]
         q.d.comb += [
-            self.valid.eq(valid),
-            self.on_time.eq(valid & on_time),
-            self.past.eq(valid & past),
-            self.empty.eq(~valid & fifo_empty),
+            self.valid.eq(ge1),
+            self.on_time.eq(ge1 & on_time),
+            self.past.eq(ge1 & past),
+            self.empty.eq(~ge1),
         ]
         m.submodules.queue = ResetInserter(self.flush)(q)
         return m
