@@ -159,16 +159,25 @@ def _apply(columns: list[int], vector: Value, width: int) -> Value:
     return Cat(*bits)
 
 
-def icrc_terms(word: Value, prev_hi: Value) -> tuple[Value, Value]:
+def icrc_terms(word: Value, prev_hi: Value, parts: int = 1) -> tuple[Value, Value]:
     """The data terms of one word of ``V`` for :class:`ICRCEngine`: ``(whole, shifted)``.
 
     ``word`` is the (masked) word of ``V``; ``prev_hi`` lanes 4-7 of the previous word of
-    ``V`` (0 for the first word). Combinational XOR trees of up to 64 inputs.
+    ``V`` (0 for the first word). Each term is split into ``parts`` partial terms of 32 bits
+    (``Cat``-ed, part ``i`` from bits ``[64*i/parts, 64*(i+1)/parts)`` of the processor's data
+    word), whose XOR is the term: XOR trees of up to ``64 / parts`` inputs.
     """
+    if parts not in (1, 2, 4):
+        raise ValueError(f"parts must be 1, 2 or 4, not {parts}")
     columns = _data_columns()
     word = Value.cast(word)
-    return (_apply(columns, word, 32),
-            _apply(columns, Cat(Value.cast(prev_hi), word[:32]), 32))
+    span = 64 // parts
+
+    def split(data: Value) -> Value:
+        return Cat(*(_apply(columns[span * i:span * (i + 1)], data[span * i:span * (i + 1)], 32)
+                     for i in range(parts)))
+
+    return split(word), split(Cat(Value.cast(prev_hi), word[:32]))
 
 
 class ICRCEngine(wiring.Component):
@@ -179,30 +188,40 @@ class ICRCEngine(wiring.Component):
     first word of ``V`` is always all ones: with ``first`` the terms are ignored and the
     registers start from their value after that word.
 
+    Parameters
+    ----------
+    parts : int
+        Partial terms per term (see :func:`icrc_terms`).
+
     Members
     -------
     valid, first, last, last_half : In(1)
         As :class:`ICRC`.
-    term_whole, term_shifted : In(32)
-        The data terms of the word.
+    term_whole, term_shifted : In(32 * parts)
+        The data terms of the word, as ``parts`` partial terms.
     crc : Out(32)
         As :class:`ICRC`: valid from the cycle ``done`` pulses until the next accepted ``first``.
     done : Out(1)
         Pulses for one cycle, the cycle after the ``last`` word was accepted.
     """
 
-    valid: In(1)
-    first: In(1)
-    last: In(1)
-    last_half: In(1)
-    term_whole: In(32)
-    term_shifted: In(32)
-    crc: Out(32)
-    done: Out(1)
+    def __init__(self, parts: int = 1):
+        self.parts = parts
+        super().__init__({
+            "valid": In(1), "first": In(1), "last": In(1), "last_half": In(1),
+            "term_whole": In(32 * parts), "term_shifted": In(32 * parts),
+            "crc": Out(32), "done": Out(1),
+        })
 
     def elaborate(self, platform) -> Module:
         m = Module()
         algorithm = CRC32_ETHERNET
+
+        def term(value: Value) -> Value:
+            result = value[:32]
+            for i in range(1, self.parts):
+                result = result ^ value[32 * i:32 * (i + 1)]
+            return result
         columns = _state_columns(algorithm)
         # The registers after V's first word (8 bytes of ones; the shifted processor sees 4
         # zero bytes and 4 of them).
@@ -221,9 +240,9 @@ class ICRCEngine(wiring.Component):
         with m.If(accept):
             m.d.sync += [
                 whole.eq(Mux(self.first, start_whole,
-                             _apply(columns, whole, 32) ^ self.term_whole)),
+                             _apply(columns, whole, 32) ^ term(self.term_whole))),
                 shifted.eq(Mux(self.first, start_shifted,
-                               _apply(columns, shifted, 32) ^ self.term_shifted)),
+                               _apply(columns, shifted, 32) ^ term(self.term_shifted))),
             ]
             with m.If(self.last):
                 m.d.sync += [

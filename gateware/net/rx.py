@@ -51,7 +51,7 @@ Accepted control-plane requests go to ``ctrl_req``.
 
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import data, stream, wiring
-from amaranth.lib.fifo import SyncFIFO, SyncFIFOBuffered
+from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
@@ -130,6 +130,94 @@ def commit_descriptor_layout(ptr_bits: int) -> data.StructLayout:
     })
 
 
+class HeadFIFO(wiring.Component):
+    """A synchronous FIFO whose oldest entry is held in a register.
+
+    Same behaviour as :class:`amaranth.lib.fifo.SyncFIFO` of the same depth (an entry written
+    is readable in the next cycle; ``w_rdy`` is low while ``depth`` entries are held, even in
+    a cycle that reads), but ``r_data`` and ``r_rdy`` come straight from registers: an entry
+    written while the head is free (or leaving) goes to the head, others wait in a store of
+    ``depth - 1`` entries that refills the head. ``w_rdy`` is a register too.
+
+    Members
+    -------
+    w_data : In(width), w_en : In(1), w_rdy : Out(1)
+        Write side.
+    r_data : Out(width), r_en : In(1), r_rdy : Out(1)
+        Read side (first-word fall-through).
+    """
+
+    def __init__(self, width: int, depth: int):
+        if depth < 1:
+            raise ValueError(f"depth must be at least 1, not {depth}")
+        self.width = width
+        self.depth = depth
+        super().__init__({
+            "w_data": In(width), "w_en": In(1), "w_rdy": Out(1),
+            "r_data": Out(width), "r_en": In(1), "r_rdy": Out(1),
+        })
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        inner_depth = self.depth - 1
+        inner_level = Signal(range(inner_depth + 1))
+        level = Signal(range(self.depth + 1))
+        full = Signal()
+
+        def incr(ptr):
+            return Mux(ptr == inner_depth - 1, 0, ptr + 1)
+
+        do_write = Signal()
+        do_read = Signal()
+        m.d.comb += [
+            self.w_rdy.eq(~full),
+            do_write.eq(self.w_en & ~full),
+            do_read.eq(self.r_en & self.r_rdy),
+        ]
+        refill = Signal()                     # the head is free at the next edge
+        inner_read = Signal()
+        inner_empty = Signal()
+        m.d.comb += [
+            refill.eq(~self.r_rdy | self.r_en),
+            inner_empty.eq(inner_level == 0),
+        ]
+        inner_data = Signal(self.width)
+        # A free head takes ``w_data`` whether or not it is written (``r_rdy`` says): no write
+        # strobe in front of the head's data.
+        with m.If(refill):
+            with m.If(~inner_empty):
+                m.d.comb += inner_read.eq(1)
+                m.d.sync += [self.r_data.eq(inner_data), self.r_rdy.eq(1)]
+            with m.Else():
+                m.d.sync += [self.r_data.eq(self.w_data), self.r_rdy.eq(do_write)]
+        to_inner = Signal()
+        m.d.comb += to_inner.eq(do_write & ~(refill & inner_empty))
+        if inner_depth:
+            m.submodules.storage = storage = Memory(shape=self.width, depth=inner_depth,
+                                                    init=[])
+            wport = storage.write_port()
+            rport = storage.read_port(domain="comb")
+            produce = Signal(range(inner_depth))
+            consume = Signal(range(inner_depth))
+            m.d.comb += [
+                rport.addr.eq(consume),
+                inner_data.eq(rport.data),
+                wport.addr.eq(produce),
+                wport.data.eq(self.w_data),
+                wport.en.eq(to_inner),
+            ]
+            with m.If(to_inner):
+                m.d.sync += produce.eq(incr(produce))
+            with m.If(inner_read):
+                m.d.sync += consume.eq(incr(consume))
+            m.d.sync += inner_level.eq(inner_level + to_inner - inner_read)
+        with m.If(do_write & ~do_read):
+            m.d.sync += [level.eq(level + 1), full.eq(level == self.depth - 1)]
+        with m.Elif(do_read & ~do_write):
+            m.d.sync += [level.eq(level - 1), full.eq(0)]
+        return m
+
+
 def _byte_mask(be: Value) -> Value:
     """The 64-bit mask with byte lane ``i`` all ones where ``be[i]`` is set."""
     return Cat(*(be[i].replicate(8) for i in range(8)))
@@ -148,8 +236,10 @@ class CommitEngine(wiring.Component):
     desc : In(stream.Signature(commit_descriptor_layout(ptr_bits)))
         One descriptor per accepted packet, taken while idle.
     rd_addr, rd_en : Out(ptr_bits), Out(1)
-        Synchronous read port of the buffer (data one cycle after ``rd_en``; held while low).
-        The engine registers the port's output once more (``rd_word``) before using it.
+        Synchronous read port of the buffer (data one cycle after the address). ``rd_en`` is
+        always high: to hold the port's output the engine presents the same address again (no
+        enable logic between the block RAM's output and ``rd_word``, the register the engine
+        takes it into).
     rd_data : In(64)
         Buffer word read.
     free_ptr : Out(ptr_bits + 1)
@@ -201,12 +291,15 @@ class CommitEngine(wiring.Component):
         word = Signal(64)
         m.d.comb += word.eq(Cat(lo, rd_word).bit_select(d.shift * 8, 64))
 
-        # The read pipeline (address -> buffer -> rd_word -> lo) advances with ``advance``.
+        # The read pipeline (address -> buffer -> rd_word -> lo) advances with ``advance``; in
+        # other cycles the address of the cycle before is presented again.
         advance = Signal()
+        held = Signal(self.ptr_bits)
         m.d.comb += [
-            self.rd_addr.eq(rd),
-            self.rd_en.eq(advance),
+            self.rd_addr.eq(Mux(advance, rd, held)),
+            self.rd_en.eq(1),
         ]
+        m.d.sync += held.eq(self.rd_addr)
         with m.If(advance):
             m.d.sync += [rd.eq(rd + 1), rd_word.eq(self.rd_data), lo.eq(rd_word)]
 
@@ -224,7 +317,7 @@ class CommitEngine(wiring.Component):
                     ]
                     with m.If(p.nwords != 0):
                         # the first read goes out now, from the descriptor's own address
-                        m.d.comb += [self.rd_addr.eq(p.src_word), self.rd_en.eq(1)]
+                        m.d.comb += self.rd_addr.eq(p.src_word)
                         m.d.sync += rd.eq(p.src_word + 1)
                         m.next = "PRIME0"
                     with m.Elif(p.has_trailer):
@@ -366,14 +459,17 @@ class RoCEReceiver(wiring.Component):
         cfg = self.config
         beat = self.rx.payload
 
-        m.submodules.buffer = buffer = Memory(shape=64, depth=depth, init=[])
+        # no_rw_check: the commit engine reads only words of accepted packets and the words
+        # after them that it prefetches (masked out), the write port only free words: a read
+        # of a word being written is never used, so no collision logic follows the block RAM.
+        m.submodules.buffer = buffer = Memory(shape=64, depth=depth, init=[],
+                                              attrs={"no_rw_check": True})
         wport = buffer.write_port()
         rport = buffer.read_port(transparent_for=())
-        m.submodules.icrc = icrc = ICRCEngine()
+        m.submodules.icrc = icrc = ICRCEngine(parts=2)
         m.submodules.commit = commit = CommitEngine(ptr_bits)
         desc_layout = commit_descriptor_layout(ptr_bits)
-        m.submodules.desc_fifo = desc_fifo = SyncFIFO(width=desc_layout.size,
-                                                      depth=self.desc_depth)
+        m.submodules.desc_fifo = desc_fifo = HeadFIFO(desc_layout.size, self.desc_depth)
         m.submodules.ctrl_fifo = ctrl_fifo = SyncFIFOBuffered(
             width=ControlRequest.as_shape().size, depth=self.ctrl_depth)
 
@@ -492,7 +588,7 @@ class RoCEReceiver(wiring.Component):
         # masks from ``pos_next``: where it differs from ``at`` (a frame's first beat) no word of
         # V is fed. The terms of V's first word (all ones) are not used.
         crc_in = Signal(data.StructLayout({"valid": 1, "first": 1, "last": 1,
-                                           "term_whole": 32, "term_shifted": 32}))
+                                           "term_whole": 64, "term_shifted": 64}))
         word_mask = Const(0, 64)
         for vidx, lanes in ICRC_WORD_MASKS.items():
             if vidx:
@@ -501,7 +597,7 @@ class RoCEReceiver(wiring.Component):
         with m.If(take):
             m.d.sync += crc_prev_hi.eq(Mux(at[1], Const(2**32 - 1, 32), beat.data[16:48]))
         term_whole, term_shifted = icrc_terms(Cat(prev_hi, beat.data[:48]) | word_mask,
-                                              crc_prev_hi)
+                                              crc_prev_hi, parts=2)
         m.d.sync += [
             crc_in.valid.eq(take & (at[1] | at[2] | at[3] | (beyond3 & v_in))),
             crc_in.first.eq(at[1]),
@@ -568,7 +664,13 @@ class RoCEReceiver(wiring.Component):
 
         # ---- hdr_chk: the header checks' parts, registered 1 cycle after the last beat -------
         n_bits = max(1, (num_ppus - 1).bit_length())
-        op = _opcode_info(bth["opcode"])
+        # The opcode's decode and the header bytes it implies, registered from ``hdr`` every
+        # cycle like ``tl_p14`` below: exact for a frame whose last beat comes after beat 5
+        # (the BTH's first bytes); shorter frames fail the IP or UDP checks (a RoCEv2 datagram
+        # has at least 24 bytes) before any check that uses them.
+        op_now = _opcode_info(bth["opcode"])
+        op = {name: Signal(name=f"op_{name}") for name in op_now}
+        m.d.sync += [op[name].eq(value) for name, value in op_now.items()]
         win_bits = PPU_STRIDE.bit_length() - 1
         region_list = regions(params, 0)
         va = reth["va"]
@@ -580,10 +682,13 @@ class RoCEReceiver(wiring.Component):
         ppu_now = Signal(n_bits)
         m.d.comb += ppu_now.eq(qpn_off[:n_bits])
         ext_bytes = Signal(5)
-        m.d.comb += ext_bytes.eq(Mux(op["has_reth"], RETH.length_bytes, 0) +
-                                 Mux(op["has_immdt"], IMMDT.length_bytes, 0))
+        m.d.sync += ext_bytes.eq(Mux(op_now["has_reth"], RETH.length_bytes, 0) +
+                                 Mux(op_now["has_immdt"], IMMDT.length_bytes, 0))
         overhead = Signal(6)
-        m.d.comb += overhead.eq(_ROCE_FIXED_BYTES + ext_bytes + bth["pad_cnt"])
+        m.d.sync += overhead.eq(_ROCE_FIXED_BYTES +
+                                Mux(op_now["has_reth"], RETH.length_bytes, 0) +
+                                Mux(op_now["has_immdt"], IMMDT.length_bytes, 0) +
+                                bth["pad_cnt"])
         mailbox_addr = Signal(32)
         m.d.comb += mailbox_addr.eq(PPU_BASE + MAILBOX_OFFSET + (ppu_now << win_bits))
         dst_addr = Signal(32)
@@ -621,11 +726,13 @@ class RoCEReceiver(wiring.Component):
             "ctrl": ControlRequest,
         })
         c1 = Signal(c1_layout)
-        # Sums of header fields, registered from ``hdr`` every cycle: in c1 they are those of the
-        # header as it stood at the last beat, exact for the fields of earlier beats. Later
-        # fields (frames of at most 5 beats) only come with frames that fail the IP check or the
-        # UDP check on total_length alone.
+        # Sums and compares of header fields, registered from ``hdr`` every cycle: in c1 they
+        # are those of the header as it stood at the last beat, exact for the fields of earlier
+        # beats. Later fields (frames of at most 5 beats) only come with frames that fail the
+        # ETH check on their length (1 beat), the IP check or the UDP check on total_length.
         tl_p14 = Signal(17)                   # total_length + 14 (beat 2)
+        dst_ok = Signal()                     # the destination MAC is ours or broadcast (beat 0)
+        m.d.sync += dst_ok.eq((eth["dst"] == cfg.qsc_mac) | (eth["dst"] == _BROADCAST))
         udp_p20 = Signal(17)                  # udp length + 20 (beat 4)
         m.d.sync += [tl_p14.eq(total_length + _IP_AT),
                      udp_p20.eq(udp_len + IPV4.length_bytes)]
@@ -638,10 +745,7 @@ class RoCEReceiver(wiring.Component):
         m.d.sync += [
             c1.valid.eq(s1_valid),
             c1.mac_fail.eq(f_error),
-            c1.eth_fail.eq(
-                (f_len < _IP_AT) |
-                ~((eth["dst"] == cfg.qsc_mac) | (eth["dst"] == _BROADCAST)) |
-                (eth["ethertype"] != EtherType.IPV4)),
+            c1.eth_fail.eq((f_len < _IP_AT) | ~dst_ok | (eth["ethertype"] != EtherType.IPV4)),
             c1.ip_fields_fail.eq((f_len < _UDP_AT) | ~ip_ok_fields |
                                  (total_length < IPV4.length_bytes)),
             c1.ip_len_fail.eq(tl_p14 > f_len),
@@ -736,6 +840,12 @@ class RoCEReceiver(wiring.Component):
             (roce & write & range_fail, DropReason.VA),
             (roce & len_fail, DropReason.LENGTH),
         ]
+        # The checks that are single bits of c1, ORed in the verdict stage: at the decision
+        # ``dropped`` is this bit and the other checks' fail bits.
+        early = [0, 1, 3, 5, 6, 7, 8]
+        early_fail = (c1.mac_fail | c1.eth_fail | c1.ip_fields_fail | c1.ip_len_fail |
+                      c1.udp_fail |
+                      (roce & (c1.opcode_fail | c1.pkey_fail | c1.qpn_fail | hdrlen_fail)))
 
         # Descriptor fields that depend only on the header (the buffer position comes at the
         # decision).
@@ -761,6 +871,7 @@ class RoCEReceiver(wiring.Component):
         s2_layout = data.StructLayout({
             "valid": 1,
             "fail": len(checks),
+            "early_fail": 1,
             "roce": 1,
             "send": 1,
             "ppu": n_bits,
@@ -777,6 +888,7 @@ class RoCEReceiver(wiring.Component):
         m.d.sync += [
             s2.valid.eq(c1.valid),
             s2.fail.eq(Cat(*(cond for cond, _ in checks))),
+            s2.early_fail.eq(early_fail),
             s2.roce.eq(roce),
             s2.send.eq(c1.send),
             s2.ppu.eq(c1.ppu),
@@ -804,8 +916,10 @@ class RoCEReceiver(wiring.Component):
             desc_fifo.w_data.eq(desc),
             ctrl_fifo.w_data.eq(s2.ctrl),
         ]
-        dropped = Signal()
-        m.d.comb += dropped.eq(s2.fail.any())
+        dropped = Signal()                    # s2.fail.any()
+        m.d.comb += dropped.eq(s2.early_fail |
+                               Cat(*(s2.fail[i] for i in range(len(checks))
+                                     if i not in early)).any())
         # A RoCE frame that passes the checks is at least 8 beats long, so w3 holds its last
         # beat and not its first: ``ovf_frame`` is ``ovf | w3.nofit``, two registers (for
         # other frames ``overflow`` is not used).

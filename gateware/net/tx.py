@@ -150,7 +150,7 @@ class TxBuilder(wiring.Component):
     def elaborate(self, platform) -> Module:
         m = Module()
         m.submodules.csum = csum = IPv4Checksum()
-        m.submodules.icrc = icrc = ICRCEngine()
+        m.submodules.icrc = icrc = ICRCEngine(parts=2)
 
         m.d.sync += self.call_dropped.eq(0)
 
@@ -198,7 +198,8 @@ class TxBuilder(wiring.Component):
         crc_shift = Signal(3)                       # lane of the ICRC's byte 0, modulo 8
         icrc_half = Signal()                        # V ends on a half word
         first_beat = Signal()
-        icrc_ready = Signal()
+        icrc_ready = Signal()                       # the ICRC is ready (done has pulsed)
+        sending = Signal()                          # in SEND
         frame = Signal(_FRAME_WORDS * 64)
 
         def frame_marks(frame_bytes: int, icrc_pos: int | None) -> dict:
@@ -304,14 +305,14 @@ class TxBuilder(wiring.Component):
         # The ICRC data terms (icrc_terms) of the word of V that the head beat feeds, held in
         # registers: at each take, computed from the beat behind the head (its word, masked by
         # the next position) and the head's word. (The terms of word 0, all ones, are unused.)
-        term_whole = Signal(32)
-        term_shifted = Signal(32)
+        term_whole = Signal(64)                     # 2 partial terms each
+        term_shifted = Signal(64)
         next_word = Cat(frame[112:128], frame[128:176])
         for vidx, lanes in ICRC_WORD_MASKS.items():
             if vidx:
                 next_word = next_word | Mux(v_pos[vidx - 1], Const(lanes, 64), Const(0, 64))
         next_whole, next_shifted = icrc_terms(
-            next_word, Mux(v_pos[0], Const(2**32 - 1, 32), frame[80:112]))
+            next_word, Mux(v_pos[0], Const(2**32 - 1, 32), frame[80:112]), parts=2)
         m.d.comb += [
             icrc.valid.eq(take & v_mark[0]),
             icrc.first.eq(v_pos[0]),
@@ -320,7 +321,9 @@ class TxBuilder(wiring.Component):
             icrc.term_whole.eq(term_whole),
             icrc.term_shifted.eq(term_shifted),
         ]
-        with m.If(icrc.done):
+        # The ICRC is ready from the cycle its ``done`` pulses: set by the take that feeds V's
+        # last word (a register, so that ``tx.valid`` does not wait on the ICRC's own logic).
+        with m.If(take & v_mark[0] & v_last_mark[0]):
             m.d.sync += icrc_ready.eq(1)
 
         # --- control ---------------------------------------------------------------------------
@@ -415,25 +418,30 @@ class TxBuilder(wiring.Component):
                         first_beat.eq(1),
                         icrc_ready.eq(0),
                     ]
+                    m.d.sync += sending.eq(1)
                     m.next = "SEND"
 
             with m.State("SEND"):
-                m.d.comb += self.tx.valid.eq(~crc_wait[0] | icrc_ready | icrc.done)
-                with m.If(take):
-                    m.d.sync += [
-                        frame.eq(frame >> 64),
-                        last_mark.eq(last_mark >> 1),
-                        crc_wait.eq(crc_wait >> 1),
-                        crc_lanes.eq(crc_lanes >> 8),
-                        v_mark.eq(v_mark >> 1),
-                        v_last_mark.eq(v_last_mark >> 1),
-                        v_pos.eq(v_pos << 1),
-                        term_whole.eq(next_whole),
-                        term_shifted.eq(next_shifted),
-                        first_beat.eq(0),
-                    ]
-                    with m.If(last_mark[0]):
-                        m.d.comb += [self.sent_frame.eq(1), self.sent_rpc.eq(~is_ctrl)]
-                        m.next = "IDLE"
+                with m.If(take & last_mark[0]):
+                    m.d.sync += sending.eq(0)
+                    m.next = "IDLE"
+
+        # SEND, as a register of its own: the beats go out from registers only.
+        m.d.comb += self.tx.valid.eq(sending & (~crc_wait[0] | icrc_ready))
+        with m.If(take):
+            m.d.sync += [
+                frame.eq(frame >> 64),
+                last_mark.eq(last_mark >> 1),
+                crc_wait.eq(crc_wait >> 1),
+                crc_lanes.eq(crc_lanes >> 8),
+                v_mark.eq(v_mark >> 1),
+                v_last_mark.eq(v_last_mark >> 1),
+                v_pos.eq(v_pos << 1),
+                term_whole.eq(next_whole),
+                term_shifted.eq(next_shifted),
+                first_beat.eq(0),
+            ]
+            with m.If(last_mark[0]):
+                m.d.comb += [self.sent_frame.eq(1), self.sent_rpc.eq(~is_ctrl)]
 
         return m
