@@ -25,7 +25,7 @@ asserts it while it is in ERROR; a push that is offered in a flushed cycle is di
 """
 
 # No ``from __future__ import annotations``: data.Struct reads its annotations as shapes.
-from amaranth.hdl import Module, Mux, ResetInserter, Signal, signed, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, ResetInserter, Signal, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -163,8 +163,9 @@ class TimedQueue(wiring.Component):
         Synchronous reset: the queue is empty from the next cycle.
     head : ``Out(layout)``; ``valid : Out(1)``
         The head event.
-    on_time : ``Out(1)``; ``past : Out(1)``
-        ``valid`` and ``head.time == now + fire_lead`` (resp. ``<``).
+    on_time : ``Out(1)``; ``past : Out(1)``; ``due : Out(1)``
+        ``valid`` and ``head.time == now + fire_lead`` (resp. ``<``, ``<=``: ``on_time | past``,
+        two LUT levels from flip-flops, for ``pop``).
     pop : ``In(1)``
         Drop the head this cycle; the next event is the head from the next cycle on.
     empty : ``Out(1)``
@@ -186,6 +187,7 @@ class TimedQueue(wiring.Component):
             "valid": Out(1),
             "on_time": Out(1),
             "past": Out(1),
+            "due": Out(1),
             "pop": In(1),
             "empty": Out(1),
         })
@@ -245,30 +247,35 @@ class TimedQueue(wiring.Component):
         with q.If(Mux(ge2, pop, ~pop)):
             q.d.sync += second.eq(Mux(ge3, mem_r.data, pushed.as_value()))
 
-        # The three candidates compared in parallel, each in two 32-bit halves, and registered;
-        # the choice (registered too) is made after the flip-flops: two LUT levels.
-        on_time = Signal()
-        past = Signal()
+        # The three candidates for the next cycle's head (the pushed event, ``second``, the
+        # head itself) are compared in parallel with the next cycle's ``now + fire_lead`` and
+        # registered; the choice (registered too) is made after the flip-flops. ``le``
+        # (``time <= due``, the sign of one subtraction: one carry chain) is the pop, ``eq``
+        # the fire. A head that stays was not due, so it is never past: one chain is enough.
         loaded = Signal()
         from_second = Signal()
         q.d.sync += [loaded.eq(load), from_second.eq(ge2)]
 
-        def compare(time):
-            eq_hi, eq_lo, lt = Signal(), Signal(), Signal()
-            q.d.sync += [eq_hi.eq(time[32:] == due_next[32:]),
-                         eq_lo.eq(time[:32] == due_next[:32]),
-                         lt.eq(time < due_next)]
-            return eq_hi & eq_lo, lt
+        def compare(name, time, with_eq=True):
+            le = Signal(name=f"{name}_le")
+            q.d.sync += le.eq(~(Cat(due_next, Const(0, 1)) - Cat(time, Const(0, 1)))[64])
+            if not with_eq:
+                return le, le
+            eq = Signal(name=f"{name}_eq")
+            q.d.sync += eq.eq(time == due_next)
+            return le, eq
 
-        cands = [compare(pushed.time), compare(second.time), compare(self.head.time)]
-        q.d.comb += [
-            on_time.eq(Mux(loaded, Mux(from_second, cands[1][0], cands[0][0]), cands[2][0])),
-            past.eq(Mux(loaded, Mux(from_second, cands[1][1], cands[0][1]), cands[2][1])),
-        ]
+        le_p, eq_p = compare("pushed", pushed.time)
+        le_s, eq_s = compare("second", second.time)
+        le_h, _ = compare("head", self.head.time, with_eq=False)
+        due = Mux(loaded, Mux(from_second, le_s, le_p), le_h)
+        on_time = Mux(loaded, Mux(from_second, eq_s, eq_p), le_h)
+        past = loaded & Mux(from_second, le_s & ~eq_s, le_p & ~eq_p)
         q.d.comb += [
             self.valid.eq(ge1),
             self.on_time.eq(ge1 & on_time),
             self.past.eq(ge1 & past),
+            self.due.eq(ge1 & due),
             self.empty.eq(~ge1),
         ]
         m.submodules.queue = ResetInserter(self.flush)(q)
@@ -337,7 +344,7 @@ class DriveChannel(wiring.Component):
         wiring.connect(m, wiring.flipped(self.event), q.event)
         fire = q.on_time
         late = q.past
-        m.d.comb += [q.now.eq(self.now), q.flush.eq(self.flush), q.pop.eq(fire | late),
+        m.d.comb += [q.now.eq(self.now), q.flush.eq(self.flush), q.pop.eq(q.due),
                      self.late.eq(late)]
         head = q.head
 
@@ -463,7 +470,7 @@ class ReadoutChannel(wiring.Component):
         free = ~open_ | last     # no window, or its last cycle: a new one may start next cycle
         fire = q.on_time & free
         late = q.past | (q.on_time & ~free)
-        m.d.comb += [q.now.eq(self.now), q.flush.eq(self.flush), q.pop.eq(fire | late),
+        m.d.comb += [q.now.eq(self.now), q.flush.eq(self.flush), q.pop.eq(q.due),
                      self.late.eq(late)]
 
         total = Signal(signed(34))
@@ -526,7 +533,7 @@ class MarkerChannel(wiring.Component):
         high = Signal()          # rem != 0, registered
         fire = q.on_time
         late = q.past
-        m.d.comb += [q.now.eq(self.now), q.flush.eq(self.flush), q.pop.eq(fire | late),
+        m.d.comb += [q.now.eq(self.now), q.flush.eq(self.flush), q.pop.eq(q.due),
                      self.late.eq(late)]
         with m.If(fire):
             m.d.sync += [rem.eq(q.head.duration_cycles),

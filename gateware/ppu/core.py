@@ -285,9 +285,9 @@ class PPU(wiring.Component):
         # The scoreboard counts an ACQUIRE the cycle after it is pushed (registered): the next
         # instruction enters the execute stage two cycles after the push at the earliest, and
         # its result lands later still.
-        acq_inc = Signal()
-        acq_inc_rd = Signal(4)
-        m.d.sync += [acq_inc.eq(acq_issue), acq_inc_rd.eq(acq_rd)]
+        # One-hot: bit i counts an ACQUIRE for register i.
+        acq_inc = Signal(NUM_REGISTERS)
+        m.d.sync += acq_inc.eq(Mux(acq_issue, 1 << acq_rd, 0))
         for i in range(1, NUM_REGISTERS):
             landed = [Mux(ch.result_valid & (ch.result_rd == i), 1, 0) for ch in readouts]
             with m.If(wr_we & (wr_rd == i)):
@@ -295,11 +295,22 @@ class PPU(wiring.Component):
             for ch in readouts:
                 with m.If(ch.result_valid & (ch.result_rd == i)):
                     m.d.sync += regs[i].eq(ch.result_bit)
-            inc = Mux(acq_inc & (acq_inc_rd == i), 1, 0)
-            pending_next = Signal.like(pending[i], name=f"pending{i}_next")
-            m.d.comb += pending_next.eq(pending[i] + inc - sum(landed))
-            m.d.sync += [pending[i].eq(pending_next), busy[i].eq(pending_next != 0),
-                         pend_one[i].eq(pending_next == 1)]
+            inc = acq_inc[i]
+            if len(readouts) == 1:
+                # One count up or down at most: the flags follow from flip-flops (a result
+                # lands only for a pending register).
+                up = inc & ~landed[0]
+                down = landed[0] & ~inc
+                m.d.sync += [
+                    pending[i].eq(Mux(up, pending[i] + 1, Mux(down, pending[i] - 1, pending[i]))),
+                    busy[i].eq(Mux(up, 1, Mux(down, busy[i] & ~pend_one[i], busy[i]))),
+                    pend_one[i].eq(Mux(up, ~busy[i], Mux(down, pending[i] == 2, pend_one[i]))),
+                ]
+            else:
+                pending_next = Signal.like(pending[i], name=f"pending{i}_next")
+                m.d.comb += pending_next.eq(pending[i] + inc - sum(landed))
+                m.d.sync += [pending[i].eq(pending_next), busy[i].eq(pending_next != 0),
+                             pend_one[i].eq(pending_next == 1)]
             with m.If(clear_regs):
                 m.d.sync += [regs[i].eq(0), pending[i].eq(0), busy[i].eq(0), pend_one[i].eq(0)]
 
@@ -309,7 +320,11 @@ class PPU(wiring.Component):
         # memory output registered, nothing between them) -> decoded-instruction register
         # ``f_dec`` -> execute stage ``x_*``. A BRANCH reads its target into ``tgt_insn`` /
         # ``tgt_dec`` while it waits for its condition.
-        run = mode == _CoreMode.RUN
+        # ``run`` (mode is RUN) is a flip-flop of its own, set and cleared with ``mode``.
+        run = Signal()
+
+        def set_mode(value):
+            m.d.sync += [mode.eq(value), run.eq(value == _CoreMode.RUN)]
         fetch_pc = Signal(pc_bits)         # next sequential instruction to read
         m_valid = Signal()
         m_tgt = Signal()                   # the memory output is a branch target
@@ -416,7 +431,11 @@ class PPU(wiring.Component):
         err_underflow = Signal()
         err_illegal = Signal()
         error_set = Signal()               # the error stage acts: the core stops, no CALL leaves
-        m.d.comb += ex.eq(run & x_valid & ~x_illegal)
+        # ``x_ok``: the execute stage holds a legal instruction; ``x_br``: ... a BRANCH. Both are
+        # flip-flops, set and cleared with ``x_valid``.
+        x_ok = Signal()
+        x_br = Signal()
+        m.d.comb += ex.eq(run & x_ok)
         blocked = (xd.mask & busy).any()
         # ``settle``: the one pending result of ``rs`` lands this cycle, writing ``land_bit``
         # (two landing at once take the slow way).
@@ -439,9 +458,17 @@ class PPU(wiring.Component):
         x_load = Signal()
         for k in range(4):
             m.d.sync += rs_part[k].eq(Array(regs[4 * k:4 * k + 4])[x_rs[:2]])
+        # BRANCH compares ``rs`` with ``imm`` in the same stage: ``rs_eq``, ``rs_lt`` (signed).
+        rs_eq = Signal()
+        rs_lt = Signal()
+        rs_sel = rs_part[x_rs[2:]]
         m.d.sync += [
             rs_part_ok.eq(~busy.bit_select(x_rs, 1) & ~x_load),
-            rs_value.eq(rs_part[x_rs[2:]]),
+            rs_value.eq(rs_sel),
+            # Written so that the two do not share a carry chain (an equality from a
+            # subtraction's zero test is slower than a LUT tree).
+            rs_eq.eq(~(rs_sel ^ x.operands.branch.imm.as_unsigned()).any()),
+            rs_lt.eq((rs_sel.as_signed() - x.operands.branch.imm)[-1]),
             rs_ok.eq(rs_part_ok & ~x_load),
         ]
 
@@ -450,22 +477,29 @@ class PPU(wiring.Component):
         act_taken = Signal()
         use_tgt = Signal()
         m.d.comb += [
-            act.eq(ex & x_is[Op.BRANCH] & br_ready & (~br_taken | tgt_dec_valid | tgt_none)),
+            act.eq(run & x_br & br_ready & (~br_taken | tgt_dec_valid | tgt_none)),
             act_taken.eq(act & br_taken),
             use_tgt.eq(act_taken & ~tgt_none),
         ]
 
         # The execute stage takes an instruction when it is empty (so ``x_time`` uses the t
         # that the instruction before wrote), or from a resolving BRANCH.
-        src_valid = Mux(act_taken, use_tgt, f_valid & f_dec_valid)
         f_taken = Signal()
         m.d.comb += [
-            x_load.eq(run & src_valid & (~x_valid | act)),
+            # The source (the target if taken, else the fetched instruction) is valid and the
+            # stage empty or resolving, from flip-flops only
+            # (``f_dec_valid`` implies ``f_valid``, ``tgt_dec_valid`` implies ``tgt_valid``).
+            x_load.eq(run & ((~x_valid & f_dec_valid) |
+                             (x_br & br_ready & Mux(br_taken, tgt_dec_valid & ~tgt_none,
+                                                    f_dec_valid)))),
             f_taken.eq(x_load & ~act_taken),
         ]
         with m.If(x_load):
             m.d.sync += [
                 x_valid.eq(1),
+                x_ok.eq(~Mux(use_tgt, tgt_dec.illegal, f_dec.illegal)),
+                x_br.eq(Mux(use_tgt, tgt_dec.branch & ~tgt_dec.illegal,
+                            f_dec.branch & ~f_dec.illegal)),
                 x_raw.eq(Mux(use_tgt, tgt_insn, f_insn)),
                 # Both sums in parallel, the choice last.
                 x_time.eq(Mux(use_tgt, t + Instruction(tgt_insn).operands.play.offset_cycles,
@@ -477,11 +511,11 @@ class PPU(wiring.Component):
                 tgt_none.eq(0),
             ]
         with m.Elif(x_done):
-            m.d.sync += x_valid.eq(0)
+            m.d.sync += [x_valid.eq(0), x_ok.eq(0), x_br.eq(0)]
 
         # Instruction memory read: the branch target once, else the next instruction while
         # the fetched register and the memory output are not both full.
-        tgt_read = ex & x_is[Op.BRANCH] & ~tgt_issued
+        tgt_read = run & x_br & ~tgt_issued
         seq_read = run & ~tgt_read & (fetch_pc != tail) & ~(f_valid & m_valid)
         m.d.comb += [
             imem_core_r.addr.eq(Mux(tgt_read, x_target, fetch_pc)),
@@ -550,40 +584,43 @@ class PPU(wiring.Component):
 
         with m.If(run & x_valid & x_illegal):
             m.d.comb += err_illegal.eq(1)
+        # Retire and register write: flat sums of products of flip-flops (the op flags are
+        # one-hot; ``ready_sel`` is 0 unless the op is PLAY, ACQUIRE or MARKER).
+        wr_ok = ~blocked
+        done_call = x_is[Op.CALL] & call_issued & call.done
+        writes = (x_is[Op.SET] & wr_ok) | (x_is[Op.ADD] & wr_ok & rs_ok) | done_call
+        m.d.comb += [
+            x_done.eq(ex & (x_is[Op.NOP] | x_is[Op.WAIT] | x_is[Op.SYNC] | ready_sel | writes |
+                            (x_is[Op.BRANCH] & br_ready &
+                             (~br_taken | tgt_dec_valid | tgt_none)))),
+            core_we.eq(ex & writes),
+            core_wrd.eq(x_rd),
+            core_wdata.eq(Mux(x_is[Op.CALL], call.result,
+                              Mux(x_is[Op.ADD], rs_value + x.operands.add.imm,
+                                  x.operands.set.imm))),
+        ]
         with m.If(ex):
-            with m.If(x_is[Op.NOP]):
-                m.d.comb += x_done.eq(1)
             with m.If(x_is[Op.END]):
-                m.d.sync += mode.eq(_CoreMode.DRAIN)
+                set_mode(_CoreMode.DRAIN)
                 kill_fetch()
             with m.If(x_is[Op.WAIT] | x_is[Op.SYNC]):
                 # One adder: WAIT adds ``cycles`` to t, SYNC ``slack_cycles`` (the same bits) to
                 # ``sync_base``.
                 m.d.sync += t.eq(Mux(x_is[Op.SYNC], sync_base, t) + x.operands.wait.cycles)
-                m.d.comb += x_done.eq(1)
-            with m.If(x_is[Op.SET] & ~blocked):
-                m.d.comb += [core_we.eq(1), core_wrd.eq(x_rd),
-                             core_wdata.eq(x.operands.set.imm), x_done.eq(1)]
-            with m.If(x_is[Op.ADD] & ~blocked & rs_ok):
-                m.d.comb += [core_we.eq(1), core_wrd.eq(x_rd),
-                             core_wdata.eq(rs_value + x.operands.add.imm), x_done.eq(1)]
-            with m.If(x_is[Op.PLAY] | x_is[Op.ACQUIRE] | x_is[Op.MARKER]):
-                m.d.comb += x_done.eq(ready_sel)
             with m.If(x_is[Op.BRANCH]):
                 o = x.operands.branch
                 with m.If(~br_ready):
                     with m.If(~blocked & (rs_ok | (o.cond == Cond.ALWAYS))):
                         taken = Signal()
-                        rs = rs_value.as_signed()
                         with m.Switch(o.cond):
                             with m.Case(Cond.EQ):
-                                m.d.comb += taken.eq(rs == o.imm)
+                                m.d.comb += taken.eq(rs_eq)
                             with m.Case(Cond.NE):
-                                m.d.comb += taken.eq(rs != o.imm)
+                                m.d.comb += taken.eq(~rs_eq)
                             with m.Case(Cond.LT):
-                                m.d.comb += taken.eq(rs < o.imm)
+                                m.d.comb += taken.eq(rs_lt)
                             with m.Case(Cond.GE):
-                                m.d.comb += taken.eq(rs >= o.imm)
+                                m.d.comb += taken.eq(~rs_lt)
                             with m.Default():
                                 m.d.comb += taken.eq(1)
                         m.d.sync += [br_ready.eq(1), br_taken.eq(taken)]
@@ -591,8 +628,6 @@ class PPU(wiring.Component):
                         # The measurement lands now: decide on the bit it writes.
                         m.d.sync += [br_ready.eq(1), br_taken.eq(
                             Mux(land_bit, xd.taken_if_1, xd.taken_if_0))]
-                with m.If(act):
-                    m.d.comb += x_done.eq(1)
             with m.If(x_is[Op.CALL]):
                 o = x.operands.call
                 with m.If(~call_issued):
@@ -604,9 +639,6 @@ class PPU(wiring.Component):
                             call.arg_len.eq(xd.arg_len),
                         ]
                         m.d.sync += call_issued.eq(1)
-                with m.Elif(call.done):
-                    m.d.comb += [core_we.eq(1), core_wrd.eq(x_rd), core_wdata.eq(call.result),
-                                 x_done.eq(1)]
         with m.If(x_done):
             m.d.sync += pc.eq(Mux(act_taken, x_target, pc + 1))
         with m.If(act_taken):
@@ -616,7 +648,8 @@ class PPU(wiring.Component):
         with m.If(mode == _CoreMode.DRAIN):
             all_idle = Cat(*(ch.idle for ch in drives + readouts + markers)).all()
             with m.If(all_idle & (eff_state == PPUState.RUNNING)):
-                m.d.sync += [state.eq(PPUState.DONE), mode.eq(_CoreMode.HALT)]
+                m.d.sync += state.eq(PPUState.DONE)
+                set_mode(_CoreMode.HALT)
 
         # ---- Errors ------------------------------------------------------------------------
         lates = Cat(*(ch.late for ch in drives + readouts + markers))
@@ -631,15 +664,16 @@ class PPU(wiring.Component):
         # Error stage: the errors detected in a cycle are registered; the cycle after, the PPU
         # stops (the core does nothing in that cycle) and STATUS reads ERROR from the next.
         error_r = Signal(len(errors))
-        m.d.sync += error_r.eq(Mux(active & ~error_set, Cat(*errors.values()), 0))
-        m.d.comb += error_set.eq(error_r.any())
+        error_next = Mux(active & ~error_set, Cat(*errors.values()), 0)
+        m.d.sync += [error_r.eq(error_next), error_set.eq(error_next.any())]
         # LATE_EVENTS counts the late pulses of a cycle one cycle later (a registered count).
         late_count = Signal(range(len(lates) + 1))
         m.d.sync += [late_count.eq(Mux(active, sum(ch.late for ch in drives + readouts + markers),
                                        0)),
                      late_events.eq(late_events + late_count)]
         with m.If(error_set):
-            m.d.sync += [state.eq(PPUState.ERROR), mode.eq(_CoreMode.HALT), x_valid.eq(0)]
+            m.d.sync += [state.eq(PPUState.ERROR), x_valid.eq(0), x_ok.eq(0), x_br.eq(0)]
+            set_mode(_CoreMode.HALT)
             kill_fetch()
             for k, name in enumerate(errors):
                 with m.If(error_r[k]):
@@ -774,9 +808,11 @@ class PPU(wiring.Component):
                     run_start.eq(start_time),
                     sticky.eq(0),
                     state.eq(PPUState.ARMED),
-                    mode.eq(_CoreMode.RUN),
                     x_valid.eq(0),
+                    x_ok.eq(0),
+                    x_br.eq(0),
                 ]
+                set_mode(_CoreMode.RUN)
                 kill_fetch(0)
 
         for r in PPU_REGISTERS:
