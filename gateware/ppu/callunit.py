@@ -66,8 +66,9 @@ class CallUnit(wiring.Component):
         Mailbox word write with byte enables.
     mb_raddr : ``In(3)``; ``mb_rdata : Out(64)``
         Mailbox read (combinational).
-    commit : ``In(1)``; ``commit_bytes : In(16)``
-        MAILBOX_COMMIT: parse the mailbox now (after all its writes).
+    commit : ``In(1)``; ``commit_bytes : In(16)``; ``commit_room : In(7)``
+        MAILBOX_COMMIT: parse the mailbox now (after all its writes); its byte count, and
+        ``commit_bytes[6:0] - 24`` (mod 128), which the caller computes ahead (registered).
     last_status : ``Out(32)``
         ``status`` of the last response taken (LAST_CALL_STATUS).
     call_count : ``Out(32)``
@@ -107,6 +108,7 @@ class CallUnit(wiring.Component):
             "mb_rdata": Out(64),
             "commit": In(1),
             "commit_bytes": In(16),
+            "commit_room": In(7),
             "last_status": Out(32),
             "call_count": Out(32),
             "stale": Out(32),
@@ -185,7 +187,7 @@ class CallUnit(wiring.Component):
             # The mailbox's last write precedes the commit: its header is final in this cycle.
             length_ok.eq((nbytes >= HEADER_BYTES) & (nbytes <= 8 * MAILBOX_WORDS) &
                          (header.result_len[6:] == 0) &
-                         (header.result_len[:6] + HEADER_BYTES <= nbytes[:7])),
+                         (header.result_len[:6] <= self.commit_room)),
         ]
         match = waiting & sent & length_ok & chk_magic & chk_rid
         result_len = Mux(header.result_len > 4, 4, header.result_len[:3])

@@ -80,6 +80,7 @@ from ...isa.layout import (
     PPUStatus,
 )
 from ...memory_map import PPU_REGISTERS, Access, QSCParams
+from ...wire.rpc import HEADER_BYTES
 from ..bus import BusCommand, BusOp, BusReadData, CallRequest
 from .callunit import MAILBOX_WORDS, CallUnit
 from .channels import (
@@ -465,9 +466,10 @@ class PPU(wiring.Component):
         m.d.sync += [
             rs_part_ok.eq(~busy.bit_select(x_rs, 1) & ~x_load),
             rs_value.eq(rs_sel),
-            # Written so that the two do not share a carry chain (an equality from a
-            # subtraction's zero test is slower than a LUT tree).
-            rs_eq.eq(~(rs_sel ^ x.operands.branch.imm.as_unsigned()).any()),
+            # The equality of each part, then the choice: it shares no carry chain with rs_lt
+            # (an equality from a subtraction's zero test is slower than a LUT tree).
+            rs_eq.eq(Array(part == x.operands.branch.imm.as_unsigned()
+                           for part in rs_part)[x_rs[2:]]),
             rs_lt.eq((rs_sel.as_signed() - x.operands.branch.imm)[-1]),
             rs_ok.eq(rs_part_ok & ~x_load),
         ]
@@ -707,7 +709,9 @@ class PPU(wiring.Component):
         b_low = Signal()                   # the offset is below 16 (a register-block word)
         is_write = Signal()                # a WRITE to a mapped word
         is_read = Signal()
+        b_room = Signal(7)                 # MAILBOX_COMMIT: the byte count less the header
         m.d.sync += [
+            b_room.eq(self.bus_cmd.data[:7] - HEADER_BYTES),
             b_valid.eq(self.bus_valid),
             cmd.eq(self.bus_cmd),
             region.eq(raw_region),
@@ -739,6 +743,7 @@ class PPU(wiring.Component):
             call.commit.eq(b_valid & (cmd.op == BusOp.MAILBOX_COMMIT) &
                            (region == WindowRegion.MAILBOX)),
             call.commit_bytes.eq(cmd.data[:16]),
+            call.commit_room.eq(b_room),
         ]
 
         # ---- Register block ------------------------------------------------------------------
@@ -790,7 +795,8 @@ class PPU(wiring.Component):
             trig_r.eq(trig),
             trig_value.eq(cmd.data[32 * t_lane:32 * t_lane + 32]),
             trig_late.eq(start_time < now_p2),
-            trig_soon.eq(start_time == now_p2),
+            # In halves: it shares no carry chain with trig_late.
+            trig_soon.eq((start_time[:32] == now_p2[:32]) & (start_time[32:] == now_p2[32:])),
         ]
         with m.If(trig_r):
             with m.If(active):
