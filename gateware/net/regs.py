@@ -38,13 +38,13 @@ __all__ = ["RegisterPortSignature", "NetRegisters", "REGISTER_WIDTHS", "NUM_COUN
 NUM_COUNTERS = len(COUNTERS)
 
 #: Cycles from ``port.addr`` to its ``port.r_data`` and ``port.hit``: the address is decoded
-#: into one register per 128-byte window (a 32-way choice inside it and the window match), and
+#: into one register per 64-byte window (a 16-way choice inside it and the window match), and
 #: the windows' results are combined into a second.
 READ_LATENCY_CYCLES = 2
 
-#: Address bits below the window: every window (global registers, counters, one QP) is 128 bytes,
-#: so that a 32-way choice picks the entry inside it.
-_WINDOW_BITS = 7
+#: Address bits below the window: the registers are decoded in windows of 64 bytes (global
+#: registers, counters, one QP), so that a 16-way choice picks the entry inside one.
+_WINDOW_BITS = 6
 
 #: Stored width in bits of every writable register (global and QP context).
 REGISTER_WIDTHS: dict[str, int] = {
@@ -210,7 +210,7 @@ class NetRegisters(wiring.Component):
                     entries[addr] = (sig, sig if reg.access is Access.RW else None)
             qpregs.append(regs)
 
-        # The entries by 128-byte window. Stage 1 registers, per window, whether ``addr`` lies
+        # The entries by 64-byte window. Stage 1 registers, per window, whether ``addr`` lies
         # in it and the entry its low bits choose; stage 2 combines the windows.
         windows: dict[int, dict[int, tuple]] = {}
         for addr, entry in entries.items():

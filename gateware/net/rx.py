@@ -114,13 +114,16 @@ def commit_descriptor_layout(ptr_bits: int) -> data.StructLayout:
     (``0 <= j < nwords``) goes to bus word ``dst_word + j`` and holds bytes
     ``[8*shift, 8*shift + 8)`` of buffer words ``src_word + j`` and ``src_word + j + 1``
     (concatenated, lane order), under byte enables ``first_be`` (j = 0) and ``last_be``
-    (j = nwords - 1). ``trailer`` follows when ``has_trailer``. ``end`` is the buffer pointer
+    (j = nwords - 1); ``has_words`` is ``nwords != 0``. ``trailer`` follows when
+    ``has_trailer``. ``end`` is the buffer pointer
     (with its wrap bit) one past the packet's last word, released when the packet is done.
     """
     return data.StructLayout({
         "src_word": ptr_bits,
         "shift": 3,
         "nwords": ptr_bits + 1,
+        "has_words": 1,
+        "last_word": 1,
         "dst_word": 29,
         "first_be": 8,
         "last_be": 8,
@@ -313,9 +316,9 @@ class CommitEngine(wiring.Component):
                         dst.eq(p.dst_word),
                         left.eq(p.nwords),
                         first_word.eq(1),
-                        last_word.eq(p.nwords == 1),
+                        last_word.eq(p.last_word),
                     ]
-                    with m.If(p.nwords != 0):
+                    with m.If(p.has_words):
                         # the first read goes out now, from the descriptor's own address
                         m.d.comb += self.rd_addr.eq(p.src_word)
                         m.d.sync += rd.eq(p.src_word + 1)
@@ -700,6 +703,7 @@ class RoCEReceiver(wiring.Component):
             "mac_fail": 1,
             "eth_fail": 1,
             "ip_fields_fail": 1,
+            "ip_dst_fail": 1,
             "ip_len_fail": 1,
             "ip_sum": 20,
             "udp_fail": 1,
@@ -737,8 +741,7 @@ class RoCEReceiver(wiring.Component):
         m.d.sync += [tl_p14.eq(total_length + _IP_AT),
                      udp_p20.eq(udp_len + IPV4.length_bytes)]
         ip_ok_fields = ((ip["version"] == 4) & (ip["ihl"] == 5) & ~ip["flags"][0] &
-                        (ip["fragment_offset"] == 0) & (ip["dst"] == cfg.qsc_ip) &
-                        (ip["protocol"] == IpProtocol.UDP))
+                        (ip["fragment_offset"] == 0) & (ip["protocol"] == IpProtocol.UDP))
         is_roce = (udp["dst_port"] == ROCEV2_PORT) & cfg.rx_enable
         is_ctrl = udp["dst_port"] == CONTROL_PORT
         rx_pkey = bth["p_key"]
@@ -746,6 +749,7 @@ class RoCEReceiver(wiring.Component):
             c1.valid.eq(s1_valid),
             c1.mac_fail.eq(f_error),
             c1.eth_fail.eq((f_len < _IP_AT) | ~dst_ok | (eth["ethertype"] != EtherType.IPV4)),
+            c1.ip_dst_fail.eq(ip["dst"] != cfg.qsc_ip),
             c1.ip_fields_fail.eq((f_len < _UDP_AT) | ~ip_ok_fields |
                                  (total_length < IPV4.length_bytes)),
             c1.ip_len_fail.eq(tl_p14 > f_len),
@@ -828,7 +832,7 @@ class RoCEReceiver(wiring.Component):
         checks = [
             (c1.mac_fail, DropReason.MAC),
             (c1.eth_fail, DropReason.ETH),
-            (c1.ip_fields_fail | c1.ip_len_fail | csum_fail, DropReason.IP),
+            (c1.ip_fields_fail | c1.ip_dst_fail | c1.ip_len_fail | csum_fail, DropReason.IP),
             (c1.udp_fail, DropReason.UDP),
             (roce & icrc_fail, DropReason.ICRC),
             (roce & c1.opcode_fail, DropReason.OPCODE),
@@ -843,7 +847,8 @@ class RoCEReceiver(wiring.Component):
         # The checks that are single bits of c1, ORed in the verdict stage: at the decision
         # ``dropped`` is this bit and the other checks' fail bits.
         early = [0, 1, 3, 5, 6, 7, 8]
-        early_fail = (c1.mac_fail | c1.eth_fail | c1.ip_fields_fail | c1.ip_len_fail |
+        early_fail = (c1.mac_fail | c1.eth_fail | c1.ip_fields_fail | c1.ip_dst_fail |
+                      c1.ip_len_fail |
                       c1.udp_fail |
                       (roce & (c1.opcode_fail | c1.pkey_fail | c1.qpn_fail | hdrlen_fail)))
 
@@ -872,6 +877,7 @@ class RoCEReceiver(wiring.Component):
             "valid": 1,
             "fail": len(checks),
             "early_fail": 1,
+            "roce_ok": 1,
             "roce": 1,
             "send": 1,
             "ppu": n_bits,
@@ -884,11 +890,14 @@ class RoCEReceiver(wiring.Component):
             "ctrl": ControlRequest,
         })
         s2 = Signal(s2_layout)
+        nwords = Signal(ptr_bits + 1)
+        m.d.comb += nwords.eq(Mux(payload_bytes == 0, 0, (payload_bytes + c1.dst_lo_p7) >> 3))
         epsn = self.epsn
         m.d.sync += [
             s2.valid.eq(c1.valid),
             s2.fail.eq(Cat(*(cond for cond, _ in checks))),
             s2.early_fail.eq(early_fail),
+            s2.roce_ok.eq(c1.valid & roce & ~early_fail),
             s2.roce.eq(roce),
             s2.send.eq(c1.send),
             s2.ppu.eq(c1.ppu),
@@ -898,7 +907,9 @@ class RoCEReceiver(wiring.Component):
             s2.beats.eq(c1.beats),
             s2.src_off.eq(c1.src_delta[3:]),
             s2.desc.shift.eq(c1.src_delta[:3]),
-            s2.desc.nwords.eq(Mux(payload_bytes == 0, 0, (payload_bytes + c1.dst_lo_p7) >> 3)),
+            s2.desc.nwords.eq(nwords),
+            s2.desc.has_words.eq(payload_bytes != 0),
+            s2.desc.last_word.eq(nwords == 1),
             s2.desc.dst_word.eq(c1.dst_addr[3:]),
             s2.desc.first_be.eq(first_be_table[c1.dst_addr[:3]]),
             s2.desc.last_be.eq(last_be_table[(c1.dst_addr[:3] + payload_bytes - 1)[:3]]),
@@ -926,15 +937,19 @@ class RoCEReceiver(wiring.Component):
         overflow = Signal()
         m.d.comb += overflow.eq(Mux(s2.roce, ovf | w3.nofit | ~desc_fifo.w_rdy,
                                     ~ctrl_fifo.w_rdy))
-        with m.If(s2.valid & ~dropped & ~overflow):
-            with m.If(s2.roce):
-                m.d.comb += desc_fifo.w_en.eq(1)
-                m.d.sync += [
-                    wr_base.eq(desc.end),
-                    epsn[s2.ppu].eq(s2.psn_next),
-                ]
-            with m.Else():
-                m.d.comb += ctrl_fifo.w_en.eq(1)
+        # The RoCE write strobe from few registered bits: ``s2.roce_ok`` (valid, RoCE, no early
+        # check failed), the other checks' fail bits, the overflow registers, the queue's flag.
+        roce_write = Signal()
+        m.d.comb += roce_write.eq(
+            s2.roce_ok & ~Cat(*(s2.fail[i] for i in range(len(checks)) if i not in early)).any() &
+            ~ovf & ~w3.nofit & desc_fifo.w_rdy)
+        m.d.comb += desc_fifo.w_en.eq(roce_write)
+        with m.If(roce_write):
+            m.d.sync += [
+                wr_base.eq(desc.end),
+                epsn[s2.ppu].eq(s2.psn_next),
+            ]
+        m.d.comb += ctrl_fifo.w_en.eq(s2.valid & ~s2.roce & ~dropped & ctrl_fifo.w_rdy)
 
         # ---- counted: the counter strobes, registered at the decision ------------------------
         # Each check's strobe is its fail bit with no earlier check failing (the first failing
