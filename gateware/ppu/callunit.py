@@ -139,8 +139,9 @@ class CallUnit(wiring.Component):
             self.call_req.valid.eq(req_valid),
         ]
 
-        # Issue.
-        with m.If(self.issue & ~self.busy):
+        # Issue. While idle, the request and its counters follow the inputs every cycle, so
+        # ``issue`` itself only starts the call (a few flip-flops).
+        with m.If(~self.busy):
             request_id = Cat(seq, Const(self._ppu, 8))
             m.d.sync += [
                 self.call_req.payload.ppu.eq(self._ppu),
@@ -148,11 +149,14 @@ class CallUnit(wiring.Component):
                 self.call_req.payload.request_id.eq(request_id),
                 self.call_req.payload.arg_len.eq(self.arg_len),
                 self.call_req.payload.args.eq(self.arg),
+                awaited.eq(request_id),
+                elapsed.eq(1),
+            ]
+        with m.If(self.issue & ~self.busy):
+            m.d.sync += [
                 req_valid.eq(1),
                 waiting.eq(1),
                 sent.eq(0),
-                awaited.eq(request_id),
-                elapsed.eq(1),
                 seq.eq(seq + 1),
             ]
         assert MAX_CALL_ARG_BYTES == 4
@@ -213,7 +217,7 @@ class CallUnit(wiring.Component):
         # Time-out: ``due`` is ``elapsed >= timeout_cycles``, registered; a response being
         # parsed defers it a cycle (the response wins).
         due = Signal()
-        with m.If(self.issue & ~self.busy):
+        with m.If(~self.busy):
             m.d.sync += due.eq(self.timeout_cycles <= 1)
         with m.Else():
             m.d.sync += due.eq(elapsed + 1 >= self.timeout_cycles)

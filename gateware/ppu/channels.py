@@ -261,9 +261,12 @@ class TimedQueue(wiring.Component):
             q.d.sync += le.eq(~(Cat(due_next, Const(0, 1)) - Cat(time, Const(0, 1)))[64])
             if not with_eq:
                 return le, le
-            eq = Signal(name=f"{name}_eq")
-            q.d.sync += eq.eq(time == due_next)
-            return le, eq
+            # The equality in registered halves: three LUT levels each.
+            eq_hi = Signal(name=f"{name}_eq_hi")
+            eq_lo = Signal(name=f"{name}_eq_lo")
+            q.d.sync += [eq_hi.eq(time[32:] == due_next[32:]),
+                         eq_lo.eq(time[:32] == due_next[:32])]
+            return le, eq_hi & eq_lo
 
         le_p, eq_p = compare("pushed", pushed.time)
         le_s, eq_s = compare("second", second.time)

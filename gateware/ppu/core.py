@@ -252,7 +252,8 @@ class PPU(wiring.Component):
             m.d.comb += eff_state.eq(PPUState.RUNNING)
         with m.Else():
             m.d.comb += eff_state.eq(state)
-        active = (state == PPUState.ARMED) | (state == PPUState.RUNNING)
+        # ``state`` is ARMED or RUNNING: a flip-flop, set and cleared with ``state``.
+        active = Signal()
         with m.If((state == PPUState.ARMED) & started):
             m.d.sync += state.eq(PPUState.RUNNING)
 
@@ -586,6 +587,13 @@ class PPU(wiring.Component):
 
         with m.If(run & x_valid & x_illegal):
             m.d.comb += err_illegal.eq(1)
+        # The CALL unit takes its request while it is idle, every cycle; ``issue`` starts it.
+        m.d.comb += [
+            call.function_id.eq(x.operands.call.function_id),
+            call.arg.eq(rs_value & xd.arg_mask),
+            call.arg_len.eq(xd.arg_len),
+        ]
+
         # Retire and register write: flat sums of products of flip-flops (the op flags are
         # one-hot; ``ready_sel`` is 0 unless the op is PLAY, ACQUIRE or MARKER).
         wr_ok = ~blocked
@@ -634,12 +642,7 @@ class PPU(wiring.Component):
                 o = x.operands.call
                 with m.If(~call_issued):
                     with m.If(~blocked & rs_ok & ~call.busy & ~error_set):
-                        m.d.comb += [
-                            call.issue.eq(1),
-                            call.function_id.eq(o.function_id),
-                            call.arg.eq(rs_value & xd.arg_mask),
-                            call.arg_len.eq(xd.arg_len),
-                        ]
+                        m.d.comb += call.issue.eq(1)
                         m.d.sync += call_issued.eq(1)
         with m.If(x_done):
             m.d.sync += pc.eq(Mux(act_taken, x_target, pc + 1))
@@ -650,7 +653,7 @@ class PPU(wiring.Component):
         with m.If(mode == _CoreMode.DRAIN):
             all_idle = Cat(*(ch.idle for ch in drives + readouts + markers)).all()
             with m.If(all_idle & (eff_state == PPUState.RUNNING)):
-                m.d.sync += state.eq(PPUState.DONE)
+                m.d.sync += [state.eq(PPUState.DONE), active.eq(0)]
                 set_mode(_CoreMode.HALT)
 
         # ---- Errors ------------------------------------------------------------------------
@@ -674,7 +677,8 @@ class PPU(wiring.Component):
                                        0)),
                      late_events.eq(late_events + late_count)]
         with m.If(error_set):
-            m.d.sync += [state.eq(PPUState.ERROR), x_valid.eq(0), x_ok.eq(0), x_br.eq(0)]
+            m.d.sync += [state.eq(PPUState.ERROR), active.eq(0), x_valid.eq(0), x_ok.eq(0),
+                         x_br.eq(0)]
             set_mode(_CoreMode.HALT)
             kill_fetch()
             for k, name in enumerate(errors):
@@ -814,6 +818,7 @@ class PPU(wiring.Component):
                     run_start.eq(start_time),
                     sticky.eq(0),
                     state.eq(PPUState.ARMED),
+                    active.eq(1),
                     x_valid.eq(0),
                     x_ok.eq(0),
                     x_br.eq(0),
