@@ -10,7 +10,7 @@ read-only registers and to counters are ignored. The block is generated from the
 error.
 """
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import data, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -224,13 +224,16 @@ class NetRegisters(wiring.Component):
             in_w = Signal(name=f"in_window_{w:x}")
             w_data = Signal(32, name=f"window_data_{w:x}")
             w_hit = Signal(name=f"window_hit_{w:x}")
-            m.d.sync += in_w.eq(port.addr[_WINDOW_BITS:] == w)
-            with m.Switch(port.addr[2:_WINDOW_BITS]):
-                for slot, (value, _storage) in sorted(slots.items()):
-                    with m.Case(slot):
-                        m.d.sync += [w_hit.eq(1), w_data.eq(value)]
-                with m.Default():
-                    m.d.sync += [w_hit.eq(0), w_data.eq(0)]
+            low = port.addr[2:_WINDOW_BITS]
+            nslots = 1 << (_WINDOW_BITS - 2)
+            hits = sum(1 << slot for slot in slots)
+            values = [Value.cast(slots[k][0]) if k in slots else Const(0, 32)
+                      for k in range(nslots)]
+            m.d.sync += [
+                in_w.eq(port.addr[_WINDOW_BITS:] == w),
+                w_hit.eq(Const(hits, nslots).bit_select(low, 1)),
+                w_data.eq(Array(values)[low]),
+            ]
             # writes: the window match and the low bits of the address of the cycle before
             with m.If(port.w_en & in_w):
                 with m.Switch(low_q):

@@ -138,7 +138,8 @@ class HeadFIFO(wiring.Component):
 
     Same behaviour as :class:`amaranth.lib.fifo.SyncFIFO` of the same depth (an entry written
     is readable in the next cycle; ``w_rdy`` is low while ``depth`` entries are held, even in
-    a cycle that reads), but ``r_data`` and ``r_rdy`` come straight from registers: an entry
+    a cycle that reads; ``w_en`` may only be high with ``w_rdy``, which is not checked again
+    here), but ``r_data`` and ``r_rdy`` come straight from registers: an entry
     written while the head is free (or leaving) goes to the head, others wait in a store of
     ``depth - 1`` entries that refills the head. ``w_rdy`` is a register too.
 
@@ -174,7 +175,7 @@ class HeadFIFO(wiring.Component):
         do_read = Signal()
         m.d.comb += [
             self.w_rdy.eq(~full),
-            do_write.eq(self.w_en & ~full),
+            do_write.eq(self.w_en),
             do_read.eq(self.r_en & self.r_rdy),
         ]
         refill = Signal()                     # the head is free at the next edge
@@ -707,6 +708,7 @@ class RoCEReceiver(wiring.Component):
             "ip_len_fail": 1,
             "ip_sum": 20,
             "udp_fail": 1,
+            "udp_len_fail": 1,
             "is_roce": 1,
             "opcode_fail": 1,
             "pkey_fail": 1,
@@ -735,8 +737,10 @@ class RoCEReceiver(wiring.Component):
         # beats. Later fields (frames of at most 5 beats) only come with frames that fail the
         # ETH check on their length (1 beat), the IP check or the UDP check on total_length.
         tl_p14 = Signal(17)                   # total_length + 14 (beat 2)
-        dst_ok = Signal()                     # the destination MAC is ours or broadcast (beat 0)
-        m.d.sync += dst_ok.eq((eth["dst"] == cfg.qsc_mac) | (eth["dst"] == _BROADCAST))
+        dst_mine = Signal()                   # the destination MAC is ours (beat 0)
+        dst_bcast = Signal()                  # ... or broadcast
+        m.d.sync += [dst_mine.eq(eth["dst"] == cfg.qsc_mac),
+                     dst_bcast.eq(eth["dst"] == _BROADCAST)]
         udp_p20 = Signal(17)                  # udp length + 20 (beat 4)
         m.d.sync += [tl_p14.eq(total_length + _IP_AT),
                      udp_p20.eq(udp_len + IPV4.length_bytes)]
@@ -748,15 +752,16 @@ class RoCEReceiver(wiring.Component):
         m.d.sync += [
             c1.valid.eq(s1_valid),
             c1.mac_fail.eq(f_error),
-            c1.eth_fail.eq((f_len < _IP_AT) | ~dst_ok | (eth["ethertype"] != EtherType.IPV4)),
+            c1.eth_fail.eq((f_len < _IP_AT) | ~(dst_mine | dst_bcast) |
+                           (eth["ethertype"] != EtherType.IPV4)),
             c1.ip_dst_fail.eq(ip["dst"] != cfg.qsc_ip),
             c1.ip_fields_fail.eq((f_len < _UDP_AT) | ~ip_ok_fields |
                                  (total_length < IPV4.length_bytes)),
             c1.ip_len_fail.eq(tl_p14 > f_len),
             c1.ip_sum.eq(ip_sum_b2 + ip_sum_b3 + ip_words[0] + ip_words[9]),
+            c1.udp_len_fail.eq(udp_p20 != total_length),
             c1.udp_fail.eq(
                 (total_length < IPV4.length_bytes + UDP.length_bytes) |
-                (udp_p20 != total_length) |
                 ~(is_roce | is_ctrl) |
                 (is_roce & ((udp_len < _ROCE_FIXED_BYTES) | (udp_len[:2] != 0))) |
                 (is_ctrl & (udp_len < UDP.length_bytes + CONTROL_REQUEST.length_bytes))),
@@ -833,7 +838,7 @@ class RoCEReceiver(wiring.Component):
             (c1.mac_fail, DropReason.MAC),
             (c1.eth_fail, DropReason.ETH),
             (c1.ip_fields_fail | c1.ip_dst_fail | c1.ip_len_fail | csum_fail, DropReason.IP),
-            (c1.udp_fail, DropReason.UDP),
+            (c1.udp_fail | c1.udp_len_fail, DropReason.UDP),
             (roce & icrc_fail, DropReason.ICRC),
             (roce & c1.opcode_fail, DropReason.OPCODE),
             (roce & c1.pkey_fail, DropReason.PKEY),
@@ -849,7 +854,7 @@ class RoCEReceiver(wiring.Component):
         early = [0, 1, 3, 5, 6, 7, 8]
         early_fail = (c1.mac_fail | c1.eth_fail | c1.ip_fields_fail | c1.ip_dst_fail |
                       c1.ip_len_fail |
-                      c1.udp_fail |
+                      c1.udp_fail | c1.udp_len_fail |
                       (roce & (c1.opcode_fail | c1.pkey_fail | c1.qpn_fail | hdrlen_fail)))
 
         # Descriptor fields that depend only on the header (the buffer position comes at the

@@ -80,12 +80,15 @@ class Timebase(wiring.Component):
         nsec = Signal(range(NS_PER_SECOND))
         sec = Signal(32)
 
-        carry = Signal()
+        # ``carry`` (the fraction overflows this cycle) is a register, computed a cycle ahead
+        # from the next fraction: no compare sits in front of the wide adders.
+        carry = Signal(init=int(num >= den) if num else 0)
         step = Signal(range(whole + 2))
         if num:
             frac_sum = frac + num
-            m.d.comb += carry.eq(frac_sum >= den)
-            m.d.sync += frac.eq(Mux(carry, frac_sum - den, frac_sum))
+            frac_next = Signal.like(frac)
+            m.d.comb += frac_next.eq(Mux(carry, frac_sum - den, frac_sum))
+            m.d.sync += [frac.eq(frac_next), carry.eq(frac_next + num >= den)]
         m.d.comb += step.eq(whole + carry)
 
         # 64-bit ns as two 32-bit halves: the high half's increment is computed beside the low
