@@ -150,6 +150,7 @@ class ControlPlane(wiring.Component):
         num_windows = Const(PPU_BASE // PPU_STRIDE, 8)
         assert PPU_BASE % PPU_STRIDE == 0 and PPU_STRIDE == 1 << 24
         w_en = Signal()                     # a local register write, the cycle after DECODE
+        access = Signal()                   # checks passed, a dword command, aligned (WAIT)
         m.d.sync += w_en.eq(0)
 
         accepted = Signal()     # a request passed the flags and sequence checks (RX_CONTROL)
@@ -212,6 +213,7 @@ class ControlPlane(wiring.Component):
                 m.next = "WAIT"
 
             with m.State("WAIT"):
+                m.d.sync += access.eq(~flags_bad & ~seq_bad & dword & aligned)
                 m.next = "DECODE"
 
             with m.State("DECODE"):
@@ -234,29 +236,31 @@ class ControlPlane(wiring.Component):
                         m.d.sync += status.eq(Status.BAD_COMMAND)
                     with m.Elif(~aligned):
                         m.d.sync += status.eq(Status.BAD_ADDRESS)
-                    with m.Elif(self.regs.hit):
-                        m.d.sync += status.eq(Status.OK)
-                        with m.If(is_read):
-                            m.d.sync += value.eq(self.regs.r_data)
-                        with m.Else():
-                            m.d.sync += [w_en.eq(1), value.eq(req.data)]
-                    with m.Elif(in_ppu):
-                        m.d.sync += [
-                            status.eq(Status.OK),
-                            self.bus_cmd.valid.eq(1),
-                            self.bus_cmd.payload.word_addr.eq(req.addr[3:]),
-                            self.bus_cmd.payload.op.eq(Mux(is_read, BusOp.READ, BusOp.WRITE)),
-                            self.bus_cmd.payload.be.eq(Mux(req.addr[2], 0xF0, 0x0F)),
-                            self.bus_cmd.payload.data.eq(
-                                Mux(is_read, next_tag, Cat(req.data, req.data))),
-                        ]
-                        with m.If(is_read):
-                            m.d.sync += tag.eq(next_tag)
-                        with m.Else():
-                            m.d.sync += value.eq(req.data)
-                        m.next = "BUS"
-                    with m.Else():
+                    with m.Elif(~in_ppu | self.regs.hit):
                         m.d.sync += status.eq(Status.BAD_ADDRESS)
+                        with m.If(self.regs.hit):
+                            m.d.sync += status.eq(Status.OK)
+                    with m.Else():
+                        m.d.sync += status.eq(Status.OK)
+                with m.If(access & self.regs.hit):
+                    with m.If(is_read):
+                        m.d.sync += value.eq(self.regs.r_data)
+                    with m.Else():
+                        m.d.sync += [w_en.eq(1), value.eq(req.data)]
+                with m.If(access & ~self.regs.hit & in_ppu):
+                    m.d.sync += [
+                        self.bus_cmd.valid.eq(1),
+                        self.bus_cmd.payload.word_addr.eq(req.addr[3:]),
+                        self.bus_cmd.payload.op.eq(Mux(is_read, BusOp.READ, BusOp.WRITE)),
+                        self.bus_cmd.payload.be.eq(Mux(req.addr[2], 0xF0, 0x0F)),
+                        self.bus_cmd.payload.data.eq(
+                            Mux(is_read, next_tag, Cat(req.data, req.data))),
+                    ]
+                    with m.If(is_read):
+                        m.d.sync += tag.eq(next_tag)
+                    with m.Else():
+                        m.d.sync += value.eq(req.data)
+                    m.next = "BUS"
 
             with m.State("BUS"):
                 with m.If(self.bus_cmd.ready):
