@@ -132,7 +132,7 @@ class CallUnit(wiring.Component):
         waiting = Signal()      # a response is awaited
         sent = Signal()         # ... and its request has been handed over
         awaited = Signal(32)
-        elapsed = Signal(32)    # cycles since the issue cycle
+        elapsed = Signal(32)    # cycles since the issue cycle, plus one
         rtt = Signal(32)        # cycles since the handshake cycle
         m.d.comb += [
             self.busy.eq(req_valid | waiting),
@@ -150,7 +150,7 @@ class CallUnit(wiring.Component):
                 self.call_req.payload.arg_len.eq(self.arg_len),
                 self.call_req.payload.args.eq(self.arg),
                 awaited.eq(request_id),
-                elapsed.eq(1),
+                elapsed.eq(2),
             ]
         with m.If(self.issue & ~self.busy):
             m.d.sync += [
@@ -220,7 +220,7 @@ class CallUnit(wiring.Component):
         with m.If(~self.busy):
             m.d.sync += due.eq(self.timeout_cycles <= 1)
         with m.Else():
-            m.d.sync += due.eq(elapsed + 1 >= self.timeout_cycles)
+            m.d.sync += due.eq(elapsed >= self.timeout_cycles)
         timeout_on = Signal()
         m.d.sync += timeout_on.eq(self.timeout_cycles != 0)
         with m.If(waiting & ~commit_r & timeout_on & due):

@@ -25,7 +25,7 @@ asserts it while it is in ERROR; a push that is offered in a flushed cycle is di
 """
 
 # No ``from __future__ import annotations``: data.Struct reads its annotations as shapes.
-from amaranth.hdl import Cat, Const, Module, Mux, ResetInserter, Signal, signed, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, ResetInserter, Signal, Value, signed, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -42,6 +42,26 @@ FIFO_DEPTH = 16
 SAMPLE_BITS = 16
 #: Envelope samples per 64-bit envelope-memory word.
 _SAMPLES_PER_WORD = 4
+
+
+def kept(m: Module, value, name: str) -> Signal:
+    """``value`` through a signal that synthesis keeps: a LUT boundary, so the logic on either
+    side is mapped on its own (Yosys's abc9 otherwise trades the depth of a cone off the
+    critical path for area, up to the depth of the design's longest path)."""
+    sig = Signal(len(Value.cast(value)), name=name, attrs={"keep": 1})
+    m.d.comb += sig.eq(value)
+    return sig
+
+
+def equal(m: Module, a, b, name: str):
+    """``a == b`` (same width) as kept 2-bit compares (one LUT each) and their AND: three LUT
+    levels for 32 bits."""
+    a = Value.cast(a)
+    b = Const(b, len(a)) if isinstance(b, int) else Value.cast(b)
+    assert len(a) == len(b)
+    groups = [kept(m, a[i:i + 2] == b[i:i + 2], f"{name}_eq{i // 2}")
+              for i in range(0, len(a), 2)]
+    return Cat(*groups).all()
 
 
 class PTDSignature(wiring.Signature):
@@ -264,8 +284,8 @@ class TimedQueue(wiring.Component):
             # The equality in registered halves: three LUT levels each.
             eq_hi = Signal(name=f"{name}_eq_hi")
             eq_lo = Signal(name=f"{name}_eq_lo")
-            q.d.sync += [eq_hi.eq(time[32:] == due_next[32:]),
-                         eq_lo.eq(time[:32] == due_next[:32])]
+            q.d.sync += [eq_hi.eq(equal(q, time[32:], due_next[32:], f"{name}_hi")),
+                         eq_lo.eq(equal(q, time[:32], due_next[:32], f"{name}_lo"))]
             return le, eq_hi & eq_lo
 
         le_p, eq_p = compare("pushed", pushed.time)

@@ -89,6 +89,8 @@ from .channels import (
     MarkerChannel,
     PTDSignature,
     ReadoutChannel,
+    equal,
+    kept,
 )
 
 __all__ = ["PPU", "WindowRegion", "LOCAL_ADDR_BITS", "REGION_WORD_BITS", "REGS_WORDS"]
@@ -104,6 +106,8 @@ REGS_WORDS = max(r.offset for r in PPU_REGISTERS) // 8 + 1
 #: RAM's output. The bus writes a word the core or a channel reads only while it is being
 #: overwritten anyway; a bus READ and WRITE never share a cycle.
 _NO_RW_CHECK = {"no_rw_check": True}
+#: Bits of one slice of the instruction and envelope memories (see :class:`_SlicedMemory`).
+_SLICE_BITS = 16
 
 
 class WindowRegion(enum.Enum, shape=2):
@@ -189,14 +193,12 @@ class PPU(wiring.Component):
         now = self.now
 
         # ---- Memories ---------------------------------------------------------------------
-        m.submodules.imem = imem = Memory(shape=unsigned(INSTRUCTION_BITS), depth=imem_depth,
-                                          init=[], attrs=_NO_RW_CHECK)
-        imem_w = imem.write_port(granularity=8)
+        imem = _SlicedMemory(m, "imem", INSTRUCTION_BITS, imem_depth)
+        imem_w = imem.write_port()
         imem_bus_r = imem.read_port()
         imem_core_r = imem.read_port()
-        m.submodules.env = env = Memory(shape=unsigned(64), depth=env_words, init=[],
-                                        attrs=_NO_RW_CHECK)
-        env_w = env.write_port(granularity=8)
+        env = _SlicedMemory(m, "env", 64, env_words)
+        env_w = env.write_port()
         env_bus_r = env.read_port()
 
         # ---- Channels and CALL unit --------------------------------------------------------
@@ -350,10 +352,10 @@ class PPU(wiring.Component):
             "arg_len": 3,                  # ... in bytes
         })
 
-        def decode(raw):
+        def decode(raw, name):
             """The decoded fields of instruction ``raw``, a dict for ``decoded``."""
             ins = Instruction(raw)
-            is_ = {op: ins.op == op for op in Op}
+            is_ = {op: kept(m, ins.op == op, f"{name}_is_{op.name.lower()}") for op in Op}
             chan = raw[8:12]
             b = ins.operands.branch
             cond_legal = b.cond.as_value() <= max(c.value for c in Cond)
@@ -370,7 +372,8 @@ class PPU(wiring.Component):
                        (is_[Op.PLAY] & (chan >= self._n_drive)) |
                        (is_[Op.MARKER] & (chan >= self._n_marker)) |
                        (is_[Op.ACQUIRE] & ((chan >= self._n_readout) |
-                                           (ins.operands.acquire.window_cycles == 0))) |
+                                           equal(m, ins.operands.acquire.window_cycles, 0,
+                                                 f"{name}_window0"))) |
                        (is_[Op.BRANCH] & ~cond_legal) |
                        (is_[Op.CALL] & (ins.operands.call.arg_bits > 32)))
 
@@ -382,11 +385,19 @@ class PPU(wiring.Component):
             mask = (Mux(is_[Op.SET], rd, 0) | Mux(is_[Op.ADD], rd | rs, 0) |
                     Mux(is_[Op.BRANCH] & (b.cond != Cond.ALWAYS), rs, 0) |
                     Mux(is_[Op.CALL], rd | rs, 0))
+            # ``imm`` against 0 and 1 from its bits 31..1 being zero, bit 0 and the sign.
+            imm = b.imm.as_unsigned()
+            z_hi = kept(m, equal(m, imm[1:], 0, f"{name}_imm_hi0"), f"{name}_imm_hi_zero")
+            cmp = {
+                0: {"eq": z_hi & ~imm[0], "gt": ~imm[31] & ~(z_hi & ~imm[0])},
+                1: {"eq": z_hi & imm[0], "gt": ~imm[31] & ~z_hi},
+            }
             taken = {0: b.cond == Cond.ALWAYS, 1: b.cond == Cond.ALWAYS}
             for v in (0, 1):
-                taken[v] = taken[v] | Mux(b.cond == Cond.EQ, b.imm == v, 0) | \
-                    Mux(b.cond == Cond.NE, b.imm != v, 0) | \
-                    Mux(b.cond == Cond.LT, b.imm > v, 0) | Mux(b.cond == Cond.GE, b.imm <= v, 0)
+                taken[v] = taken[v] | Mux(b.cond == Cond.EQ, cmp[v]["eq"], 0) | \
+                    Mux(b.cond == Cond.NE, ~cmp[v]["eq"], 0) | \
+                    Mux(b.cond == Cond.LT, cmp[v]["gt"], 0) | \
+                    Mux(b.cond == Cond.GE, ~cmp[v]["gt"], 0)
             return {
                 **{op.name.lower(): is_[op] for op in Op},
                 "illegal": illegal,
@@ -409,8 +420,8 @@ class PPU(wiring.Component):
         f_dec_valid = Signal()
         tgt_dec = Signal(decoded)
         tgt_dec_valid = Signal()
-        for dec, raw in ((f_dec, f_insn), (tgt_dec, tgt_insn)):
-            m.d.sync += [getattr(dec, k).eq(v) for k, v in decode(raw).items()]
+        for dec, raw, name in ((f_dec, f_insn, "f"), (tgt_dec, tgt_insn, "tgt")):
+            m.d.sync += [getattr(dec, k).eq(v) for k, v in decode(raw, name).items()]
 
         # Execute stage: the instruction and its decoded fields.
         x_valid = Signal()
@@ -438,7 +449,7 @@ class PPU(wiring.Component):
         x_ok = Signal()
         x_br = Signal()
         m.d.comb += ex.eq(run & x_ok)
-        blocked = (xd.mask & busy).any()
+        blocked = kept(m, (xd.mask & busy).any(), "blocked")
         # ``settle``: the one pending result of ``rs`` lands this cycle, writing ``land_bit``
         # (two landing at once take the slow way).
         settle = Signal()
@@ -458,8 +469,13 @@ class PPU(wiring.Component):
         rs_part_ok = Signal()              # rs was not pending when rs_part was read
         rs_ok = Signal()
         x_load = Signal()
+        # BRANCH's equality is registered with each part and chosen with ``rs_value``.
+        eq_part = Signal(4)
         for k in range(4):
-            m.d.sync += rs_part[k].eq(Array(regs[4 * k:4 * k + 4])[x_rs[:2]])
+            part = Array(regs[4 * k:4 * k + 4])[x_rs[:2]]
+            m.d.sync += [rs_part[k].eq(part),
+                         eq_part[k].eq(equal(m, part, x.operands.branch.imm.as_unsigned(),
+                                             f"rs_part{k}_imm"))]
         # BRANCH compares ``rs`` with ``imm`` in the same stage: ``rs_eq``, ``rs_lt`` (signed).
         rs_eq = Signal()
         rs_lt = Signal()
@@ -467,10 +483,7 @@ class PPU(wiring.Component):
         m.d.sync += [
             rs_part_ok.eq(~busy.bit_select(x_rs, 1) & ~x_load),
             rs_value.eq(rs_sel),
-            # The equality of each part, then the choice: it shares no carry chain with rs_lt
-            # (an equality from a subtraction's zero test is slower than a LUT tree).
-            rs_eq.eq(Array(part == x.operands.branch.imm.as_unsigned()
-                           for part in rs_part)[x_rs[2:]]),
+            rs_eq.eq(eq_part.bit_select(x_rs[2:], 1)),
             rs_lt.eq((rs_sel.as_signed() - x.operands.branch.imm)[-1]),
             rs_ok.eq(rs_part_ok & ~x_load),
         ]
@@ -670,11 +683,18 @@ class PPU(wiring.Component):
         # stops (the core does nothing in that cycle) and STATUS reads ERROR from the next.
         error_r = Signal(len(errors))
         error_next = Mux(active & ~error_set, Cat(*errors.values()), 0)
-        m.d.sync += [error_r.eq(error_next), error_set.eq(error_next.any())]
-        # LATE_EVENTS counts the late pulses of a cycle one cycle later (a registered count).
+        # ``error_set`` is the OR of two flip-flops: LATE (the widest sum) and the others.
+        error_late = Signal()
+        error_other = Signal()
+        m.d.sync += [error_r.eq(error_next), error_late.eq(error_next[1]),
+                     error_other.eq(Cat(error_next[0], error_next[2:]).any())]
+        m.d.comb += error_set.eq(error_late | error_other)
+        # LATE_EVENTS counts the late pulses of a cycle two cycles later (the pulses registered,
+        # then their count).
+        late_bits = Signal(len(lates))
         late_count = Signal(range(len(lates) + 1))
-        m.d.sync += [late_count.eq(Mux(active, sum(ch.late for ch in drives + readouts + markers),
-                                       0)),
+        m.d.sync += [late_bits.eq(Mux(active, lates, 0)),
+                     late_count.eq(sum(late_bits)),
                      late_events.eq(late_events + late_count)]
         with m.If(error_set):
             m.d.sync += [state.eq(PPUState.ERROR), active.eq(0), x_valid.eq(0), x_ok.eq(0),
@@ -800,7 +820,7 @@ class PPU(wiring.Component):
             trig_value.eq(cmd.data[32 * t_lane:32 * t_lane + 32]),
             trig_late.eq(start_time < now_p2),
             # In halves: it shares no carry chain with trig_late.
-            trig_soon.eq((start_time[:32] == now_p2[:32]) & (start_time[32:] == now_p2[32:])),
+            trig_soon.eq(equal(m, start_time, now_p2, "trig_soon")),
         ]
         with m.If(trig_r):
             with m.If(active):
@@ -894,6 +914,67 @@ class PPU(wiring.Component):
             self.bus_rdata.error.eq(ans_error),
         ]
         return m
+
+
+class _Port:
+    """The signals of a memory port (``en`` of a read port is high unless driven)."""
+
+    def __init__(self, name: str, addr_bits: int, width: int, en_bits: int, en_init: int):
+        self.addr = Signal(addr_bits, name=f"{name}_addr")
+        self.data = Signal(width, name=f"{name}_data")
+        self.en = Signal(en_bits, name=f"{name}_en", init=en_init)
+
+
+class _SlicedMemory:
+    """A memory deeper than 512 words as slices of :data:`_SLICE_BITS` bits, one ``Memory`` each.
+
+    A slice maps to DP16KDs in a deep, narrow mode (1024 x 18, 2048 x 9, ...), so no output
+    multiplexer follows the block RAMs whatever the depth; a wide memory may be split by Yosys
+    in depth (512 x 36 twice, and a multiplexer). Up to 512 words the memory is one ``Memory``
+    (512 x 36 holds the depth). Write ports have 8-bit granularity; read ports are synchronous.
+    """
+
+    def __init__(self, m: Module, name: str, width: int, depth: int):
+        # Up to 512 words, a 36-bit wide block RAM holds the whole depth: one memory.
+        self._slice = _SLICE_BITS if depth > 512 else width
+        assert width % self._slice == 0
+        self._m = m
+        self._name = name
+        self._width = width
+        self._addr_bits = max(1, (depth - 1).bit_length())
+        self._mems = []
+        for k in range(width // self._slice):
+            mem = Memory(shape=unsigned(self._slice), depth=depth, init=[], attrs=_NO_RW_CHECK)
+            m.submodules[f"{name}{k}"] = mem
+            self._mems.append(mem)
+        self._ports = 0
+
+    def _name_next(self) -> str:
+        self._ports += 1
+        return f"{self._name}_p{self._ports}"
+
+    def write_port(self) -> _Port:
+        port = _Port(self._name_next(), self._addr_bits, self._width, self._width // 8, 0)
+        lanes = self._slice // 8
+        for k, mem in enumerate(self._mems):
+            w = mem.write_port(granularity=8)
+            self._m.d.comb += [
+                w.addr.eq(port.addr),
+                w.data.eq(port.data[k * self._slice:(k + 1) * self._slice]),
+                w.en.eq(port.en[k * lanes:(k + 1) * lanes]),
+            ]
+        return port
+
+    def read_port(self) -> _Port:
+        port = _Port(self._name_next(), self._addr_bits, self._width, 1, 1)
+        data = []
+        for mem in self._mems:
+            r = mem.read_port()
+            self._m.d.comb += [r.addr.eq(port.addr), r.en.eq(port.en)]
+            data.append(r.data)
+        # The slices' outputs themselves (no signal between them and their registers).
+        port.data = Cat(*data)
+        return port
 
 
 def _reset_of(name: str) -> int:
