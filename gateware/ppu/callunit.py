@@ -61,7 +61,8 @@ class CallUnit(wiring.Component):
         One-cycle pulse: ``timeout_cycles`` (``In(32)``, 0 = never) cycles have passed since the
         issue cycle with no response; the unit stops waiting.
     call_req : ``Out(stream.Signature(CallRequest))``
-        The request; valid from the cycle after ``issue`` until taken.
+        The request; valid from the cycle after ``issue`` until taken (while the unit is idle
+        its payload follows the inputs, with ``valid`` low).
     mb_we : ``In(1)``; ``mb_addr : In(3)``; ``mb_be : In(8)``; ``mb_data : In(64)``
         Mailbox word write with byte enables.
     mb_raddr : ``In(3)``; ``mb_rdata : Out(64)``

@@ -1,18 +1,18 @@
 """Timed channels of a PPU and its PTD (physical) interface.
 
-Each channel owns a timed event queue (:class:`TimedQueue`: ``amaranth.lib.fifo.SyncFIFOBuffered``
-and a head register, :data:`FIFO_DEPTH` entries) filled by the PPU core, which runs ahead of
+Each channel owns a timed event queue (:class:`TimedQueue`: a distributed-RAM ring with its two
+oldest events in registers, :data:`FIFO_DEPTH` entries) filled by the PPU core, which runs ahead of
 the timeline. The channel pops its head event and fires it on *exactly* the DTD cycle its
 timestamp names, so that the effect appears on the PTD port on the cycle in which the shared
 timeline counter ``now`` equals the event's ``time``. An event that reaches the head of its
 queue too late to fire on time is never played late (QICK would play it late silently): the
 channel pulses ``late`` and the PPU stops with a LATE error.
 
-Timing contract. The event queue (:class:`TimedQueue`: a FIFO and a head register) compares the
+Timing contract. The event queue (:class:`TimedQueue`: a ring and a head register) compares the
 head's ``time`` with the timeline one cycle ahead, so the fire decision is a flip-flop; an event
 is fired when its time comes (``time == now + LEAD_CYCLES - 1`` at the decision) and is late
 when it is at the head too late for that. An event must reach the queue's head (pushed into an
-empty queue, or at the FIFO's output) at least ``LEAD_CYCLES`` cycles before its time
+empty queue, or next in line) at least ``LEAD_CYCLES`` cycles before its time
 (:class:`DriveChannel`: 5, :class:`ReadoutChannel` and :class:`MarkerChannel`: 2): pushed in
 cycle ``c`` into an empty queue, it can fire at ``c + LEAD_CYCLES`` at the earliest.
 
@@ -62,6 +62,25 @@ def equal(m: Module, a, b, name: str):
     groups = [kept(m, a[i:i + 2] == b[i:i + 2], f"{name}_eq{i // 2}")
               for i in range(0, len(a), 2)]
     return Cat(*groups).all()
+
+
+def add_small(a, b):
+    """``a + b`` mod 2**64 for a 64-bit ``a`` and a ``b`` of at most 32 bits, carry-select:
+    the low half's carry picks the high half or its increment (two 32-bit chains side by
+    side, no 64-bit carry chain)."""
+    a = Value.cast(a)
+    assert len(a) == 64
+    lo = a[:32] + b
+    return Cat(lo[:32], Mux(lo[32], a[32:] + 1, a[32:]))
+
+
+def less(m: Module, a, b, name: str):
+    """``a < b`` for 64-bit values from their halves: two 32-bit carry chains and a kept
+    equality of the high halves, joined by one LUT."""
+    a, b = Value.cast(a), Value.cast(b)
+    lt_hi = (Cat(a[32:], Const(0, 1)) - Cat(b[32:], Const(0, 1)))[32]
+    lt_lo = (Cat(a[:32], Const(0, 1)) - Cat(b[:32], Const(0, 1)))[32]
+    return lt_hi | (equal(m, a[32:], b[32:], f"{name}_hi") & lt_lo)
 
 
 class PTDSignature(wiring.Signature):
@@ -159,12 +178,13 @@ class MarkerEvent(data.Struct):
 
 
 class TimedQueue(wiring.Component):
-    """A channel's event queue: a FIFO and a head register with its time already compared.
+    """A channel's event queue: a ring and a head register with its time already compared.
 
     The head register ``head`` holds the oldest event. Its comparisons with the timeline are
-    computed in the cycle before (from the FIFO's output or the head itself and a registered
-    ``now + 1 + fire_lead``), so ``on_time`` and ``past`` are flip-flops: no 64-bit compare
-    sits on a channel's fire decision.
+    computed in the cycle before (from the next event in line, the pushed event or the head
+    itself and a registered ``now + 1 + fire_lead``), so ``on_time`` and ``past`` come from
+    flip-flops: no 64-bit compare sits on a channel's fire decision. The level is kept as
+    flip-flop flags, and ``ready`` is a flip-flop: a pop makes room from the next cycle on.
 
     Parameters
     ----------
@@ -176,7 +196,8 @@ class TimedQueue(wiring.Component):
     Members
     -------
     event : ``In(stream.Signature(layout))``
-        Events from the core; ``ready`` is low while the queue holds :data:`FIFO_DEPTH` events.
+        Events from the core; ``ready`` (registered) is low while the queue holds
+        :data:`FIFO_DEPTH` events, and in the cycle after a pop that made room in a full queue.
     now : ``In(64)``
         The timeline counter; it must advance by one every cycle.
     flush : ``In(1)``
@@ -191,8 +212,8 @@ class TimedQueue(wiring.Component):
     empty : ``Out(1)``
         Nothing queued.
 
-    Latency: an event pushed in cycle ``c`` into an empty queue (or at the FIFO's output in
-    cycle ``c``) is the head, with its compares, from ``c + 1``: it must be there at least
+    Latency: an event pushed in cycle ``c`` into an empty queue (or next in line in cycle
+    ``c``) is the head, with its compares, from ``c + 1``: it must be there at least
     ``fire_lead + 1`` cycles before its time.
     """
 
@@ -218,7 +239,7 @@ class TimedQueue(wiring.Component):
         # timeline keeps running); after a domain reset it is right from the second cycle,
         # before any event can be queued.
         due_next = Signal(64, init=1 + self._fire_lead, reset_less=True)
-        m.d.sync += due_next.eq(self.now + 2 + self._fire_lead)
+        m.d.sync += due_next.eq(add_small(self.now, 2 + self._fire_lead))
 
         q = Module()
         width = self._layout.as_shape().size
@@ -277,15 +298,21 @@ class TimedQueue(wiring.Component):
         q.d.sync += [loaded.eq(load), from_second.eq(ge2)]
 
         def compare(name, time, with_eq=True):
+            # ``le`` from the halves side by side: the high half below (a 32-bit chain), or
+            # equal (a LUT tree) with the low half not above (a 32-bit chain); one LUT joins
+            # them. The equality of the halves is registered too (three LUT levels each).
+            hi, lo = time[32:], time[:32]
+            due_hi, due_lo = due_next[32:], due_next[:32]
+            lt_hi = (Cat(hi, Const(0, 1)) - Cat(due_hi, Const(0, 1)))[32]
+            le_lo = ~(Cat(due_lo, Const(0, 1)) - Cat(lo, Const(0, 1)))[32]
+            eq_hi_now = equal(q, hi, due_hi, f"{name}_hi")
             le = Signal(name=f"{name}_le")
-            q.d.sync += le.eq(~(Cat(due_next, Const(0, 1)) - Cat(time, Const(0, 1)))[64])
+            q.d.sync += le.eq(lt_hi | (eq_hi_now & le_lo))
             if not with_eq:
                 return le, le
-            # The equality in registered halves: three LUT levels each.
             eq_hi = Signal(name=f"{name}_eq_hi")
             eq_lo = Signal(name=f"{name}_eq_lo")
-            q.d.sync += [eq_hi.eq(equal(q, time[32:], due_next[32:], f"{name}_hi")),
-                         eq_lo.eq(equal(q, time[:32], due_next[:32], f"{name}_lo"))]
+            q.d.sync += [eq_hi.eq(eq_hi_now), eq_lo.eq(equal(q, lo, due_lo, f"{name}_lo"))]
             return le, eq_hi & eq_lo
 
         le_p, eq_p = compare("pushed", pushed.time)

@@ -65,7 +65,13 @@ class PPUCluster(wiring.Component):
     def elaborate(self, platform):
         m = Module()
         n_ppus = self._params.num_ppus
-        m.d.sync += self.now.eq(self.now + 1)
+        # Two 32-bit halves: the high half counts when the low half wraps, known a cycle ahead
+        # (``lo_full``: the low half is all ones), so no 64-bit carry chain.
+        lo_full = Signal()
+        m.d.sync += [self.now[:32].eq(self.now[:32] + 1),
+                     lo_full.eq(self.now[:32] == 0xFFFF_FFFE)]
+        with m.If(lo_full):
+            m.d.sync += self.now[32:].eq(self.now[32:] + 1)
 
         ppus = []
         for n in range(n_ppus):

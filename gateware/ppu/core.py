@@ -89,8 +89,10 @@ from .channels import (
     MarkerChannel,
     PTDSignature,
     ReadoutChannel,
+    add_small,
     equal,
     kept,
+    less,
 )
 
 __all__ = ["PPU", "WindowRegion", "LOCAL_ADDR_BITS", "REGION_WORD_BITS", "REGS_WORDS"]
@@ -241,14 +243,15 @@ class PPU(wiring.Component):
         # ``now + 2``, registered (``now`` advances by one every cycle): ``time <= now + 1`` is
         # ``time < now_p2``, one carry chain from flip-flops.
         now_p2 = Signal(64, init=2)
-        m.d.sync += now_p2.eq(now + 3)
+        m.d.sync += now_p2.eq(add_small(now, 3))
+        run_due = less(m, run_start, now_p2, "run_due")
 
-        m.d.sync += started.eq(run_start < now_p2)
+        m.d.sync += started.eq(run_due)
         # SYNC's anchor, registered: never before the start time (while ARMED, "now" on the
         # program's timeline is the start time), so ``started ? now : START_TIME``. It is
         # right from the second cycle after a trigger, before any instruction executes.
         sync_base = Signal(64)
-        m.d.sync += sync_base.eq(Mux(run_start < now_p2, now + 1, run_start))
+        m.d.sync += sync_base.eq(Mux(run_due, add_small(now, 1), run_start))
         eff_state = Signal(PPUState)
         with m.If((state == PPUState.ARMED) & started):
             m.d.comb += eff_state.eq(PPUState.RUNNING)
@@ -292,6 +295,7 @@ class PPU(wiring.Component):
         # One-hot: bit i counts an ACQUIRE for register i.
         acq_inc = Signal(NUM_REGISTERS)
         m.d.sync += acq_inc.eq(Mux(acq_issue, 1 << acq_rd, 0))
+        busy_next = Signal(NUM_REGISTERS)  # ``busy`` of the next cycle
         for i in range(1, NUM_REGISTERS):
             landed = [Mux(ch.result_valid & (ch.result_rd == i), 1, 0) for ch in readouts]
             with m.If(wr_we & (wr_rd == i)):
@@ -305,6 +309,8 @@ class PPU(wiring.Component):
                 # lands only for a pending register).
                 up = inc & ~landed[0]
                 down = landed[0] & ~inc
+                m.d.comb += busy_next[i].eq(Mux(clear_regs, 0, Mux(up, 1, Mux(
+                    down, busy[i] & ~pend_one[i], busy[i]))))
                 m.d.sync += [
                     pending[i].eq(Mux(up, pending[i] + 1, Mux(down, pending[i] - 1, pending[i]))),
                     busy[i].eq(Mux(up, 1, Mux(down, busy[i] & ~pend_one[i], busy[i]))),
@@ -312,7 +318,8 @@ class PPU(wiring.Component):
                 ]
             else:
                 pending_next = Signal.like(pending[i], name=f"pending{i}_next")
-                m.d.comb += pending_next.eq(pending[i] + inc - sum(landed))
+                m.d.comb += [pending_next.eq(pending[i] + inc - sum(landed)),
+                             busy_next[i].eq(~clear_regs & (pending_next != 0))]
                 m.d.sync += [pending[i].eq(pending_next), busy[i].eq(pending_next != 0),
                              pend_one[i].eq(pending_next == 1)]
             with m.If(clear_regs):
@@ -367,15 +374,26 @@ class PPU(wiring.Component):
                 bounds[op.value >> 4] = max(bounds.get(op.value >> 4, 0), (op.value & 15) + 1)
             assert all((hi << 4 | lo) in {op.value for op in Op}
                        for hi, n in bounds.items() for lo in range(n))
-            known = Cat(*((op_hi == hi) & (op_lo < n) for hi, n in bounds.items())).any()
-            illegal = (~known |
-                       (is_[Op.PLAY] & (chan >= self._n_drive)) |
-                       (is_[Op.MARKER] & (chan >= self._n_marker)) |
-                       (is_[Op.ACQUIRE] & ((chan >= self._n_readout) |
-                                           equal(m, ins.operands.acquire.window_cycles, 0,
-                                                 f"{name}_window0"))) |
-                       (is_[Op.BRANCH] & ~cond_legal) |
-                       (is_[Op.CALL] & (ins.operands.call.arg_bits > 32)))
+            known = kept(m, Cat(*((op_hi == hi) & (op_lo < n)
+                                  for hi, n in bounds.items())).any(), f"{name}_known")
+
+            def zero(value, what):
+                """``value == 0`` as kept 4-bit zero tests and their AND."""
+                return Cat(*(kept(m, value[i:i + 4] == 0, f"{name}_{what}_z{i // 4}")
+                             for i in range(0, len(value), 4))).all()
+
+            # Each op's operand checks, kept apart from the op compare.
+            bad = {
+                Op.PLAY: chan >= self._n_drive,
+                Op.MARKER: chan >= self._n_marker,
+                Op.ACQUIRE: (chan >= self._n_readout) |
+                            kept(m, zero(ins.operands.acquire.window_cycles, "window"),
+                                 f"{name}_window_zero"),
+                Op.BRANCH: ~cond_legal,
+                Op.CALL: ins.operands.call.arg_bits > 32,
+            }
+            illegal = ~known | Cat(*(is_[op] & kept(m, v, f"{name}_bad_{op.name.lower()}")
+                                     for op, v in bad.items())).any()
 
             def onehot(index):
                 return Cat(Const(0, 1), *(index == i for i in range(1, NUM_REGISTERS)))
@@ -385,9 +403,11 @@ class PPU(wiring.Component):
             mask = (Mux(is_[Op.SET], rd, 0) | Mux(is_[Op.ADD], rd | rs, 0) |
                     Mux(is_[Op.BRANCH] & (b.cond != Cond.ALWAYS), rs, 0) |
                     Mux(is_[Op.CALL], rd | rs, 0))
-            # ``imm`` against 0 and 1 from its bits 31..1 being zero, bit 0 and the sign.
+            # ``imm`` against 0 and 1 from its bits 31..1 being zero (two kept halves), bit 0
+            # and the sign.
             imm = b.imm.as_unsigned()
-            z_hi = kept(m, equal(m, imm[1:], 0, f"{name}_imm_hi0"), f"{name}_imm_hi_zero")
+            z_hi = (kept(m, zero(imm[1:16], "imm_a"), f"{name}_imm_a_zero") &
+                    kept(m, zero(imm[16:32], "imm_b"), f"{name}_imm_b_zero"))
             cmp = {
                 0: {"eq": z_hi & ~imm[0], "gt": ~imm[31] & ~(z_hi & ~imm[0])},
                 1: {"eq": z_hi & imm[0], "gt": ~imm[31] & ~z_hi},
@@ -449,7 +469,10 @@ class PPU(wiring.Component):
         x_ok = Signal()
         x_br = Signal()
         m.d.comb += ex.eq(run & x_ok)
-        blocked = kept(m, (xd.mask & busy).any(), "blocked")
+        # ``blocked``: the OR of ``mask_busy``, the mask of the instruction in the execute
+        # stage AND'ed with ``busy``, registered from the next cycle's values (below).
+        mask_busy = Signal(NUM_REGISTERS)
+        blocked = kept(m, mask_busy.any(), "blocked")
         # ``settle``: the one pending result of ``rs`` lands this cycle, writing ``land_bit``
         # (two landing at once take the slow way).
         settle = Signal()
@@ -498,6 +521,19 @@ class PPU(wiring.Component):
             use_tgt.eq(act_taken & ~tgt_none),
         ]
 
+        # 64-bit sums with a 32-bit addend, carry-select: the low half's carry picks the high
+        # half or its increment, both ready (two 32-bit carry chains side by side).
+        t_hi_p1 = Signal(32)
+        sync_base_hi_p1 = Signal(32)
+        m.d.comb += [t_hi_p1.eq(t[32:] + 1), sync_base_hi_p1.eq(sync_base[32:] + 1)]
+
+        def add_split(lo, hi, hi_p1, addend):
+            total = lo + addend
+            return Cat(total[:32], Mux(total[32], hi_p1, hi))
+
+        def add_t(addend):
+            return add_split(t[:32], t[32:], t_hi_p1, addend)
+
         # The execute stage takes an instruction when it is empty (so ``x_time`` uses the t
         # that the instruction before wrote), or from a resolving BRANCH.
         f_taken = Signal()
@@ -510,6 +546,8 @@ class PPU(wiring.Component):
                                                     f_dec_valid)))),
             f_taken.eq(x_load & ~act_taken),
         ]
+        m.d.sync += mask_busy.eq(Mux(x_load, Mux(use_tgt, tgt_dec.mask, f_dec.mask), xd.mask) &
+                                 busy_next)
         with m.If(x_load):
             m.d.sync += [
                 x_valid.eq(1),
@@ -518,8 +556,8 @@ class PPU(wiring.Component):
                             f_dec.branch & ~f_dec.illegal)),
                 x_raw.eq(Mux(use_tgt, tgt_insn, f_insn)),
                 # Both sums in parallel, the choice last.
-                x_time.eq(Mux(use_tgt, t + Instruction(tgt_insn).operands.play.offset_cycles,
-                              t + Instruction(f_insn).operands.play.offset_cycles)),
+                x_time.eq(Mux(use_tgt, add_t(Instruction(tgt_insn).operands.play.offset_cycles),
+                              add_t(Instruction(f_insn).operands.play.offset_cycles))),
                 xd.eq(Mux(use_tgt, tgt_dec, f_dec)),
                 br_ready.eq(0),
                 call_issued.eq(0),
@@ -629,7 +667,10 @@ class PPU(wiring.Component):
             with m.If(x_is[Op.WAIT] | x_is[Op.SYNC]):
                 # One adder: WAIT adds ``cycles`` to t, SYNC ``slack_cycles`` (the same bits) to
                 # ``sync_base``.
-                m.d.sync += t.eq(Mux(x_is[Op.SYNC], sync_base, t) + x.operands.wait.cycles)
+                m.d.sync += t.eq(add_split(Mux(x_is[Op.SYNC], sync_base[:32], t[:32]),
+                                           Mux(x_is[Op.SYNC], sync_base[32:], t[32:]),
+                                           Mux(x_is[Op.SYNC], sync_base_hi_p1, t_hi_p1),
+                                           x.operands.wait.cycles))
             with m.If(x_is[Op.BRANCH]):
                 o = x.operands.branch
                 with m.If(~br_ready):
@@ -818,7 +859,7 @@ class PPU(wiring.Component):
         m.d.sync += [
             trig_r.eq(trig),
             trig_value.eq(cmd.data[32 * t_lane:32 * t_lane + 32]),
-            trig_late.eq(start_time < now_p2),
+            trig_late.eq(less(m, start_time, now_p2, "trig_late")),
             # In halves: it shares no carry chain with trig_late.
             trig_soon.eq(equal(m, start_time, now_p2, "trig_soon")),
         ]
