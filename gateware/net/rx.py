@@ -222,6 +222,18 @@ class HeadFIFO(wiring.Component):
         return m
 
 
+def _sum4(words: list[Value], width: int) -> Value:
+    """The sum of four words, ``width`` bits wide: two levels of 3:2 carry-save LUTs and one carry
+    chain (three chains in series when added one after another)."""
+    def csa(a: Value, b: Value, c: Value) -> tuple[Value, Value]:
+        a, b, c = (x.as_unsigned() for x in (a, b, c))
+        return (a ^ b ^ c)[:width], Cat(Const(0, 1), (a & b) | (a & c) | (b & c))[:width]
+
+    s, k = csa(*words[:3])
+    s, k = csa(s, k, words[3])
+    return (s + k)[:width]
+
+
 def _byte_mask(be: Value) -> Value:
     """The 64-bit mask with byte lane ``i`` all ones where ``be[i]`` is set."""
     return Cat(*(be[i].replicate(8) for i in range(8)))
@@ -542,9 +554,9 @@ class RoCEReceiver(wiring.Component):
         ip_sum_b2 = Signal(18)
         ip_sum_b3 = Signal(18)
         with m.If(take & at[2]):
-            m.d.sync += ip_sum_b2.eq(sum(beat_words))
+            m.d.sync += ip_sum_b2.eq(_sum4(beat_words, 18))
         with m.If(take & at[3]):
-            m.d.sync += ip_sum_b3.eq(sum(beat_words))
+            m.d.sync += ip_sum_b3.eq(_sum4(beat_words, 18))
 
         # ICRC message V: word 0 is all ones, word k >= 1 is frame bytes [8k+6, 8k+14), i.e.
         # lanes 6-7 of beat k and lanes 0-5 of beat k+1; V ends where the ICRC (the last 4 bytes
@@ -758,7 +770,7 @@ class RoCEReceiver(wiring.Component):
             c1.ip_fields_fail.eq((f_len < _UDP_AT) | ~ip_ok_fields |
                                  (total_length < IPV4.length_bytes)),
             c1.ip_len_fail.eq(tl_p14 > f_len),
-            c1.ip_sum.eq(ip_sum_b2 + ip_sum_b3 + ip_words[0] + ip_words[9]),
+            c1.ip_sum.eq(_sum4([ip_sum_b2, ip_sum_b3, ip_words[0], ip_words[9]], 20)),
             c1.udp_len_fail.eq(udp_p20 != total_length),
             c1.udp_fail.eq(
                 (total_length < IPV4.length_bytes + UDP.length_bytes) |
