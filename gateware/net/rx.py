@@ -8,30 +8,31 @@
 Store and forward. Every frame is written into a ring buffer of 64-bit words while its first
 :data:`HEADER_BYTES` bytes are captured in registers and its ICRC is computed
 (:class:`~openqlink.gateware.net.icrc.ICRC`). Header fields are read only through the shared
-:class:`~openqlink.wire.header.Header` views. Two cycles after the last beat the frame is either
-accepted or dropped and counted under exactly one
-:class:`~openqlink.gateware.net.common.DropReason`, checked in this order (the first failing
-check names the reason):
+:class:`~openqlink.wire.header.Header` views. Three cycles after the last beat (the checks are
+registered in two stages, c1 and s2, and decided from s2) the frame is either accepted or dropped
+and counted under exactly one :class:`~openqlink.gateware.net.common.DropReason`, checked in this
+order (the first failing check names the reason); the counter strobes show one cycle later:
 
-1. ETH: shorter than 14 bytes, destination neither the QSC MAC nor broadcast, EtherType not IPv4.
-2. IP: version not 4, IHL not 5, bad header checksum (0x0000 or 0xFFFF folded sum accepted),
+1. MAC: the MAC flagged the frame bad (``error`` on its last beat).
+2. ETH: shorter than 14 bytes, destination neither the QSC MAC nor broadcast, EtherType not IPv4.
+3. IP: version not 4, IHL not 5, bad header checksum (0x0000 or 0xFFFF folded sum accepted),
    ``total_length`` < 20 or > frame length - 14 (padding allowed), fragment (MF or offset), dst
    not the QSC IP, protocol not UDP.
-3. UDP: ``length`` != ``total_length`` - 20, destination port neither 4791 (with RX_ENABLE set) nor
+4. UDP: ``length`` != ``total_length`` - 20, destination port neither 4791 (with RX_ENABLE set) nor
    8192, a RoCEv2 datagram shorter than BTH + ICRC or not a multiple of 4 bytes, a control
    datagram shorter than the 14-byte request.
-4. ICRC (RoCEv2 from here on): the received ICRC differs from the computed one.
-5. OPCODE: not UC RDMA_WRITE_ONLY, RDMA_WRITE_ONLY_WITH_IMMEDIATE or SEND_ONLY, or TVer != 0.
-6. PKEY: P_Key low 15 bits differ from the configured P_Key, or neither has the full-member bit.
-7. QPN: DestQP is not ``qpn_base + n`` for a PPU ``n``.
-8. LENGTH: the datagram is too short for its extension headers and PadCnt.
-9. VA (WRITE): VA[63:32] != 0, VA not 4-byte aligned, VA not in an RDMA region of PPU ``n``
-   (:func:`openqlink.memory_map.regions`; the response mailbox is SEND-only).
-10. RKEY (WRITE): R_Key differs from the region's R_Key in PPU ``n``'s QP context.
-11. VA (WRITE): [VA, VA + DMALen) leaves the region.
-12. LENGTH: WRITE DMALen != payload bytes (UDP payload - BTH - RETH - ImmDt - pad - ICRC);
+5. ICRC (RoCEv2 from here on): the received ICRC differs from the computed one.
+6. OPCODE: not UC RDMA_WRITE_ONLY, RDMA_WRITE_ONLY_WITH_IMMEDIATE or SEND_ONLY, or TVer != 0.
+7. PKEY: P_Key low 15 bits differ from the configured P_Key, or neither has the full-member bit.
+8. QPN: DestQP is not ``qpn_base + n`` for a PPU ``n``.
+9. LENGTH: the datagram is too short for its extension headers and PadCnt.
+10. VA (WRITE): VA[63:32] != 0, VA not 4-byte aligned, VA not in an RDMA region of PPU ``n``
+    (:func:`openqlink.memory_map.regions`; the response mailbox is SEND-only).
+11. RKEY (WRITE): R_Key differs from the region's R_Key in PPU ``n``'s QP context.
+12. VA (WRITE): [VA, VA + DMALen) leaves the region.
+13. LENGTH: WRITE DMALen != payload bytes (UDP payload - BTH - RETH - ImmDt - pad - ICRC);
     SEND_ONLY payload > MAILBOX_BYTES.
-13. OVERFLOW: the frame did not fit the receive buffer, or the descriptor / control request queue
+14. OVERFLOW: the frame did not fit the receive buffer, or the descriptor / control request queue
     is full (only frames that pass every other check count here).
 
 PSN (UC): the ONLY opcodes are accepted whatever their PSN and resynchronise the expected PSN
