@@ -62,6 +62,12 @@ def beats_to_frame(beats: list[int], data_width: int = 64) -> bytes:
     return bytes(out)
 
 
+def stream_port(dut, name: str) -> tuple:
+    """The ``valid``, ``ready`` and ``payload`` handles of the stream port ``name`` of ``dut``
+    (Amaranth's Verilog names them ``<name>__valid``, ``<name>__ready``, ``<name>__payload``)."""
+    return tuple(getattr(dut, f"{name}__{part}") for part in ("valid", "ready", "payload"))
+
+
 class FrameQueue:
     """Queues frames for a transmitting coroutine: ``send(frame)`` returns at once (it never
     blocks) and ``on_sent(frame, time_ns)`` is called once the frame has left.
@@ -119,9 +125,7 @@ class PacketSource(FrameQueue):
 
     def __init__(self, dut, name: str, clock, *, data_width: int = 64, ifg_cycles: int = 3,
                  on_sent: Callable[[bytes, int], None] | None = None):
-        self.valid = getattr(dut, f"{name}__valid")
-        self.ready = getattr(dut, f"{name}__ready")
-        self.payload = getattr(dut, f"{name}__payload")
+        self.valid, self.ready, self.payload = stream_port(dut, name)
         self.clock = clock
         self.data_width = data_width
         self.ifg_cycles = ifg_cycles
@@ -157,9 +161,7 @@ class PacketSink:
 
     def __init__(self, dut, name: str, clock, *, data_width: int = 64,
                  on_frame: Callable[[bytes, int], None] | None = None):
-        self.valid = getattr(dut, f"{name}__valid")
-        self.ready = getattr(dut, f"{name}__ready")
-        self.payload = getattr(dut, f"{name}__payload")
+        self.valid, self.ready, self.payload = stream_port(dut, name)
         self.clock = clock
         self.data_width = data_width
         self.on_frame = on_frame
