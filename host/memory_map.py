@@ -93,6 +93,7 @@ class QSCParams:
     imem_depth: int = 1024            #: instructions in each PPU's ring (power of two)
     env_depth: int = 4096             #: 16-bit samples of envelope memory per PPU
     data_width_bits: int = 64         #: MAC-side packet stream width
+    markers_per_ppu: int = 4          #: MARKER channels of each PPU (``marker 0..N-1``)
     rti_clk_hz: int = 156_250_000     #: network clock (10GBASE-R MAC side)
     dtd_clk_hz: int = 250_000_000     #: PPU / timeline clock
     qpn_base: int = 0x100             #: QPN of PPU n is qpn_base + n
@@ -109,6 +110,9 @@ class QSCParams:
         if self.imem_depth > 1 << 16:
             raise ValueError(f"imem_depth must be at most 65536 (16-bit targets), "
                              f"not {self.imem_depth}")
+        if not 1 <= self.markers_per_ppu <= 16:
+            raise ValueError(f"markers_per_ppu must be 1..16 (a 4-bit channel field), "
+                             f"not {self.markers_per_ppu}")
         if self.data_width_bits != 64:
             raise ValueError(f"data_width_bits must be 64 for now, not {self.data_width_bits}")
 

@@ -5,14 +5,15 @@ board's build uses, the clock domains with their targets, the Ethernet PHY (an `
 resource of the platform) and the connector pins that carry the PPUs' markers. The board top
 (:mod:`.top`) reads nothing else; the design itself never names a pin.
 
-| board | FPGA | PPUs | ring | envelopes | markers |
-|---|---|---|---|---|---|
-| Colorlight 5A-75B r7.0 | LFE5U-25F-6 CABGA256 | 1 | 512 | 2048 | HUB75 J1 pins 1 2 3 5 |
-| ECPIX-5 85F | LFE5UM5G-85F-8 CABGA554 | 2 | 1024 | 4096 | PMOD0 pins 1-4, 7-10 |
-| ButterStick r1.0 | LFE5UM5G-85F-8 CABGA381 | 2 | 1024 | 4096 | SYZYGY0 S0-S7 (VIO0 3.3 V) |
+| board | FPGA | PPUs | ring | envelopes | markers per PPU | marker pins |
+|---|---|---|---|---|---|---|
+| Colorlight 5A-75B r7.0 | LFE5U-25F-6 CABGA256 | 1 | 512 | 2048 | 2 | HUB75 J1 pins 1 2 |
+| ECPIX-5 85F | LFE5UM5G-85F-8 CABGA554 | 2 | 1024 | 4096 | 4 | PMOD0 pins 1-4, 7-10 |
+| ButterStick r1.0 | LFE5UM5G-85F-8 CABGA381 | 2 | 1024 | 4096 | 4 | SYZYGY0 S0-S7 (VIO0 3.3 V) |
 
-Every PPU keeps the default channels of :class:`~openqlink.gateware.ppu.cluster.PPUCluster`
-(one drive, one readout, four markers); its drive and readout ports are served by a
+Every PPU has one drive and one readout channel and ``markers_per_ppu`` marker channels (a
+marker channel costs about 530 logic cells: the Colorlight keeps two); its drive and readout
+ports are served by a
 :class:`~openqlink.gateware.qubit.QubitEmulator` on the board (the boards have no converters).
 """
 
@@ -30,11 +31,9 @@ from openqlink.memory_map import QSCParams
 
 __all__ = [
     "ClockTarget", "MarkerPins", "BoardProfile", "PROFILES", "profile",
-    "MARKERS_PER_PPU", "MARKER_RESOURCE",
+    "MARKER_RESOURCE",
 ]
 
-#: Marker outputs of one PPU (``PTDSignature().n_marker`` of the default cluster).
-MARKERS_PER_PPU = 4
 #: Name of the resource :meth:`BoardProfile.marker_resource` adds to the platform.
 MARKER_RESOURCE = "qlink_marker"
 
@@ -65,7 +64,9 @@ class ClockTarget:
 
 @dataclass(frozen=True)
 class MarkerPins:
-    """Connector pins that carry the markers: PPU ``n``'s marker ``i`` drives ``pins[4n + i]``.
+    """Connector pins that carry the markers: PPU ``n``'s marker ``i`` drives ``pins[k n + i]``.
+
+    ``k`` is the profile's ``params.markers_per_ppu``.
 
     ``connector`` is a connector of the platform, as amaranth-boards names it (``("j", 1)``,
     ``("pmod", 0)``); ``pins`` are its pin names; ``io_type`` the ECP5 I/O standard.
@@ -137,7 +138,7 @@ class BoardProfile:
                 ClockTarget("eth_rx", RGMII_RX_CLK_HZ, "MAC receive side (the PHY's RXC)",
                             source="phy"),
             ))
-        needed = self.params.num_ppus * MARKERS_PER_PPU
+        needed = self.num_markers
         if len(self.markers.pins) < needed:
             raise ValueError(f"{self.name}: {self.params.num_ppus} PPUs need {needed} marker "
                              f"pins, the profile names {len(self.markers.pins)}")
@@ -152,11 +153,16 @@ class BoardProfile:
 
     def marker_resource(self) -> Resource:
         """The markers as one output resource (``qlink_marker`` 0) on the connector's pins."""
-        n = self.params.num_ppus * MARKERS_PER_PPU
+        n = self.num_markers
         return Resource(MARKER_RESOURCE, 0,
                         Pins(" ".join(self.markers.pins[:n]), dir="o",
                              conn=self.markers.connector),
                         Attrs(IO_TYPE=self.markers.io_type, DRIVE="8"))
+
+    @property
+    def num_markers(self) -> int:
+        """Marker outputs of the board: ``num_ppus * markers_per_ppu``."""
+        return self.params.num_ppus * self.params.markers_per_ppu
 
     @property
     def device(self) -> str:
@@ -207,13 +213,13 @@ PROFILES: dict[str, BoardProfile] = {p.name: p for p in (
         name="colorlight-5a-75b",
         title="Colorlight 5A-75B r7.0",
         platform=Colorlight_5A75B_R70Platform,
-        params=_params(num_ppus=1, imem_depth=512, env_depth=2048),
+        params=_params(num_ppus=1, imem_depth=512, env_depth=2048, markers_per_ppu=2),
         phy=0,
         markers=MarkerPins(("j", 1), ("1", "2", "3", "5", "6", "7"),
                            doc="HUB75 J1 R0 G0 B0 R1 G1 B1 (through the board's 74HC245 "
                                "output buffers, 5 V)"),
-        keeps="1 PPU, 512-instruction ring, 2048-sample envelope memory: the 25F has 24k "
-              "LUTs and 56 block RAMs",
+        keeps="1 PPU with 2 markers, 512-instruction ring, 2048-sample envelope memory: the "
+              "25F has 24k LUTs and 56 block RAMs",
         cable="ft232",
         rgmii_tx_delay_ns=0.0,
     ),

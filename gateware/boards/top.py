@@ -30,7 +30,7 @@ from amaranth_boards.butterstick import ButterStickPlatform
 from openqlink.gateware.top import QSCTop
 
 from .pll import ECP5PLL, ecp5_pll_config
-from .profiles import MARKER_RESOURCE, MARKERS_PER_PPU, BoardProfile
+from .profiles import MARKER_RESOURCE, BoardProfile
 
 __all__ = ["BoardTop", "SimBoardTop", "VCCIOControl", "board_system", "sim_verilog",
            "QUBIT_SEED"]
@@ -43,7 +43,8 @@ def board_system(m: Module, profile: BoardProfile, mac: wiring.Component) -> Val
     """Add the QSC and one qubit emulator per PPU to ``m``, joined to ``mac``.
 
     ``mac`` is an :class:`~openqlink.gateware.mac.RGMIIMAC` whose ``rx``/``tx`` are in ``rti``.
-    Returns the markers of every PPU (PPU ``n``'s marker ``i`` at bit ``4n + i``), ``dtd``.
+    Returns the markers of every PPU (PPU ``n``'s marker ``i`` at bit ``k n + i``, ``k`` the
+    profile's ``markers_per_ppu``), ``dtd``.
     """
     from openqlink.gateware.qubit import QubitEmulator
 
@@ -53,12 +54,13 @@ def board_system(m: Module, profile: BoardProfile, mac: wiring.Component) -> Val
     wiring.connect(m, qsc.tx, mac.tx)
     markers = []
     for n in range(p.num_ppus):
-        emu = DomainRenamer("dtd")(QubitEmulator(seed=QUBIT_SEED + n))
+        emu = DomainRenamer("dtd")(QubitEmulator(seed=QUBIT_SEED + n,
+                                                 n_marker=p.markers_per_ppu))
         m.submodules[f"qubit{n}"] = emu
         wiring.connect(m, qsc.ptd[n], emu.ptd)
         markers.append(qsc.ptd[n].marker)
     markers = Cat(*markers)
-    assert len(markers) == p.num_ppus * MARKERS_PER_PPU
+    assert len(markers) == profile.num_markers
     return markers
 
 
@@ -151,7 +153,7 @@ class SimBoardTop(wiring.Component):
         The MAC's RGMII signals, as :class:`~openqlink.gateware.mac.RGMIIMAC` makes them
         members with ``pins=None`` (a behavioural DDR model; ``rgmii_tx_clk`` is ``rti``'s
         clock). The FPGA-side RGMII delays of the profile are not modelled.
-    marker : Out(num_ppus * 4)
+    marker : Out(num_ppus * markers_per_ppu)
         The markers, registered once in ``dtd`` (as the board's output flip-flops do).
     timeline : Out(64)
         The QSC's timeline counter (``dtd``), for monitors.
@@ -165,7 +167,7 @@ class SimBoardTop(wiring.Component):
         super().__init__({
             "rti_clk": In(1), "dtd_clk": In(1), "rti_arst": In(1), "dtd_arst": In(1),
             **self._rgmii,
-            "marker": Out(profile.params.num_ppus * MARKERS_PER_PPU),
+            "marker": Out(profile.num_markers),
             "timeline": Out(64),
         })
 

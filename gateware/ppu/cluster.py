@@ -26,9 +26,11 @@ class PPUCluster(wiring.Component):
     Parameters
     ----------
     params : QSCParams
-        ``num_ppus``, ``imem_depth`` and ``env_depth`` are used.
-    n_drive, n_readout, n_marker : int
+        ``num_ppus``, ``imem_depth``, ``env_depth`` and ``markers_per_ppu`` are used.
+    n_drive, n_readout : int
         Channels of each kind per PPU (see :class:`~.channels.PTDSignature`).
+    n_marker : int | None
+        Marker channels per PPU; ``None`` (the default) takes ``params.markers_per_ppu``.
 
     Members
     -------
@@ -51,8 +53,10 @@ class PPUCluster(wiring.Component):
     """
 
     def __init__(self, params: QSCParams, *, n_drive: int = 1, n_readout: int = 1,
-                 n_marker: int = 4):
+                 n_marker: int | None = None):
         self._params = params
+        if n_marker is None:
+            n_marker = params.markers_per_ppu
         self._channels = dict(n_drive=n_drive, n_readout=n_readout, n_marker=n_marker)
         super().__init__({
             "bus_cmd": In(stream.Signature(BusCommand)),

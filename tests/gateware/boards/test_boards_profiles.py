@@ -8,7 +8,8 @@ from amaranth.hdl import Fragment
 from amaranth.lib import io
 
 from openqlink.gateware.boards import PROFILES, BoardTop, VCCIOControl, profile, sim_verilog
-from openqlink.gateware.boards.profiles import MARKER_RESOURCE, MARKERS_PER_PPU, MarkerPins
+from openqlink.gateware.boards.profiles import MARKER_RESOURCE, MarkerPins
+from openqlink.memory_map import QSCParams
 
 #: User I/O pins of each package (Lattice ECP5 family data sheet, pinout tables).
 PACKAGE_IOS = {"BG256": 197, "BG381": 205, "BG554": 245}
@@ -22,7 +23,7 @@ def test_profile_basics(name):
                                                               "eth_rx": 125.0}
     assert [c.domain for c in prof.pll_clocks] == ["rti", "dtd"]
     assert prof.params.rti_clk_hz == prof.params.dtd_clk_hz == 125_000_000
-    assert len(prof.markers.pins) >= prof.params.num_ppus * MARKERS_PER_PPU
+    assert len(prof.markers.pins) >= prof.num_markers
     assert prof.keeps and prof.title
     assert (prof.cable is None) != (prof.dfu is None)
 
@@ -42,12 +43,20 @@ def test_unknown_board_lists_the_known_ones():
 def test_too_few_marker_pins_is_refused():
     prof = profile("colorlight-5a-75b")
     from dataclasses import replace
-    with pytest.raises(ValueError, match="1 PPUs need 4 marker pins, the profile names 2"):
-        replace(prof, markers=MarkerPins(("j", 1), ("1", "2")))
+    with pytest.raises(ValueError, match="1 PPUs need 2 marker pins, the profile names 1"):
+        replace(prof, markers=MarkerPins(("j", 1), ("1",)))
+    ecpix5 = profile("ecpix5-85")
+    with pytest.raises(ValueError, match="2 PPUs need 8 marker pins, the profile names 4"):
+        replace(ecpix5, markers=MarkerPins(("pmod", 0), ("1", "2", "3", "4")))
+
+
+def test_markers_per_ppu_is_checked():
+    with pytest.raises(ValueError, match="markers_per_ppu must be 1..16"):
+        QSCParams(markers_per_ppu=0)
 
 
 @pytest.mark.parametrize("name, pins", [
-    ("colorlight-5a-75b", ["F3", "F1", "G3", "G2"]),      # HUB75 J1 pins 1 2 3 5
+    ("colorlight-5a-75b", ["F3", "F1"]),      # HUB75 J1 pins 1 2 (2 markers)
     ("ecpix5-85", ["T25", "U25", "U24", "V24", "T26", "U26", "V26", "W26"]),   # PMOD0
     ("butterstick", ["G2", "J3", "F1", "K3", "J4", "K2", "J5", "J1"]),   # SYZYGY0 S0..S7
 ])
@@ -83,7 +92,7 @@ def test_board_top_elaborates_and_fits_the_package(name):
     assert len(used) == len(set(used)), "a pin is used twice"
     assert len(used) <= PACKAGE_IOS[prof.package]
     # the oscillator, RGMII (12 signals), the markers, and on the ButterStick VCCIO control
-    assert len(used) >= 1 + 12 + prof.params.num_ppus * MARKERS_PER_PPU
+    assert len(used) >= 1 + 12 + prof.num_markers
 
 
 def test_butterstick_vccio_duty_cycles():
@@ -99,6 +108,6 @@ def test_sim_board_top_ports():
     assert {p.strip() for p in ports.split(",")} == {
         "rti_clk", "dtd_clk", "rti_arst", "dtd_arst", "rgmii_rx_clk", "rgmii_rxd",
         "rgmii_rx_ctl", "rgmii_tx_clk", "rgmii_txd", "rgmii_tx_ctl", "marker", "timeline"}
-    assert re.search(r"output \[3:0\] marker;", text)
+    assert re.search(r"output \[1:0\] marker;", text)
     for cell in ("EHXPLLL", "IDDRX1F", "ODDRX1F", "DELAYG"):
         assert cell not in text

@@ -390,6 +390,25 @@ def test_illegal_instructions():
     run(tb)
 
 
+def test_markers_per_ppu_sets_the_marker_channels():
+    """A build with ``markers_per_ppu = 2`` (the Colorlight's) plays marker 1 and refuses 2."""
+    params = QSCParams(num_ppus=1, imem_depth=64, env_depth=64, markers_per_ppu=2)
+
+    async def tb(ctx, dut):
+        assert len(dut.ptd[0].marker) == 2
+        out["s"] = await start(ctx, dut, [sync(20), marker(1, 5, 3), end()])
+        await wait_state(ctx, dut, 0, PPUState.DONE)
+        await start(ctx, dut, [nop(), marker(2, 0, 1), end()])
+        st = await wait_state(ctx, dut, 0, PPUState.ERROR)
+        assert st.illegal_instruction
+        assert await read_reg(ctx, dut, 0, "PC") == 1
+
+    out = {}
+    mon = run(tb, params=params)
+    assert rel(mon.cycles("marker", bit=1), out["s"]) == [25, 26, 27]
+    assert mon.cycles("marker", bit=0) == []
+
+
 # ---- Queue, loops -----------------------------------------------------------------------
 
 def test_queue_append_while_running():
