@@ -382,6 +382,15 @@ class PPU(wiring.Component):
                 return Cat(*(kept(m, value[i:i + 4] == 0, f"{name}_{what}_z{i // 4}")
                              for i in range(0, len(value), 4))).all()
 
+            # CALL's ``arg_bits`` (8 bits) as a thermometer: bit i is ``arg_bits > i``. A
+            # comparison with a constant would be a carry chain each; here each bit is one
+            # 5-input table of the low bits, OR'ed with "at least 32".
+            arg_bits = ins.operands.call.arg_bits
+            ge32 = arg_bits[5:] != 0
+            arg_over = (arg_bits[6:] != 0) | (arg_bits[5] & (arg_bits[:5] != 0))
+            thermo = Cat(*(ge32 | Const(sum(1 << k for k in range(32) if k > i), 32)
+                           .bit_select(arg_bits[:5], 1) for i in range(REGISTER_BITS)))
+
             # Each op's operand checks, kept apart from the op compare.
             bad = {
                 Op.PLAY: chan >= self._n_drive,
@@ -390,7 +399,7 @@ class PPU(wiring.Component):
                             kept(m, zero(ins.operands.acquire.window_cycles, "window"),
                                  f"{name}_window_zero"),
                 Op.BRANCH: ~cond_legal,
-                Op.CALL: ins.operands.call.arg_bits > 32,
+                Op.CALL: arg_over,
             }
             illegal = ~known | Cat(*(is_[op] & kept(m, v, f"{name}_bad_{op.name.lower()}")
                                      for op, v in bad.items())).any()
@@ -399,7 +408,6 @@ class PPU(wiring.Component):
                 return Cat(Const(0, 1), *(index == i for i in range(1, NUM_REGISTERS)))
 
             rd, rs = onehot(raw[8:12]), onehot(raw[12:16])
-            arg_bits = ins.operands.call.arg_bits
             mask = (Mux(is_[Op.SET], rd, 0) | Mux(is_[Op.ADD], rd | rs, 0) |
                     Mux(is_[Op.BRANCH] & (b.cond != Cond.ALWAYS), rs, 0) |
                     Mux(is_[Op.CALL], rd | rs, 0))
@@ -430,9 +438,9 @@ class PPU(wiring.Component):
                 "taken_if_0": taken[0],
                 "taken_if_1": taken[1],
                 # Bit i is set iff i < min(arg_bits, 32); bytes: ceil(min(arg_bits, 32) / 8).
-                "arg_mask": Cat(*(arg_bits > i for i in range(REGISTER_BITS))),
-                "arg_len": Mux(arg_bits > 24, 4, Mux(arg_bits > 16, 3, Mux(
-                    arg_bits > 8, 2, Mux(arg_bits != 0, 1, 0)))),
+                "arg_mask": thermo,
+                "arg_len": Mux(thermo[24], 4, Mux(thermo[16], 3, Mux(
+                    thermo[8], 2, Mux(thermo[0], 1, 0)))),
             }
 
         # Decode stages: registered the cycle after their instruction register is loaded.
@@ -469,9 +477,10 @@ class PPU(wiring.Component):
         x_ok = Signal()
         x_br = Signal()
         m.d.comb += ex.eq(run & x_ok)
-        # ``blocked``: the OR of ``mask_busy``, the mask of the instruction in the execute
-        # stage AND'ed with ``busy``, registered from the next cycle's values (below).
-        mask_busy = Signal(NUM_REGISTERS)
+        # ``blocked``: the mask of the instruction in the execute stage AND'ed with ``busy``,
+        # OR'ed: four ORs of four bits registered from the next cycle's values (below), then
+        # one LUT.
+        mask_busy = Signal(NUM_REGISTERS // 4)
         blocked = kept(m, mask_busy.any(), "blocked")
         # ``settle``: the one pending result of ``rs`` lands this cycle, writing ``land_bit``
         # (two landing at once take the slow way).
@@ -492,13 +501,18 @@ class PPU(wiring.Component):
         rs_part_ok = Signal()              # rs was not pending when rs_part was read
         rs_ok = Signal()
         x_load = Signal()
-        # BRANCH's equality is registered with each part and chosen with ``rs_value``.
-        eq_part = Signal(4)
+        # BRANCH's equality is registered with each part as four byte equalities (each a
+        # 4:1 selection, kept 2-bit compares and their AND), chosen and AND'ed with
+        # ``rs_value``: no 32-bit reduction sits behind the selection.
+        eq_part = Array(Signal(4, name=f"eq_part{k}") for k in range(4))
+        imm_bits = x.operands.branch.imm.as_unsigned()
         for k in range(4):
             part = Array(regs[4 * k:4 * k + 4])[x_rs[:2]]
-            m.d.sync += [rs_part[k].eq(part),
-                         eq_part[k].eq(equal(m, part, x.operands.branch.imm.as_unsigned(),
-                                             f"rs_part{k}_imm"))]
+            m.d.sync += rs_part[k].eq(part)
+            for j in range(4):
+                m.d.sync += eq_part[k][j].eq(equal(m, part[8 * j:8 * j + 8],
+                                                   imm_bits[8 * j:8 * j + 8],
+                                                   f"rs_part{k}_imm{j}"))
         # BRANCH compares ``rs`` with ``imm`` in the same stage: ``rs_eq``, ``rs_lt`` (signed).
         rs_eq = Signal()
         rs_lt = Signal()
@@ -506,7 +520,7 @@ class PPU(wiring.Component):
         m.d.sync += [
             rs_part_ok.eq(~busy.bit_select(x_rs, 1) & ~x_load),
             rs_value.eq(rs_sel),
-            rs_eq.eq(eq_part.bit_select(x_rs[2:], 1)),
+            rs_eq.eq(eq_part[x_rs[2:]].all()),
             rs_lt.eq((rs_sel.as_signed() - x.operands.branch.imm)[-1]),
             rs_ok.eq(rs_part_ok & ~x_load),
         ]
@@ -546,8 +560,15 @@ class PPU(wiring.Component):
                                                     f_dec_valid)))),
             f_taken.eq(x_load & ~act_taken),
         ]
-        m.d.sync += mask_busy.eq(Mux(x_load, Mux(use_tgt, tgt_dec.mask, f_dec.mask), xd.mask) &
-                                 busy_next)
+        # Each group's OR for the three candidates (target, fetched, staying), chosen last.
+        for j in range(NUM_REGISTERS // 4):
+            group = slice(4 * j, 4 * j + 4)
+
+            def busy_in(mask, j=j, group=group):
+                return (mask[group] & busy_next[group]).any()
+            m.d.sync += mask_busy[j].eq(Mux(x_load, Mux(use_tgt, busy_in(tgt_dec.mask),
+                                                        busy_in(f_dec.mask)),
+                                            busy_in(xd.mask)))
         with m.If(x_load):
             m.d.sync += [
                 x_valid.eq(1),
