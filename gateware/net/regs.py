@@ -12,6 +12,7 @@ error.
 
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import data, wiring
+from amaranth.lib.memory import Memory, MemoryData
 from amaranth.lib.wiring import In, Out
 
 from ...isa.layout import ISA_VERSION
@@ -32,10 +33,17 @@ from ...wire.ipv4 import ip_to_int
 from .common import NetConfig, QPContext
 
 __all__ = ["RegisterPortSignature", "NetRegisters", "REGISTER_WIDTHS", "NUM_COUNTERS",
-           "READ_LATENCY_CYCLES"]
+           "READ_LATENCY_CYCLES", "COUNTER_LAG_CYCLES"]
 
 #: Number of 32-bit counters (one increment strobe bit each).
 NUM_COUNTERS = len(COUNTERS)
+
+#: Most cycles from an increment strobe to the counter value that includes it: a read whose
+#: address is applied this many cycles after the strobe's cycle returns a count including it.
+#: The strobes are summed into a register (1 cycle), added to the counter's pending count
+#: (1 cycle), taken by the update engine at its next visit (up to NUM_COUNTERS cycles apart) and
+#: added to the stored value in the cycle after (1 cycle).
+COUNTER_LAG_CYCLES = NUM_COUNTERS + 3
 
 #: Cycles from ``port.addr`` to its ``port.r_data`` and ``port.hit``: the address is decoded
 #: into one register per 64-byte window (a 16-way choice inside it and the window match), and
@@ -69,6 +77,14 @@ REGISTER_WIDTHS: dict[str, int] = {
     "ENV_RKEY": 32,
     "REGS_RKEY": 32,
 }
+
+
+def _or_tree(values: list[Value]) -> Value:
+    """The OR of ``values``, as a balanced tree."""
+    while len(values) > 1:
+        values = [values[k] | values[k + 1] if k + 1 < len(values) else values[k]
+                  for k in range(0, len(values), 2)]
+    return values[0]
 
 
 class RegisterPortSignature(wiring.Signature):
@@ -127,9 +143,24 @@ class NetRegisters(wiring.Component):
         Next PSN the receiver expects on each QP, read back as RX_EPSN.
     inc : In(ArrayLayout(NUM_COUNTERS, num_inc_sources))
         Counter increment strobes: bit ``i`` of any source adds one to counter ``i``
-        (:data:`openqlink.memory_map.COUNTERS` order). Counters are 32 bits and wrap. The sum of
-        all sources' strobes of one cycle is registered and added in the next, so simultaneous
-        strobes are not lost: a strobe shows in the counter's value 2 cycles later.
+        (:data:`openqlink.memory_map.COUNTERS` order). Counters are 32 bits and wrap. Every
+        strobe counts, however many sources strobe one counter in a cycle and for however
+        many cycles: a strobe shows in the counter's value at most
+        :data:`COUNTER_LAG_CYCLES` (NUM_COUNTERS + 3) cycles later (at least 4), i.e. in a
+        read whose address is applied that many cycles after the strobe's cycle.
+
+    The counters are a bank, not one register and adder each: their values live in a small
+    memory (distributed RAM; a second copy serves the control-plane read), each counter has a
+    few-bit pending count that its strobes add to, and an update engine visits the counters
+    round robin, one a cycle, adding the pending count it takes (and clears) to the stored
+    value. After a reset the engine's first pass writes zeros; until it ends the counters read
+    zero (a strobe of those cycles still shows within the bound above).
+
+    Attributes
+    ----------
+    counter_values : MemoryData
+        The counters' stored values, by :data:`openqlink.memory_map.COUNTERS` index (a
+        simulation may preset or inspect them; the hardware writes them only by counting).
     """
 
     def __init__(self, params: QSCParams, *, num_inc_sources: int = 3):
@@ -140,6 +171,7 @@ class NetRegisters(wiring.Component):
                 raise ValueError(f"register {reg.name} has no stored width in REGISTER_WIDTHS")
         self.params = params
         self.num_inc_sources = num_inc_sources
+        self.counter_values = MemoryData(shape=32, depth=NUM_COUNTERS, init=[])
         n = params.num_ppus
         super().__init__({
             "port": In(RegisterPortSignature()),
@@ -179,18 +211,7 @@ class NetRegisters(wiring.Component):
                 glob[reg.name] = sig
                 entries[addr] = (sig, sig if reg.access is Access.RW else None)
 
-        counters = []
-        for i, (name, _) in enumerate(COUNTERS):
-            sig = Signal(32, name=f"count_{name.lower()}")
-            counters.append(sig)
-            entries[GLOBAL_BASE + COUNTERS_BASE + 4 * i] = (sig, None)
-            # inc_q: the strobes of one cycle, summed and registered, so that no strobe logic
-            # sits in front of the 32-bit adder.
-            inc_q = Signal(range(self.num_inc_sources + 1), name=f"inc_{name.lower()}")
-            m.d.sync += [
-                inc_q.eq(sum(self.inc[s][i] for s in range(self.num_inc_sources))),
-                sig.eq(sig + inc_q),
-            ]
+        cnt_data, cnt_data_ok, cnt_hit = self._counter_bank(m)
 
         qpregs: list[dict[str, Signal]] = []
         for n in range(params.num_ppus):
@@ -216,6 +237,10 @@ class NetRegisters(wiring.Component):
         for addr, entry in entries.items():
             slot = (addr % (1 << _WINDOW_BITS)) >> 2
             windows.setdefault(addr >> _WINDOW_BITS, {})[slot] = entry
+        cnt_lo, cnt_hi = self._counter_region()
+        for addr in entries:
+            if cnt_lo <= addr < cnt_hi:
+                raise ValueError(f"register at {addr:#x} lies in the counters' address region")
         low_q = Signal(_WINDOW_BITS - 2)      # addr[7:2], registered
         m.d.sync += low_q.eq(port.addr[2:_WINDOW_BITS])
         r_data = Const(0, 32)
@@ -243,6 +268,9 @@ class NetRegisters(wiring.Component):
                                 m.d.sync += storage.eq(port.w_data)
             r_data = r_data | Mux(in_w, w_data, 0)
             hit = hit | (in_w & w_hit)
+        # the counters: stage 1 is the bank's registered read, the region match and its gate
+        r_data = r_data | Mux(cnt_data_ok, cnt_data, 0)
+        hit = hit | cnt_hit
         m.d.sync += [port.r_data.eq(r_data), port.hit.eq(hit)]
 
         m.d.comb += [
@@ -268,3 +296,89 @@ class NetRegisters(wiring.Component):
                 qp.regs_rkey.eq(regs["REGS_RKEY"]),
             ]
         return m
+
+    @staticmethod
+    def _counter_region() -> tuple[int, int]:
+        """Byte addresses [lo, hi) that the counters' read decodes (a power of two, aligned)."""
+        size = 4 << max(1, (NUM_COUNTERS - 1).bit_length())
+        lo = GLOBAL_BASE + COUNTERS_BASE
+        if lo % size:
+            raise ValueError(f"the counters' base {lo:#x} is not aligned to {size:#x} bytes")
+        return lo, lo + size
+
+    def _counter_bank(self, m: Module) -> tuple[Value, Value, Value]:
+        """The counters: a memory of their values, a pending count each, an update engine.
+
+        Returns the control-plane read of ``port.addr`` after stage 1 of the read: the stored
+        value, whether it may be shown (a counter, not during the pass that clears after a
+        reset) and whether ``addr`` names a counter.
+        """
+        port = self.port
+        n, s = NUM_COUNTERS, self.num_inc_sources
+        m.submodules.counter_values = mem = Memory(data=self.counter_values)
+
+        # Update engine, stage A (cycle v): ``ptr`` names the counter visited, ``visit`` is the
+        # same as a one-hot ring; its pending count is taken into ``take`` and restarts from
+        # this cycle's strobes. Stage B (cycle v + 1): the stored value plus ``take`` is
+        # written back. A counter's stage B write lands before its next stage A, n cycles on.
+        ptr = Signal(range(n), name="cnt_ptr")
+        visit = Signal(n, init=1, name="cnt_visit")
+        take = Signal(range(n * s + 1), name="cnt_take")
+        idx = Signal(range(n), name="cnt_idx")
+        # A reset clears the values: the first pass after it writes ``take`` alone.
+        clearing = Signal(init=1, name="cnt_clearing")
+        clear_b = Signal(init=1, name="cnt_clear_b")
+        m.d.sync += [
+            ptr.eq(Mux(ptr == n - 1, 0, ptr + 1)),
+            visit.eq(visit.rotate_left(1)),
+            idx.eq(ptr),
+            clear_b.eq(clearing),
+        ]
+        with m.If(ptr == n - 1):
+            m.d.sync += clearing.eq(0)
+
+        # Pending counts. inc_q is the sum of one cycle's strobes, registered so that no strobe
+        # logic sits in front of the pending adder: at most s. A pending count restarts from
+        # inc_q in the cycle its counter is visited (stage A takes the old count, so nothing is
+        # lost) and adds inc_q in every other cycle. Visits of one counter are exactly n cycles
+        # apart (ptr steps by one modulo n every cycle), so the count taken at a visit is the
+        # sum of the n inc_q values of the cycles since the previous visit: at most n * s
+        # (the first visit after a reset takes fewer: the cycles before it), which
+        # ``range(n * s + 1)`` holds: the pending counts never overflow.
+        pend = []
+        for i, (name, _) in enumerate(COUNTERS):
+            inc_q = Signal(range(s + 1), name=f"inc_{name.lower()}")
+            p = Signal(range(n * s + 1), name=f"pend_{name.lower()}")
+            pend.append(p)
+            m.d.sync += [
+                inc_q.eq(sum(self.inc[k][i] for k in range(s))),
+                p.eq(Mux(visit[i], 0, p) + inc_q),
+            ]
+        # the visited count, picked by the one-hot ring (an AND-OR: fewer LUT levels than a
+        # multiplexer on ptr)
+        m.d.sync += take.eq(
+            _or_tree([Mux(visit[i], p, 0) for i, p in enumerate(pend)]))
+
+        rd = mem.read_port(domain="comb")
+        wr = mem.write_port()
+        m.d.comb += [
+            rd.addr.eq(idx),
+            wr.addr.eq(idx),
+            wr.en.eq(1),
+            wr.data.eq(Mux(clear_b, 0, rd.data) + take),      # wraps at 32 bits
+        ]
+
+        # Control-plane read: the stored value of the cycle ``addr`` is applied in (the read
+        # port is not transparent: it does not see stage B's write of the same edge).
+        lo, hi = self._counter_region()
+        bits = (hi - lo).bit_length() - 1        # byte address bits inside the region
+        cp = mem.read_port(transparent_for=())
+        in_region = port.addr[bits:] == lo >> bits
+        is_counter = port.addr[2:bits] < n
+        hit = Signal(name="cnt_hit")
+        # the values are stale until the clearing pass has written its last (stage B of
+        # counter n - 1, in the last cycle of clear_b)
+        ready = Signal(name="cnt_ready")
+        m.d.comb += cp.addr.eq(port.addr[2:bits])
+        m.d.sync += [hit.eq(in_region & is_counter), ready.eq(~clear_b)]
+        return cp.data, hit & ready, hit

@@ -10,7 +10,7 @@ from netbench import HOST_IP, HOST_MAC, HOST_PORT, StreamSink
 
 from openqlink.gateware.bus import READ_TAG_BITS, BusOp
 from openqlink.gateware.net.control import PPU_TIMEOUT_CYCLES, ControlPlane
-from openqlink.gateware.net.regs import NetRegisters
+from openqlink.gateware.net.regs import COUNTER_LAG_CYCLES, NetRegisters
 from openqlink.isa.layout import ISA_VERSION
 from openqlink.memory_map import (
     QSCParams,
@@ -58,6 +58,8 @@ def run(requests, *, read_answers=None, bus_ready=lambda c: True, reply_ready=la
         params=PARAMS):
     """Feed ``requests``; answer bus READs from ``read_answers`` (word_addr -> (data, error)).
 
+    An int among ``requests`` is a pause: that many cycles with no request offered.
+
     Returns (replies, bus commands).
     """
     h = ControlHarness(params)
@@ -68,6 +70,11 @@ def run(requests, *, read_answers=None, bus_ready=lambda c: True, reply_ready=la
 
     async def feeder(ctx):
         for r in requests:
+            if isinstance(r, int):
+                ctx.set(dut.req.valid, 0)
+                for _ in range(r):
+                    await ctx.tick()
+                continue
             ctx.set(dut.req.valid, 1)
             ctx.set(dut.req.payload, r)
             await ctx.tick().until(dut.req.ready)
@@ -122,6 +129,9 @@ def test_global_registers_read_write():
         req(Command.RD_DWORD, qp_reg(1, "QSC_QPN"), seq=7),
         req(Command.WR_DWORD, qp_reg(1, "HOST_QPN"), 0xFF_123456, seq=8),
         req(Command.RD_DWORD, qp_reg(1, "HOST_QPN"), seq=9),
+        # The counters show a strobe within COUNTER_LAG_CYCLES. Request 9 counts in its DECODE
+        # cycle, 3 cycles after it is taken; request 10 reads in the cycle after it is taken.
+        COUNTER_LAG_CYCLES + 2,
         req(Command.RD_DWORD, counter_addr("RX_CONTROL"), seq=10),
     ])
     assert bus == []
@@ -327,6 +337,8 @@ def test_ppu_command_dropped_is_answered_at_once_and_counted():
         reply, cycles = await _reply(ctx, dut, 10)
         assert reply["status"] == Status.PPU_TIMEOUT and cycles < 10
         ctx.set(dut.bus_drop, 0)
+        for _ in range(COUNTER_LAG_CYCLES):      # the counter shows a strobe this late
+            await ctx.tick()
         await _request(ctx, dut, req(Command.RD_DWORD, counter_addr("DROP_BUS"), seq=2))
         reply, _ = await _reply(ctx, dut, 10)
         assert reply["value"] == 1 + cycles       # one per cycle with bus_drop high

@@ -23,6 +23,7 @@ from netbench import (
 
 from openqlink.gateware.bus import BusOp
 from openqlink.gateware.net.core import BusArbiter, NetworkCore
+from openqlink.gateware.net.regs import COUNTER_LAG_CYCLES
 from openqlink.memory_map import (
     IMEM_OFFSET,
     MAILBOX_OFFSET,
@@ -103,6 +104,11 @@ class CoreBench:
         assert r["status"] == Status.OK
         return r["value"]
 
+    async def read_counter(self, ctx, name):
+        """Counter ``name`` once every strobe so far shows in it (within COUNTER_LAG_CYCLES)."""
+        await self.settle(ctx, COUNTER_LAG_CYCLES)
+        return await self.read(ctx, counter_addr(name))
+
     async def write(self, ctx, addr, value):
         r = await self.control(ctx, Command.WR_DWORD, addr, value)
         assert r["status"] == Status.OK
@@ -153,17 +159,17 @@ def test_end_to_end():
         ])
         await b.settle(ctx)
         assert len(b.bus.items) == n
-        assert await b.read(ctx, counter_addr("DROP_ICRC")) == 1
-        assert await b.read(ctx, counter_addr("DROP_RKEY")) == 1
-        assert await b.read(ctx, counter_addr("DROP_VA")) == 1
-        assert await b.read(ctx, counter_addr("RX_ROCE_ACCEPTED")) == 1
+        assert await b.read_counter(ctx, "DROP_ICRC") == 1
+        assert await b.read_counter(ctx, "DROP_RKEY") == 1
+        assert await b.read_counter(ctx, "DROP_VA") == 1
+        assert await b.read_counter(ctx, "RX_ROCE_ACCEPTED") == 1
         assert await b.read(ctx, qp_reg(0, "RX_EPSN")) == 1
         # a SEND_ONLY response to PPU 1's mailbox
         await drive_frames(ctx, b.dut.rx, [send_frame(data[:24], dest_qp=PARAMS.qpn_base + 1)])
         await b.settle(ctx)
         assert b.bus.items[n:] == expected_writes(mailbox1, data[:24]) + [
             mailbox_commit(mailbox1, 24)]
-        assert await b.read(ctx, counter_addr("RX_RPC_RESPONSES")) == 1
+        assert await b.read_counter(ctx, "RX_RPC_RESPONSES") == 1
         # a PPU register through the bus: WRITE, then a READ answered by the cluster model
         n = len(b.bus.items)
         await b.write(ctx, ppu_reg(1, "START_TIME_HI"), 0x77)
@@ -178,9 +184,9 @@ def test_end_to_end():
         ]
         # replies leave as frames and are counted
         sent = len(b.tx_frames)
-        assert await b.read(ctx, counter_addr("TX_FRAMES")) == sent
+        assert await b.read_counter(ctx, "TX_FRAMES") == sent
         # the reading request is counted in the cycle it is read: it sees the ones before it
-        assert await b.read(ctx, counter_addr("RX_CONTROL")) == b.seq - 1
+        assert await b.read_counter(ctx, "RX_CONTROL") == b.seq - 1
 
     bench.run(tb)
 
@@ -209,7 +215,7 @@ def test_call_request_becomes_rpc_frame():
         assert f.reth["va"] == 0x10000 and split_slot_immediate(f.immdt["imm"]) == (0, 0)
         req = Request.unpack(f.payload)
         assert (req.function_id, req.request_id, req.payload) == (0xF00D, 77, bytes([1, 2, 3, 4]))
-        assert await b.read(ctx, counter_addr("TX_RPC_REQUESTS")) == 1
+        assert await b.read_counter(ctx, "TX_RPC_REQUESTS") == 1
         assert await b.read(ctx, qp_reg(1, "TX_PSN")) == 1
 
     bench.run(tb)

@@ -1,14 +1,21 @@
 """Tests of openqlink.gateware.net.regs: NetRegisters against openqlink.memory_map."""
 
 import gc
+import random
 import warnings
 
 import pytest
-from amaranth.hdl import UnusedElaboratable
+from amaranth.hdl import ResetInserter, Signal, UnusedElaboratable
 from amaranth.sim import Simulator
 
 from openqlink.gateware.net.common import COUNTER_INDEX
-from openqlink.gateware.net.regs import READ_LATENCY_CYCLES, REGISTER_WIDTHS, NetRegisters
+from openqlink.gateware.net.regs import (
+    COUNTER_LAG_CYCLES,
+    NUM_COUNTERS,
+    READ_LATENCY_CYCLES,
+    REGISTER_WIDTHS,
+    NetRegisters,
+)
 from openqlink.isa.layout import ISA_VERSION
 from openqlink.memory_map import (
     COUNTERS,
@@ -150,7 +157,9 @@ def test_counters_sum_all_sources():
         for _ in range(5):
             await ctx.tick()
         ctx.set(dut.inc, [0, 0, 0])
-        await ctx.tick()
+        # the read's address comes COUNTER_LAG_CYCLES after the cycle of the last strobes
+        for _ in range(COUNTER_LAG_CYCLES - 1):
+            await ctx.tick()
         assert await read(ctx, dut, counter_addr("RX_FRAMES")) == (1, 15)
         assert await read(ctx, dut, counter_addr("PSN_GAP")) == (1, 5)
         assert await read(ctx, dut, counter_addr("TX_FRAMES")) == (1, 5)
@@ -159,6 +168,145 @@ def test_counters_sum_all_sources():
                 assert await read(ctx, dut, counter_addr(name)) == (1, 0), name
 
     simulate(tb)
+
+
+ALL = (1 << NUM_COUNTERS) - 1
+
+
+def test_counters_every_source_every_cycle():
+    # every source strobes every counter in every cycle: the pending counts reach their bound
+    async def tb(ctx, dut):
+        ctx.set(dut.inc, [ALL, ALL, ALL])
+        for _ in range(200):
+            await ctx.tick()
+        ctx.set(dut.inc, [0, 0, 0])
+        for _ in range(COUNTER_LAG_CYCLES - 1):
+            await ctx.tick()
+        for name, _ in COUNTERS:
+            assert await read(ctx, dut, counter_addr(name)) == (1, 600), name
+
+    simulate(tb)
+
+
+def test_counters_random_strobes_match_a_model():
+    # Random strobes while the counters are read back to back (a new address every cycle): a
+    # value read in cycle t counts every strobe up to cycle t - COUNTER_LAG_CYCLES and none of
+    # cycle t or later; once the strobes stop, every counter equals the model's total.
+    rng = random.Random(1)
+    cycles = 400
+    strobes = [[rng.getrandbits(NUM_COUNTERS) & rng.getrandbits(NUM_COUNTERS)
+                for _ in range(3)] if t < cycles else [0, 0, 0]
+               for t in range(cycles + COUNTER_LAG_CYCLES + READ_LATENCY_CYCLES)]
+    # totals[t][i]: strobes of counter i in cycles before t
+    totals = [[0] * NUM_COUNTERS]
+    for vec in strobes:
+        totals.append([totals[-1][i] + sum(v >> i & 1 for v in vec)
+                       for i in range(NUM_COUNTERS)])
+    checked = []
+
+    async def tb(ctx, dut):
+        addrs = []
+        for t, vec in enumerate(strobes):
+            ctx.set(dut.inc, vec)
+            idx = rng.randrange(NUM_COUNTERS)
+            ctx.set(dut.port.addr, counter_addr(COUNTERS[idx][0]))
+            addrs.append(idx)
+            await ctx.tick()
+            # after the edge that ends cycle t: r_data is the value of cycle t + 1 - latency
+            a = t + 1 - READ_LATENCY_CYCLES
+            if a >= 0:
+                i = addrs[a]
+                hit, value = ctx.get(dut.port.hit), ctx.get(dut.port.r_data)
+                assert hit == 1
+                low = totals[max(0, a + 1 - COUNTER_LAG_CYCLES)][i]
+                assert low <= value <= totals[a][i], (a, COUNTERS[i][0])
+                checked.append(value)
+        for i, (name, _) in enumerate(COUNTERS):
+            assert await read(ctx, dut, counter_addr(name)) == (1, totals[-1][i]), name
+
+    simulate(tb)
+    assert len(set(checked)) > 20        # the reads saw the counters move
+
+
+def test_counter_lag_bound():
+    # One strobe at every phase of the update engine (the strobe cycles step by 2n + 1): it
+    # shows in a value read COUNTER_LAG_CYCLES after its cycle, never earlier than the next.
+    name = "DROP_VA"
+    idx = COUNTER_INDEX[name]
+    lags = []
+
+    async def tb(ctx, dut):
+        ctx.set(dut.port.addr, counter_addr(name))
+        t = 0
+        for k in range(NUM_COUNTERS + 1):
+            strobe = t
+            ctx.set(dut.inc[k % 3], 1 << idx)
+            await ctx.tick()
+            ctx.set(dut.inc[k % 3], 0)
+            t += 1
+            while t < strobe + 2 * NUM_COUNTERS + 1:
+                a = t - READ_LATENCY_CYCLES        # the cycle whose value r_data shows now
+                if a > strobe and ctx.get(dut.port.r_data) == k + 1 and len(lags) == k:
+                    lags.append(a - strobe)
+                if a <= strobe:
+                    assert ctx.get(dut.port.r_data) == k
+                await ctx.tick()
+                t += 1
+
+    simulate(tb)
+    assert len(lags) == NUM_COUNTERS + 1
+    assert max(lags) <= COUNTER_LAG_CYCLES
+    assert len(set(lags)) == NUM_COUNTERS    # every phase seen
+
+
+def test_counters_wrap_at_32_bits():
+    # the values are preset near 2**32 (a simulation backdoor: the hardware only counts)
+    async def tb(ctx, dut):
+        for _ in range(NUM_COUNTERS + 2):          # the clearing pass after reset ends
+            await ctx.tick()
+        for i in range(NUM_COUNTERS):
+            ctx.set(dut.counter_values[i], 2**32 - 7 - i)
+        ctx.set(dut.inc, [ALL, ALL, ALL])
+        for _ in range(5):
+            await ctx.tick()
+        ctx.set(dut.inc, [0, 0, 0])
+        for _ in range(COUNTER_LAG_CYCLES - 1):
+            await ctx.tick()
+        for i, (name, _) in enumerate(COUNTERS):
+            assert await read(ctx, dut, counter_addr(name)) == (1, (15 - 7 - i) % 2**32), name
+
+    simulate(tb)
+
+
+def test_reset_clears_the_counters():
+    # A reset clears the stored values by one pass of the update engine; the reads of that
+    # pass return zero, not the values from before the reset.
+    rst = Signal()
+    dut = NetRegisters(PARAMS)
+    sim = Simulator(ResetInserter(rst)(dut))
+    sim.add_clock(6.4e-9)
+    frames = COUNTER_INDEX["RX_FRAMES"]
+
+    async def tb(ctx):
+        for _ in range(NUM_COUNTERS + 2):          # the clearing pass after power-up ends
+            await ctx.tick()
+        for i in range(NUM_COUNTERS):
+            ctx.set(dut.counter_values[i], 1000 + i)
+        assert await read(ctx, dut, counter_addr("DROP_MAC")) == (1, 1000 + NUM_COUNTERS - 1)
+        ctx.set(rst, 1)
+        ctx.set(dut.port.addr, counter_addr("DROP_MAC"))
+        await ctx.tick()
+        ctx.set(rst, 0)
+        ctx.set(dut.inc[1], 1 << frames)              # counted: after the reset
+        for k in range(NUM_COUNTERS + COUNTER_LAG_CYCLES):
+            await ctx.tick()
+            ctx.set(dut.inc[1], (1 << frames) if k < 2 else 0)
+            assert ctx.get(dut.port.r_data) == 0
+        for i, (name, _) in enumerate(COUNTERS):
+            assert await read(ctx, dut, counter_addr(name)) == (1, 3 if i == frames else 0), name
+
+    sim.add_testbench(tb)
+    sim.run()
 
 
 def test_unmapped_addresses_miss():
