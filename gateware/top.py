@@ -116,8 +116,9 @@ class QSCTop(wiring.Component):
     ptd : Out(PTDSignature(n_marker=markers_per_ppu)).array(num_ppus)
         Physical-side interface of each PPU, ``dtd`` domain.
     timeline : Out(64)
-        The shared timeline counter (DTD cycles since ``dtd_rst``), ``dtd`` domain: a PPU's
-        event scheduled for time T appears on its ``ptd`` outputs in the cycle ``timeline == T``.
+        The shared timeline counter (DTD cycles since ``dtd_rst``, ``timeline_bits`` wide and
+        zero-extended), ``dtd`` domain: a PPU's event scheduled for time T appears on its ``ptd``
+        outputs in the cycle ``timeline == T``.
         For monitors (the bench, an on-chip logic analyser); nothing needs to read it.
     """
 

@@ -94,6 +94,7 @@ class QSCParams:
     env_depth: int = 4096             #: 16-bit samples of envelope memory per PPU
     data_width_bits: int = 64         #: MAC-side packet stream width
     markers_per_ppu: int = 4          #: MARKER channels of each PPU (``marker 0..N-1``)
+    timeline_bits: int = 64           #: width of the DTD timeline and every time in the PPUs
     rti_clk_hz: int = 156_250_000     #: network clock (10GBASE-R MAC side)
     dtd_clk_hz: int = 250_000_000     #: PPU / timeline clock
     qpn_base: int = 0x100             #: QPN of PPU n is qpn_base + n
@@ -113,8 +114,15 @@ class QSCParams:
         if not 1 <= self.markers_per_ppu <= 16:
             raise ValueError(f"markers_per_ppu must be 1..16 (a 4-bit channel field), "
                              f"not {self.markers_per_ppu}")
+        if not 40 <= self.timeline_bits <= 64:
+            raise ValueError(f"timeline_bits must be 40..64, not {self.timeline_bits}")
         if self.data_width_bits != 64:
             raise ValueError(f"data_width_bits must be 64 for now, not {self.data_width_bits}")
+
+    @property
+    def timeline_wrap_s(self) -> float:
+        """Seconds until the timeline wraps (``2**timeline_bits`` DTD cycles)."""
+        return (1 << self.timeline_bits) / self.dtd_clk_hz
 
     @property
     def dtd_period_ns(self) -> float:
@@ -190,14 +198,16 @@ QP_REGISTERS: tuple[Register, ...] = (
 PPU_REGISTERS: tuple[Register, ...] = (
     _R("TAIL", 0x00, Access.RW, 0, "Committed tail: index one past the last valid instruction"),
     _R("START_TIME_LO", 0x08, Access.RW, 0, "Trigger start time, DTD cycles, bits [31:0]"),
-    _R("START_TIME_HI", 0x0C, Access.RW, 0, "Trigger start time, DTD cycles, bits [63:32]"),
+    _R("START_TIME_HI", 0x0C, Access.RW, 0,
+       "Trigger start time, DTD cycles, bits [timeline_bits-1:32]"),
     _R("TRIGGER", 0x10, Access.WO, 0,
        "Atomic trigger: value = new TAIL; in one DTD cycle commits it and arms the PPU for "
        "START_TIME (refused with trigger_busy / trigger_late)"),
     _R("STATUS", 0x14, Access.RO, 0, "PPUStatus (openqlink.isa.PPUStatus)"),
     _R("PC", 0x18, Access.RO, 0, "Program counter (instruction index)"),
     _R("TIMELINE_LO", 0x20, Access.RO, 0, "Timeline counter bits [31:0]; reading latches HI"),
-    _R("TIMELINE_HI", 0x24, Access.RO, 0, "Timeline counter bits [63:32] latched by LO"),
+    _R("TIMELINE_HI", 0x24, Access.RO, 0,
+       "Timeline counter bits [timeline_bits-1:32] latched by LO"),
     _R("CALL_TIMEOUT_CYCLES", 0x28, Access.RW, 250_000, "CALL time-out, DTD cycles (0: none)"),
     _R("LAST_CALL_STATUS", 0x2C, Access.RO, 0, "status field of the last RPC response"),
     _R("CALL_COUNT", 0x30, Access.RO, 0, "CALLs issued since reset"),

@@ -360,13 +360,15 @@ class QSC:
         :meth:`status` to know.
 
         Raises :class:`~openqlink.errors.FieldRangeError` naming ``start_time_cycles`` (not
-        64 bits) or ``tail`` (not a ring index 0..imem_depth-1: a ring of N slots holds at most
-        N-1 instructions, since a full ring would read as empty).
+        within the build's ``timeline_bits``-bit timeline) or ``tail`` (not a ring index
+        0..imem_depth-1: a ring of N slots holds at most N-1 instructions, since a full ring
+        would read as empty).
         """
         st = self._state(ppu)
-        if not 0 <= start_time_cycles < 1 << 64:
+        bits = self.params.timeline_bits
+        if not 0 <= start_time_cycles < 1 << bits:
             raise FieldRangeError("REGS", "start_time_cycles", start_time_cycles,
-                                  "does not fit in 64 bits")
+                                  f"does not fit the build's {bits}-bit timeline")
         if not 0 <= tail < self.params.imem_depth:
             raise FieldRangeError("REGS", "tail", tail,
                                   f"not a ring index 0..{self.params.imem_depth - 1} (a full "
@@ -387,7 +389,8 @@ class QSC:
         return self.control.read(ppu_reg(ppu, name))
 
     def timeline(self, ppu: int = 0) -> int:
-        """The 64-bit timeline counter in DTD cycles (TIMELINE_LO, which latches HI, then HI)."""
+        """The timeline counter in DTD cycles (TIMELINE_LO, which latches HI, then HI):
+        ``params.timeline_bits`` wide, wrapping at ``2**timeline_bits``."""
         lo = self.read_register(ppu, "TIMELINE_LO")
         hi = self.read_register(ppu, "TIMELINE_HI")
         return hi << 32 | lo

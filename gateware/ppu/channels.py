@@ -25,14 +25,25 @@ asserts it while it is in ERROR; a push that is offered in a flushed cycle is di
 """
 
 # No ``from __future__ import annotations``: data.Struct reads its annotations as shapes.
-from amaranth.hdl import Cat, Const, Module, Mux, ResetInserter, Signal, Value, signed, unsigned
+from amaranth.hdl import (
+    Cat,
+    Const,
+    Module,
+    Mux,
+    ResetInserter,
+    Shape,
+    Signal,
+    Value,
+    signed,
+    unsigned,
+)
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
 __all__ = [
     "FIFO_DEPTH", "SAMPLE_BITS", "PTDSignature",
-    "DriveEvent", "ReadoutEvent", "MarkerEvent",
+    "drive_event", "readout_event", "marker_event",
     "DriveChannel", "ReadoutChannel", "MarkerChannel",
 ]
 
@@ -65,20 +76,20 @@ def equal(m: Module, a, b, name: str):
 
 
 def add_small(a, b):
-    """``a + b`` mod 2**64 for a 64-bit ``a`` and a ``b`` of at most 32 bits, carry-select:
-    the low half's carry picks the high half or its increment (two 32-bit chains side by
-    side, no 64-bit carry chain)."""
+    """``a + b`` mod ``2**len(a)`` for a time ``a`` (33..64 bits) and a ``b`` of at most 32
+    bits, carry-select: the low 32 bits' carry picks the high part or its increment (two carry
+    chains side by side, none as long as the time)."""
     a = Value.cast(a)
-    assert len(a) == 64
+    assert 32 < len(a) <= 64
     lo = a[:32] + b
     return Cat(lo[:32], Mux(lo[32], a[32:] + 1, a[32:]))
 
 
 def less(m: Module, a, b, name: str):
-    """``a < b`` for 64-bit values from their halves: two 32-bit carry chains and a kept
-    equality of the high halves, joined by one LUT."""
+    """``a < b`` for times (33..64 bits) from their low 32 bits and the rest: two carry chains
+    and a kept equality of the high parts, joined by one LUT."""
     a, b = Value.cast(a), Value.cast(b)
-    lt_hi = (Cat(a[32:], Const(0, 1)) - Cat(b[32:], Const(0, 1)))[32]
+    lt_hi = (Cat(a[32:], Const(0, 1)) - Cat(b[32:], Const(0, 1)))[-1]
     lt_lo = (Cat(a[:32], Const(0, 1)) - Cat(b[:32], Const(0, 1)))[32]
     return lt_hi | (equal(m, a[32:], b[32:], f"{name}_hi") & lt_lo)
 
@@ -146,35 +157,38 @@ class PTDSignature(wiring.Signature):
                 f"n_marker={self.n_marker})")
 
 
-class DriveEvent(data.Struct):
-    """A queued PLAY (152 bits).
+def drive_event(time_bits: int = 64) -> data.StructLayout:
+    """A queued PLAY (``time_bits + 96`` bits).
 
     ``phase`` and ``freq_word`` are carried through the FIFO for the NCO of a later issue and are
     ignored by the channel now (the DAC gets the envelope times the amplitude, no carrier).
     """
-
-    time: unsigned(64)            #: DTD cycle of the first sample
-    env_addr: unsigned(16)        #: first envelope sample (taken mod env_depth)
-    env_len: unsigned(16)         #: samples to play, one per cycle
-    amplitude: signed(16)         #: Q1.15
-    phase: unsigned(16)           #: NCO phase (not used yet)
-    freq_word: unsigned(32)       #: NCO frequency word (not used yet)
-
-
-class ReadoutEvent(data.Struct):
-    """A queued ACQUIRE (116 bits)."""
-
-    time: unsigned(64)            #: DTD cycle of the first integrated sample
-    window_cycles: unsigned(16)   #: 1..65535 samples integrated
-    threshold: signed(32)         #: result bit = (sum > threshold)
-    rd: unsigned(4)               #: register that receives the result bit
+    return data.StructLayout({
+        "time": unsigned(time_bits),        # DTD cycle of the first sample
+        "env_addr": unsigned(16),           # first envelope sample (taken mod env_depth)
+        "env_len": unsigned(16),            # samples to play, one per cycle
+        "amplitude": signed(16),            # Q1.15
+        "phase": unsigned(16),              # NCO phase (not used yet)
+        "freq_word": unsigned(32),          # NCO frequency word (not used yet)
+    })
 
 
-class MarkerEvent(data.Struct):
-    """A queued MARKER (80 bits)."""
+def readout_event(time_bits: int = 64) -> data.StructLayout:
+    """A queued ACQUIRE (``time_bits + 52`` bits)."""
+    return data.StructLayout({
+        "time": unsigned(time_bits),        # DTD cycle of the first integrated sample
+        "window_cycles": unsigned(16),      # 1..65535 samples integrated
+        "threshold": signed(32),            # result bit = (sum > threshold)
+        "rd": unsigned(4),                  # register that receives the result bit
+    })
 
-    time: unsigned(64)            #: first DTD cycle the marker is high
-    duration_cycles: unsigned(16)  #: cycles high (0: drive it low)
+
+def marker_event(time_bits: int = 64) -> data.StructLayout:
+    """A queued MARKER (``time_bits + 16`` bits)."""
+    return data.StructLayout({
+        "time": unsigned(time_bits),        # first DTD cycle the marker is high
+        "duration_cycles": unsigned(16),    # cycles high (0: drive it low)
+    })
 
 
 class TimedQueue(wiring.Component):
@@ -183,13 +197,14 @@ class TimedQueue(wiring.Component):
     The head register ``head`` holds the oldest event. Its comparisons with the timeline are
     computed in the cycle before (from the next event in line, the pushed event or the head
     itself and a registered ``now + 1 + fire_lead``), so ``on_time`` and ``past`` come from
-    flip-flops: no 64-bit compare sits on a channel's fire decision. The level is kept as
+    flip-flops: no full-width compare sits on a channel's fire decision. The level is kept as
     flip-flop flags, and ``ready`` is a flip-flop: a pop makes room from the next cycle on.
 
     Parameters
     ----------
-    layout : data.Struct subclass
-        The event; its ``time`` member (``unsigned(64)``) is compared.
+    layout : data.StructLayout
+        The event; its ``time`` member (``unsigned(time_bits)``, the timeline's width) is
+        compared.
     fire_lead : int
         Cycles between the fire decision and the event's time.
 
@@ -198,7 +213,7 @@ class TimedQueue(wiring.Component):
     event : ``In(stream.Signature(layout))``
         Events from the core; ``ready`` (registered) is low while the queue holds
         :data:`FIFO_DEPTH` events, and in the cycle after a pop that made room in a full queue.
-    now : ``In(64)``
+    now : ``In(time_bits)``
         The timeline counter; it must advance by one every cycle.
     flush : ``In(1)``
         Synchronous reset: the queue is empty from the next cycle.
@@ -220,9 +235,10 @@ class TimedQueue(wiring.Component):
     def __init__(self, layout, fire_lead: int):
         self._layout = layout
         self._fire_lead = fire_lead
+        self._time_bits = Shape.cast(data.Layout.cast(layout)["time"].shape).width
         super().__init__({
             "event": In(stream.Signature(layout)),
-            "now": In(64),
+            "now": In(self._time_bits),
             "flush": In(1),
             "head": Out(layout),
             "valid": Out(1),
@@ -238,11 +254,11 @@ class TimedQueue(wiring.Component):
         # ``now + fire_lead`` of the next cycle. Reset-less: a flush must not touch it (the
         # timeline keeps running); after a domain reset it is right from the second cycle,
         # before any event can be queued.
-        due_next = Signal(64, init=1 + self._fire_lead, reset_less=True)
+        due_next = Signal(self._time_bits, init=1 + self._fire_lead, reset_less=True)
         m.d.sync += due_next.eq(add_small(self.now, 2 + self._fire_lead))
 
         q = Module()
-        width = self._layout.as_shape().size
+        width = data.Layout.cast(self._layout).size
         # Every pushed event is written to a distributed RAM ring (``wr`` is the next entry);
         # the oldest event is also in ``head``, the next one in ``second``, and ``rd`` is the
         # entry after ``second``. ``n`` counts the events queued, with flags ``ge[k] = n >= k``
@@ -303,7 +319,7 @@ class TimedQueue(wiring.Component):
             # them. The equality of the halves is registered too (three LUT levels each).
             hi, lo = time[32:], time[:32]
             due_hi, due_lo = due_next[32:], due_next[:32]
-            lt_hi = (Cat(hi, Const(0, 1)) - Cat(due_hi, Const(0, 1)))[32]
+            lt_hi = (Cat(hi, Const(0, 1)) - Cat(due_hi, Const(0, 1)))[-1]
             le_lo = ~(Cat(due_lo, Const(0, 1)) - Cat(lo, Const(0, 1)))[32]
             eq_hi_now = equal(q, hi, due_hi, f"{name}_hi")
             le = Signal(name=f"{name}_le")
@@ -346,12 +362,14 @@ class DriveChannel(wiring.Component):
     ----------
     env_depth : int
         Samples in the PPU's envelope memory (power of two, at least 4).
+    time_bits : int
+        Width of the timeline and of event times (``QSCParams.timeline_bits``, 33..64).
 
     Members
     -------
-    event : ``In(stream.Signature(DriveEvent))``
+    event : ``In(stream.Signature(drive_event(time_bits)))``
         Events from the core; ``ready`` is low while the FIFO is full (the core stalls).
-    now : ``In(64)``
+    now : ``In(time_bits)``
         The shared timeline counter.
     flush : ``In(1)``
         Synchronous reset of the channel (FIFO and outputs).
@@ -372,13 +390,14 @@ class DriveChannel(wiring.Component):
     #: then envelope read, envelope word register, operand register, product register).
     LEAD_CYCLES = 5
 
-    def __init__(self, env_depth: int):
+    def __init__(self, env_depth: int, *, time_bits: int = 64):
         if env_depth < _SAMPLES_PER_WORD or env_depth & (env_depth - 1):
             raise ValueError(f"env_depth must be a power of two >= 4, not {env_depth}")
         self._env_depth = env_depth
+        self._time_bits = time_bits
         super().__init__({
-            "event": In(stream.Signature(DriveEvent)),
-            "now": In(64),
+            "event": In(stream.Signature(drive_event(time_bits))),
+            "now": In(time_bits),
             "flush": In(1),
             "env_rd_addr": Out(range(env_depth // _SAMPLES_PER_WORD)),
             "env_rd_data": In(64),
@@ -390,7 +409,7 @@ class DriveChannel(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.queue = q = TimedQueue(DriveEvent, self.LEAD_CYCLES - 1)
+        m.submodules.queue = q = TimedQueue(drive_event(self._time_bits), self.LEAD_CYCLES - 1)
         wiring.connect(m, wiring.flipped(self.event), q.event)
         fire = q.on_time
         late = q.past
@@ -476,8 +495,9 @@ class ReadoutChannel(wiring.Component):
 
     Members
     -------
-    event : ``In(stream.Signature(ReadoutEvent))``; now : ``In(64)``; flush : ``In(1)``
-        As :class:`DriveChannel`.
+    event : ``In(stream.Signature(readout_event(time_bits)))``; now : ``In(time_bits)``;
+    flush : ``In(1)``
+        As :class:`DriveChannel` (``time_bits``, default 64, is the constructor's argument).
     adc : ``In(signed(16))``
         The ADC sample of this cycle.
     window : ``Out(1)``
@@ -491,10 +511,11 @@ class ReadoutChannel(wiring.Component):
     #: Cycles an event must be queued before its time (fire decision: one cycle before).
     LEAD_CYCLES = 2
 
-    def __init__(self):
+    def __init__(self, *, time_bits: int = 64):
+        self._time_bits = time_bits
         super().__init__({
-            "event": In(stream.Signature(ReadoutEvent)),
-            "now": In(64),
+            "event": In(stream.Signature(readout_event(time_bits))),
+            "now": In(time_bits),
             "flush": In(1),
             "adc": In(signed(SAMPLE_BITS)),
             "window": Out(1),
@@ -507,7 +528,7 @@ class ReadoutChannel(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.queue = q = TimedQueue(ReadoutEvent, self.LEAD_CYCLES - 1)
+        m.submodules.queue = q = TimedQueue(readout_event(self._time_bits), self.LEAD_CYCLES - 1)
         wiring.connect(m, wiring.flipped(self.event), q.event)
         head = q.head
         rem = Signal(16)
@@ -554,8 +575,9 @@ class MarkerChannel(wiring.Component):
 
     Members
     -------
-    event : ``In(stream.Signature(MarkerEvent))``; now : ``In(64)``; flush : ``In(1)``
-        As :class:`DriveChannel`.
+    event : ``In(stream.Signature(marker_event(time_bits)))``; now : ``In(time_bits)``;
+    flush : ``In(1)``
+        As :class:`DriveChannel` (``time_bits``, default 64, is the constructor's argument).
     marker : ``Out(1)``
         The marker output.
     late : ``Out(1)``; idle : ``Out(1)``
@@ -565,10 +587,11 @@ class MarkerChannel(wiring.Component):
     #: Cycles an event must be queued before its time (fire decision: one cycle before).
     LEAD_CYCLES = 2
 
-    def __init__(self):
+    def __init__(self, *, time_bits: int = 64):
+        self._time_bits = time_bits
         super().__init__({
-            "event": In(stream.Signature(MarkerEvent)),
-            "now": In(64),
+            "event": In(stream.Signature(marker_event(time_bits))),
+            "now": In(time_bits),
             "flush": In(1),
             "marker": Out(1),
             "late": Out(1),
@@ -577,7 +600,7 @@ class MarkerChannel(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.queue = q = TimedQueue(MarkerEvent, self.LEAD_CYCLES - 1)
+        m.submodules.queue = q = TimedQueue(marker_event(self._time_bits), self.LEAD_CYCLES - 1)
         wiring.connect(m, wiring.flipped(self.event), q.event)
         rem = Signal(16)
         high = Signal()          # rem != 0, registered

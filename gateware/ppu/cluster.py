@@ -47,9 +47,10 @@ class PPUCluster(wiring.Component):
         The PPUs' CALL requests, arbitrated round robin (a request offered is held until taken).
     ptd : ``Out(PTDSignature(n_drive, n_readout, n_marker)).array(num_ppus)``
         The physical interface of each PPU.
-    now : ``Out(64)``
-        The timeline counter shared by all PPUs: 0 after reset, +1 every cycle. Every timed
-        effect of a PPU appears on its ``ptd`` outputs on the cycle ``now`` equals its time.
+    now : ``Out(params.timeline_bits)``
+        The timeline counter shared by all PPUs: 0 after reset, +1 every cycle, wrapping at
+        ``2**timeline_bits``. Every timed effect of a PPU appears on its ``ptd`` outputs on the
+        cycle ``now`` equals its time.
     """
 
     def __init__(self, params: QSCParams, *, n_drive: int = 1, n_readout: int = 1,
@@ -63,7 +64,7 @@ class PPUCluster(wiring.Component):
             "bus_rdata": Out(stream.Signature(BusReadData)),
             "call_req": Out(stream.Signature(CallRequest)),
             "ptd": Out(PTDSignature(n_drive, n_readout, n_marker)).array(params.num_ppus),
-            "now": Out(64),
+            "now": Out(params.timeline_bits),
         })
 
     def elaborate(self, platform):

@@ -138,8 +138,8 @@ class PPU(wiring.Component):
     Parameters
     ----------
     params : QSCParams
-        ``imem_depth`` (instructions, power of two >= 2) and ``env_depth`` (samples, power of
-        two >= 4) are used.
+        ``imem_depth`` (instructions, power of two >= 2), ``env_depth`` (samples, power of
+        two >= 4) and ``timeline_bits`` (the width of ``now`` and of every time) are used.
     index : int
         PPU number, 0..15 (``CallRequest.ppu``, top byte of request ids).
     n_drive, n_readout, n_marker : int
@@ -147,7 +147,7 @@ class PPU(wiring.Component):
 
     Members
     -------
-    now : ``In(64)``
+    now : ``In(timeline_bits)``
         The shared timeline counter (DTD cycles).
     bus_valid : ``In(1)``; ``bus_cmd : In(BusCommand)``
         A bus command for this PPU's window, one per cycle at most, always accepted.
@@ -179,7 +179,7 @@ class PPU(wiring.Component):
         self._n_readout = n_readout
         self._n_marker = n_marker
         super().__init__({
-            "now": In(64),
+            "now": In(params.timeline_bits),
             "bus_valid": In(1),
             "bus_cmd": In(BusCommand),
             "bus_rdata": Out(BusReadData),
@@ -204,9 +204,10 @@ class PPU(wiring.Component):
         env_bus_r = env.read_port()
 
         # ---- Channels and CALL unit --------------------------------------------------------
-        drives = [DriveChannel(p.env_depth) for _ in range(self._n_drive)]
-        readouts = [ReadoutChannel() for _ in range(self._n_readout)]
-        markers = [MarkerChannel() for _ in range(self._n_marker)]
+        tb = p.timeline_bits
+        drives = [DriveChannel(p.env_depth, time_bits=tb) for _ in range(self._n_drive)]
+        readouts = [ReadoutChannel(time_bits=tb) for _ in range(self._n_readout)]
+        markers = [MarkerChannel(time_bits=tb) for _ in range(self._n_marker)]
         for kind, chans in (("drive", drives), ("readout", readouts), ("marker", markers)):
             for i, ch in enumerate(chans):
                 m.submodules[f"{kind}{i}"] = ch
@@ -232,9 +233,9 @@ class PPU(wiring.Component):
         mode = Signal(_CoreMode)
         pc = Signal(pc_bits)               # the instruction in the execute stage, or the next
         tail = Signal(pc_bits)
-        t = Signal(64)
-        run_start = Signal(64)
-        start_time = Signal(64)
+        t = Signal(tb)
+        run_start = Signal(tb)
+        start_time = Signal(tb)
         sticky = Signal(data.StructLayout({
             "underflow": 1, "late": 1, "call_timeout": 1, "call_failed": 1,
             "illegal_instruction": 1, "trigger_busy": 1, "trigger_late": 1,
@@ -242,7 +243,7 @@ class PPU(wiring.Component):
         started = Signal()                 # now >= START_TIME of the run, registered
         # ``now + 2``, registered (``now`` advances by one every cycle): ``time <= now + 1`` is
         # ``time < now_p2``, one carry chain from flip-flops.
-        now_p2 = Signal(64, init=2)
+        now_p2 = Signal(tb, init=2)
         m.d.sync += now_p2.eq(add_small(now, 3))
         run_due = less(m, run_start, now_p2, "run_due")
 
@@ -250,7 +251,7 @@ class PPU(wiring.Component):
         # SYNC's anchor, registered: never before the start time (while ARMED, "now" on the
         # program's timeline is the start time), so ``started ? now : START_TIME``. It is
         # right from the second cycle after a trigger, before any instruction executes.
-        sync_base = Signal(64)
+        sync_base = Signal(tb)
         m.d.sync += sync_base.eq(Mux(run_due, add_small(now, 1), run_start))
         eff_state = Signal(PPUState)
         with m.If((state == PPUState.ARMED) & started):
@@ -459,7 +460,7 @@ class PPU(wiring.Component):
         x_is = {op: getattr(xd, op.name.lower()) for op in Op}
         x_illegal = xd.illegal
         x_sel = {"drive": xd.sel_drive, "readout": xd.sel_readout, "marker": xd.sel_marker}
-        x_time = Signal(64)                # t + offset_cycles, for PLAY, ACQUIRE, MARKER
+        x_time = Signal(tb)                # t + offset_cycles, for PLAY, ACQUIRE, MARKER
         br_ready = Signal()                # BRANCH condition evaluated ...
         br_taken = Signal()                # ... and its value
         call_issued = Signal()
@@ -535,10 +536,10 @@ class PPU(wiring.Component):
             use_tgt.eq(act_taken & ~tgt_none),
         ]
 
-        # 64-bit sums with a 32-bit addend, carry-select: the low half's carry picks the high
-        # half or its increment, both ready (two 32-bit carry chains side by side).
-        t_hi_p1 = Signal(32)
-        sync_base_hi_p1 = Signal(32)
+        # Time sums with a 32-bit addend, carry-select: the low half's carry picks the high
+        # half or its increment, both ready (two carry chains side by side).
+        t_hi_p1 = Signal(tb - 32)
+        sync_base_hi_p1 = Signal(tb - 32)
         m.d.comb += [t_hi_p1.eq(t[32:] + 1), sync_base_hi_p1.eq(sync_base[32:] + 1)]
 
         def add_split(lo, hi, hi_p1, addend):
@@ -835,7 +836,7 @@ class PPU(wiring.Component):
         # ---- Register block ------------------------------------------------------------------
         call_timeout = Signal(32, init=_reset_of("CALL_TIMEOUT_CYCLES"))
         m.d.comb += call.timeout_cycles.eq(call_timeout)
-        timeline_hi = Signal(32)
+        timeline_hi = Signal(tb - 32)
         rw = {
             "TAIL": tail,
             "START_TIME_LO": start_time[:32],

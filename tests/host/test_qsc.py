@@ -170,7 +170,7 @@ def test_trigger_is_one_write_of_start_time_and_tail(ready):
     assert peer.regs[ppu_reg(0, "TRIGGER")] == 42
     assert peer.regs[ppu_reg(0, "START_TIME_HI")] == 1
     assert w.va + 12 <= ppu_base(0) + REGS_OFFSET + 0x18
-    with pytest.raises(FieldRangeError):
+    with pytest.raises(FieldRangeError, match="64-bit timeline"):
         qsc.trigger(0, 1 << 64, 1)
     with pytest.raises(FieldRangeError) as info:
         qsc.trigger(0, 0, qsc.params.imem_depth)       # == 0 mod depth: would read as empty

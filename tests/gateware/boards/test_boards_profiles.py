@@ -50,9 +50,13 @@ def test_too_few_marker_pins_is_refused():
         replace(ecpix5, markers=MarkerPins(("pmod", 0), ("1", "2", "3", "4")))
 
 
-def test_markers_per_ppu_is_checked():
+def test_markers_per_ppu_and_timeline_bits_are_checked():
     with pytest.raises(ValueError, match="markers_per_ppu must be 1..16"):
         QSCParams(markers_per_ppu=0)
+    with pytest.raises(ValueError, match="timeline_bits must be 40..64, not 32"):
+        QSCParams(timeline_bits=32)
+    assert profile("colorlight-5a-75b").params.timeline_wrap_s / 86400 == pytest.approx(26.06,
+                                                                                     abs=0.01)
 
 
 @pytest.mark.parametrize("name, pins", [

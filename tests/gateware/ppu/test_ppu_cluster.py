@@ -390,6 +390,27 @@ def test_illegal_instructions():
     run(tb)
 
 
+def test_timeline_bits_narrows_the_timeline_and_every_time():
+    """A 48-bit build (the Colorlight's): ``now`` and START_TIME_HI are 16 bits above the low
+    word, and timed instructions still land on their cycles."""
+    params = QSCParams(num_ppus=1, imem_depth=64, env_depth=64, timeline_bits=48)
+    out = {}
+
+    async def tb(ctx, dut):
+        assert len(dut.now) == 48
+        await write_reg(ctx, dut, 0, "START_TIME_HI", 0x0102_0304)
+        assert await read_reg(ctx, dut, 0, "START_TIME_HI") == 0x0304
+        await write_reg(ctx, dut, 0, "START_TIME_HI", 0)
+        out["s"] = await start(ctx, dut, [sync(20), marker(1, 5, 3), wait(40),
+                                          marker(0, 2, 1), end()])
+        await wait_state(ctx, dut, 0, PPUState.DONE)
+        assert await read_reg(ctx, dut, 0, "TIMELINE_HI") == 0
+
+    mon = run(tb, params=params)
+    assert rel(mon.cycles("marker", bit=1), out["s"]) == [25, 26, 27]
+    assert rel(mon.cycles("marker", bit=0), out["s"]) == [62]
+
+
 def test_markers_per_ppu_sets_the_marker_channels():
     """A build with ``markers_per_ppu = 2`` (the Colorlight's) plays marker 1 and refuses 2."""
     params = QSCParams(num_ppus=1, imem_depth=64, env_depth=64, markers_per_ppu=2)
