@@ -421,12 +421,14 @@ class PPU(wiring.Component):
                 0: {"eq": z_hi & ~imm[0], "gt": ~imm[31] & ~(z_hi & ~imm[0])},
                 1: {"eq": z_hi & imm[0], "gt": ~imm[31] & ~z_hi},
             }
-            taken = {0: b.cond == Cond.ALWAYS, 1: b.cond == Cond.ALWAYS}
+            # Each outcome a table lookup by the condition (an illegal condition: 0).
+            taken = {}
             for v in (0, 1):
-                taken[v] = taken[v] | Mux(b.cond == Cond.EQ, cmp[v]["eq"], 0) | \
-                    Mux(b.cond == Cond.NE, ~cmp[v]["eq"], 0) | \
-                    Mux(b.cond == Cond.LT, cmp[v]["gt"], 0) | \
-                    Mux(b.cond == Cond.GE, ~cmp[v]["gt"], 0)
+                eq, gt = cmp[v]["eq"], cmp[v]["gt"]
+                table = {Cond.ALWAYS.value: Const(1), Cond.EQ.value: eq, Cond.NE.value: ~eq,
+                         Cond.LT.value: gt, Cond.GE.value: ~gt}
+                cond = b.cond.as_value()
+                taken[v] = Array(table.get(c, Const(0)) for c in range(8))[cond[:3]] & ~cond[3]
             return {
                 **{op.name.lower(): is_[op] for op in Op},
                 "illegal": illegal,
