@@ -197,6 +197,11 @@ class ICRCEngine(wiring.Component):
     -------
     valid, first, last, last_half : In(1)
         As :class:`ICRC`.
+    first_half : In(1)
+        With ``first``: start the whole processor as the shifted one, for a caller that feeds a
+        ``V`` of ``8k + 4`` bytes behind 4 zero bytes itself (the words of the shifted
+        processor, whole) and uses only the whole processor (``term_shifted`` and ``last_half``
+        0: the shifted processor is then left out by synthesis).
     term_whole, term_shifted : In(32 * parts)
         The data terms of the word, as ``parts`` partial terms.
     crc : Out(32)
@@ -209,6 +214,7 @@ class ICRCEngine(wiring.Component):
         self.parts = parts
         super().__init__({
             "valid": In(1), "first": In(1), "last": In(1), "last_half": In(1),
+            "first_half": In(1),
             "term_whole": In(32 * parts), "term_shifted": In(32 * parts),
             "crc": Out(32), "done": Out(1),
         })
@@ -239,7 +245,7 @@ class ICRCEngine(wiring.Component):
         m.d.sync += self.done.eq(0)
         with m.If(accept):
             m.d.sync += [
-                whole.eq(Mux(self.first, start_whole,
+                whole.eq(Mux(self.first, Mux(self.first_half, start_shifted, start_whole),
                              _apply(columns, whole, 32) ^ term(self.term_whole))),
                 shifted.eq(Mux(self.first, start_shifted,
                                _apply(columns, shifted, 32) ^ term(self.term_shifted))),

@@ -9,14 +9,19 @@
 Each :class:`~openqlink.gateware.bus.CallRequest` becomes one RoCEv2 UC
 RDMA_WRITE_ONLY_WITH_IMMEDIATE into the host ring of its PPU; each
 :class:`~openqlink.gateware.net.common.ControlReply` becomes one UDP datagram from port 8192.
-The frame is assembled as one flat register (lane order), its IPv4 header checksum is computed by
-:class:`~openqlink.gateware.net.ipv4csum.IPv4Checksum` and its ICRC by
-:class:`~openqlink.gateware.net.icrc.ICRC` while the first beats already leave; the ICRC is ready
-exactly when the beat that carries it is due, so a frame leaves without gaps whenever ``tx.ready``
-stays high.
+The fields of a request or reply are latched once, when it is taken; the frame is never held
+whole. A window of four 64-bit registers (the beat on ``tx`` and the next three frame words)
+moves by one word at each take, and the word that enters it is chosen from the fields (an AND-OR
+of one-hot selects: most frame bits are constants). The IPv4 header checksum
+(:class:`~openqlink.gateware.net.ipv4csum.IPv4Checksum`) and the ICRC bytes are laid over their
+lanes on ``tx``. The ICRC runs on one processor of :class:`~openqlink.gateware.net.icrc.ICRCEngine`
+(a ``V`` that ends on a half word is fed behind 4 zero bytes), from the words of ``V`` taken out
+of the window two beats ahead; it is ready exactly when the beat that carries it is due, so a
+frame leaves without gaps whenever ``tx.ready`` stays high. The slot's offset in the ring comes
+from a multiplier with registers of its own on both sides.
 """
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -46,6 +51,14 @@ _ARG_OFFSET = _RPC_OFFSET + HEADER_BYTES
 _ARG_AREA_BYTES = -(-MAX_CALL_ARG_BYTES // 4) * 4
 
 
+def _or_tree(values: list[Value]) -> Value:
+    """The OR of ``values``, as a balanced tree."""
+    while len(values) > 1:
+        values = [values[k] | values[k + 1] if k + 1 < len(values) else values[k]
+                  for k in range(0, len(values), 2)]
+    return values[0]
+
+
 def _padded(arg_len: int) -> int:
     """Bytes of args plus pad for ``arg_len`` argument bytes (RPCHeader is 24 bytes: 4-aligned)."""
     return -(-arg_len // 4) * 4
@@ -68,11 +81,12 @@ CONTROL_FRAME_BYTES = max(_CONTROL_UNPADDED_BYTES, MIN_FRAME_BYTES)
 
 _FRAME_BYTES = max(rpc_frame_bytes(MAX_CALL_ARG_BYTES), CONTROL_FRAME_BYTES)
 _FRAME_WORDS = -(-_FRAME_BYTES // 8)
-#: Words of V with masked bytes are among the first ones: a one-hot index of this many.
-_V_MASKED_WORDS = max(ICRC_WORD_MASKS) + 1
+#: Shifts of the beat window from the cycle a request or reply is taken to its first beat: the
+#: take and the three cycles after it.
+_FILL_SHIFTS = 4
 
 #: Cycles from the cycle a request or reply is taken to the cycle its first beat is valid.
-START_LATENCY_CYCLES = 4
+START_LATENCY_CYCLES = _FILL_SHIFTS
 
 
 class TxBuilder(wiring.Component):
@@ -96,7 +110,8 @@ class TxBuilder(wiring.Component):
         format; sampled into ``ptp_timestamp`` in the cycle the request is taken.
     call_req : In(stream.Signature(CallRequest))
         RPC requests of the PPUs. A request with ``ppu >= num_ppus`` or
-        ``arg_len > MAX_CALL_ARG_BYTES`` is taken, sends nothing, and pulses ``call_dropped``.
+        ``arg_len > MAX_CALL_ARG_BYTES`` is taken, sends nothing, and pulses ``call_dropped``;
+        the next request or reply is taken 2 cycles after it.
     ctrl_reply : In(stream.Signature(ControlReply))
         Control-plane replies; they take priority over requests.
     tx : Out(packet_signature())
@@ -157,73 +172,76 @@ class TxBuilder(wiring.Component):
         # --- per-PPU state -----------------------------------------------------------------------
         slot_ctr = [Signal(12, name=f"slot_ctr_{n}") for n in range(self.num_ppus)]
 
-        # --- fields latched when a request or reply is taken ----------------------------------
+        # --- fields latched when a request or reply is taken (one copy each) -------------------
         is_ctrl = Signal()
-        eth_dst = Signal(48)
+        arg_len = Signal(range(MAX_CALL_ARG_BYTES + 1))
+        no_args = Signal()                          # a request with arg_len 0 (102 bytes)
         eth_src = Signal(48)
         ip_src = Signal(32)
-        ip_dst = Signal(32)
-        udp_src = Signal(16)
-        udp_dst = Signal(16)
-        ip_total = Signal(16)
-        reply = Signal(ControlReply)
-        req = Signal(CallRequest)
-        ppu = Signal(range(self.num_ppus))
-        ts = Signal(64)
+        ip_dst = Signal(32)                         # host IP, or the reply's destination
+        port = Signal(16)                           # request: UDP source; reply: UDP destination
+        ctrl_l4 = Signal(8 * CONTROL_RESPONSE.length_bytes)   # the reply's response, in lanes
         p_key = Signal(16)
         dest_qp = Signal(24)
         psn = Signal(24)
         slot = Signal(12)
+        ppu = Signal(range(self.num_ppus))
         num_slots = Signal(13)
-        ring_va = Signal(64)
-        ring_va_hi_p1 = Signal(32)                  # ring_va[63:32] + 1
-        slot_size = Signal(16)
-        slot_off = Signal(28)                       # slot * slot_size
         rkey = Signal(32)
+        function_id = Signal(32)
+        request_id = Signal(32)
+        args = Signal(8 * _ARG_AREA_BYTES)          # argument bytes beyond arg_len are zero
+        ts = Signal(64)
+        ring_va = Signal(64)
+        # The slot's offset: the multiplier has registers of its own on both sides (its inputs
+        # load in every cycle, so that they are not merged with ``slot``), and its product is
+        # added to the ring's VA in the next two cycles, a half in each.
+        mul_slot = Signal(12)
+        mul_size = Signal(16)
+        slot_off = Signal(28)                       # slot * slot_size
+        va_carry = Signal()
         va = Signal(64)
 
-        # Beat markers, loaded with the frame and shifted with it: bit 0 (lane group 0) is the
-        # beat on ``tx`` now. Their values per frame kind are elaboration-time constants.
-        last_mark = Signal(_FRAME_WORDS)            # the frame's last beat
-        crc_wait = Signal(_FRAME_WORDS)             # beats at or after the first ICRC byte
-        crc_lanes = Signal(_FRAME_WORDS * 8)        # lanes that carry ICRC bytes
-        v_mark = Signal(_FRAME_WORDS)               # beats whose take feeds a word of V
-        v_last_mark = Signal(_FRAME_WORDS)          # ... the last word of V
-        v_pos = Signal(_V_MASKED_WORDS)             # one-hot index of the beat, for the masks
-        marks = Signal(data.StructLayout({
-            "last": _FRAME_WORDS, "crc_wait": _FRAME_WORDS, "crc_lanes": _FRAME_WORDS * 8,
-            "v": _FRAME_WORDS, "v_last": _FRAME_WORDS, "last_keep": 8, "crc_shift": 3,
-            "v_half": 1}))
-        last_keep = Signal(8)
-        crc_shift = Signal(3)                       # lane of the ICRC's byte 0, modulo 8
-        icrc_half = Signal()                        # V ends on a half word
-        first_beat = Signal()
+        # --- the beats: a window of four frame words ------------------------------------------
+        # ``beat`` is on ``tx``; ``ahead1`` to ``ahead3`` are the next three frame words. A
+        # shift moves the window by one word and loads the next word behind it: in IDLE (every
+        # cycle) word 0 from the inputs, then word n at shift n from the fields. The shifts
+        # 0-3 (the take and the three cycles after it) fill the window; shift 4 + b is the
+        # take of beat b. ``ahead3`` is two registers, each loaded with half of the selection
+        # of the word (their OR is the word), so that the logic in front of each is small.
+        beat = Signal(64)
+        ahead1 = Signal(64)
+        ahead2 = Signal(64)
+        ahead3_parts = [Signal(64, name=f"ahead3_{i}") for i in range(2)]
+        ahead3 = ahead3_parts[0] | ahead3_parts[1]
+        shift = Signal()
+        idle = Signal(init=1)
+        fill = Signal(3)                            # the cycles after the take, one-hot
+        pos = Signal(_FRAME_WORDS)                  # one-hot index of the beat on tx
+        phase = Cat(idle, fill, pos)                # bit n is set before shift n
+        last = Signal()                             # the beat on tx is the frame's last
+        sending = Signal()
         icrc_ready = Signal()                       # the ICRC is ready (done has pulsed)
-        sending = Signal()                          # in SEND
-        frame = Signal(_FRAME_WORDS * 64)
 
-        def frame_marks(frame_bytes: int, icrc_pos: int | None) -> dict:
-            last = (frame_bytes - 1) // 8
-            tail = frame_bytes % 8
-            out = {"last": 1 << last, "last_keep": (1 << (tail or 8)) - 1,
-                   "crc_wait": 0, "crc_lanes": 0, "v": 0, "v_last": 0, "crc_shift": 0,
-                   "v_half": 0}
-            if icrc_pos is not None:
-                v_bytes = 8 + icrc_pos - _IP_OFFSET
-                v_last = (v_bytes - 1) // 8
-                out.update({
-                    "crc_wait": ((1 << _FRAME_WORDS) - 1) & ~((1 << (icrc_pos // 8)) - 1),
-                    "crc_lanes": sum(1 << p for p in range(icrc_pos, icrc_pos + ICRC_BYTES)),
-                    "v": (1 << (v_last + 1)) - 1,
-                    "v_last": 1 << v_last,
-                    "crc_shift": icrc_pos % 8,
-                    "v_half": int(v_bytes % 8 == 4),
-                })
-            return out
-
-        # --- selection of the request's PPU state (combinational, used in IDLE) ----------------
+        # --- taking a request or reply ---------------------------------------------------------
         rq = self.call_req.p
         cr = self.ctrl_reply.p
+        cv = self.ctrl_reply.valid
+        req_ok = (rq.ppu < self.num_ppus) & (rq.arg_len <= MAX_CALL_ARG_BYTES)
+        # Any request is taken (so that ``start`` is one LUT of the valids); a malformed one is
+        # dropped in the cycle after (``bad``): nothing after that cycle sees it, and the next
+        # request or reply is taken in the cycle after that.
+        start = Signal()
+        bad = Signal()
+        m.d.comb += [
+            self.ctrl_reply.ready.eq(idle),
+            self.call_req.ready.eq(idle & ~cv),
+            start.eq(idle & (cv | self.call_req.valid)),
+        ]
+        with m.If(idle & ~cv & self.call_req.valid & ~req_ok):
+            m.d.sync += self.call_dropped.eq(1)
+
+        # The request's PPU state (combinational).
         qp_sel = self.qp[rq.ppu]
         cur_slot = Signal(12)
         sel_slot = Signal(12)
@@ -232,216 +250,235 @@ class TxBuilder(wiring.Component):
             with m.If(rq.ppu == n):
                 m.d.comb += [cur_slot.eq(slot_ctr[n]), sel_psn.eq(self.tx_psn[n])]
         m.d.comb += sel_slot.eq(Mux(cur_slot < qp_sel.num_slots, cur_slot, 0))
-        req_ok = (rq.ppu < self.num_ppus) & (rq.arg_len <= MAX_CALL_ARG_BYTES)
-        arg_lens = range(MAX_CALL_ARG_BYTES + 1)
 
-        # --- headers, from the latched fields (combinational) ----------------------------------
-        ip_fields = dict(tos=0, total_length=ip_total, identification=0, fragment_offset=0,
-                         protocol=IpProtocol.UDP.value, src=ip_src, dst=ip_dst)
-        m.d.comb += csum.header.eq(IPV4.build(checksum=0, **ip_fields))
-        ip_header = IPV4.build(checksum=csum.checksum, **ip_fields)
-        eth_header = ETHERNET.build(dst=eth_dst, src=eth_src, ethertype=EtherType.IPV4.value)
-        udp_header = UDP.build(src_port=udp_src, dst_port=udp_dst,
-                               length=ip_total - IPV4.length_bytes, checksum=0)
+        m.d.sync += [mul_slot.eq(sel_slot), mul_size.eq(qp_sel.slot_size)]
+        # The fields load in every IDLE cycle (the last one takes the request or reply): their
+        # enables do not wait on the valids. A request's own fields hold junk in a reply's frame,
+        # where they are not used.
+        with m.If(idle):
+            m.d.sync += [
+                is_ctrl.eq(cv),
+                bad.eq(~cv & ~req_ok),
+                eth_src.eq(self.config.qsc_mac),
+                ip_src.eq(self.config.qsc_ip),
+                ip_dst.eq(Mux(cv, cr.dst_ip, self.config.host_ip)),
+                port.eq(Mux(cv, cr.dst_port, self.config.udp_src_port)),
+                ctrl_l4.eq(CONTROL_RESPONSE.build(
+                    cmd=cr.cmd, flags=cr.flags, seq=cr.seq, status=cr.status, reserved=0,
+                    addr=cr.addr, value=cr.value, latched_seq=cr.latched_seq)),
+                arg_len.eq(rq.arg_len),
+                no_args.eq(~cv & (rq.arg_len == 0)),
+                ppu.eq(rq.ppu),
+                ts.eq(self.timestamp),
+                p_key.eq(self.config.p_key),
+                dest_qp.eq(qp_sel.host_qpn),
+                ring_va.eq(qp_sel.ring_va),
+                num_slots.eq(qp_sel.num_slots),
+                rkey.eq(qp_sel.host_rkey),
+                psn.eq(sel_psn),
+                slot.eq(sel_slot),
+                function_id.eq(rq.function_id),
+                request_id.eq(rq.request_id),
+                args.eq(Cat(*(Mux(i < rq.arg_len, rq.args[8 * i:8 * i + 8], 0)
+                              for i in range(MAX_CALL_ARG_BYTES)))),
+            ]
+        with m.If(idle & ~cv & self.call_req.valid & req_ok):
+            for n in range(self.num_ppus):
+                with m.If(rq.ppu == n):
+                    m.d.sync += self.tx_psn[n].eq(self.tx_psn[n] + 1)
 
+        # --- the three cycles after the take ---------------------------------------------------
+        # 1: IPv4 checksum stage 1 (the checksum is ready in cycle 3, long before beat 3 is due);
+        # the slot's offset is multiplied out; the slot counter of the request's PPU advances, or
+        # a malformed request is dropped. 2 and 3: the VA of the slot (words 6-7, loaded from
+        # shift 6 on), a half in each.
+        m.d.comb += csum.valid.eq(phase[1])
+        with m.If(phase[1]):
+            m.d.sync += slot_off.eq(mul_slot * mul_size)
+            with m.If(~is_ctrl & ~bad):
+                for n in range(self.num_ppus):
+                    with m.If(ppu == n):
+                        m.d.sync += slot_ctr[n].eq(Mux(slot + 1 >= num_slots, 0, slot + 1))
+        with m.If(phase[2]):
+            m.d.sync += Cat(va[:32], va_carry).eq(ring_va[:32] + slot_off)
+        with m.If(phase[3]):
+            m.d.sync += [va[32:].eq(ring_va[32:] + va_carry), sending.eq(1)]
+
+        # --- the frame words, from the latched fields (combinational) --------------------------
+        def ip_total(ctrl: bool) -> Value:
+            if ctrl:
+                return Const(_CONTROL_UNPADDED_BYTES - _IP_OFFSET, 16)
+            return Mux(no_args, _icrc_offset(0), _icrc_offset(1)) + ICRC_BYTES - _IP_OFFSET
+
+        def ip_header(checksum, ctrl: bool) -> Value:
+            return IPV4.build(tos=0, total_length=ip_total(ctrl), identification=0,
+                              fragment_offset=0, protocol=IpProtocol.UDP.value, src=ip_src,
+                              dst=ip_dst, checksum=checksum)
+
+        m.d.comb += csum.header.eq(Mux(is_ctrl, ip_header(0, True), ip_header(0, False)))
         pad_cnt = Signal(2)
-        m.d.comb += pad_cnt.eq(-req.arg_len)
+        m.d.comb += pad_cnt.eq(-arg_len)
         bth = BTH.build(opcode=Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE.value, se=0, m=0,
                         pad_cnt=pad_cnt, tver=0, p_key=p_key, fecn=0, becn=0, resv6=0,
                         dest_qp=dest_qp, a=0, resv7=0, psn=psn)
-        reth = RETH.build(va=va, r_key=rkey, dma_len=HEADER_BYTES + req.arg_len)
+        reth = RETH.build(va=va, r_key=rkey, dma_len=HEADER_BYTES + arg_len)
         immdt = IMMDT.build(imm=Cat(slot, psn[:20]))
         rpc = Signal(RPCHeader)
         m.d.comb += [
             rpc.magic.eq(REQUEST_MAGIC),
-            rpc.function_id.eq(req.function_id),
-            rpc.arg_len.eq(req.arg_len),
-            rpc.request_id.eq(req.request_id),
+            rpc.function_id.eq(function_id),
+            rpc.arg_len.eq(arg_len),
+            rpc.request_id.eq(request_id),
             rpc.ptp_timestamp.eq(ts),
         ]
-        args = Signal(8 * _ARG_AREA_BYTES)   # argument bytes beyond arg_len and pad are zero
-        for i in range(MAX_CALL_ARG_BYTES):
-            m.d.comb += args[8 * i:8 * i + 8].eq(
-                Mux(i < req.arg_len, req.args[8 * i:8 * i + 8], 0))
-        rpc_l4 = Cat(bth, reth, immdt, rpc.as_value(), args)
-        ctrl_l4 = CONTROL_RESPONSE.build(
-            cmd=reply.cmd, flags=reply.flags, seq=reply.seq, status=reply.status, reserved=0,
-            addr=reply.addr, value=reply.value, latched_seq=reply.latched_seq)
-        l4 = Signal(len(frame) - 8 * _L4_OFFSET)   # zero beyond the headers: pad to 60 bytes
-        with m.If(is_ctrl):
-            m.d.comb += l4.eq(ctrl_l4)
-        with m.Else():
-            m.d.comb += l4.eq(rpc_l4)
-        built = Cat(eth_header, ip_header, udp_header, l4)
-        assert len(built) == len(frame)
 
-        # --- the beat on tx: frame word 0, the ICRC bytes laid over their lanes ----------------
+        def frame(ctrl: bool) -> Value:
+            """A reply's or a request's frame, words 1 and up (word 0 comes from the inputs)."""
+            eth = ETHERNET.build(dst=0, src=eth_src, ethertype=EtherType.IPV4.value)
+            udp = UDP.build(src_port=CONTROL_PORT if ctrl else port,
+                            dst_port=port if ctrl else ROCEV2_PORT,
+                            length=ip_total(ctrl) - IPV4.length_bytes, checksum=0)
+            l4 = ctrl_l4 if ctrl else Cat(bth, reth, immdt, rpc.as_value(), args)
+            out = Cat(eth, ip_header(0, ctrl), udp, l4)    # the checksum: laid over on tx
+            assert len(out) <= 64 * _FRAME_WORDS
+            return Cat(out, Const(0, 64 * _FRAME_WORDS - len(out)))
+
+        rpc_frame, ctrl_frame = frame(False), frame(True)
+        # A reply differs from a request in word 2 (the IPv4 total length, a constant of each
+        # kind) and in words 4-7 (UDP ports and length, payload; the reply ends in word 7): those
+        # have a select of each kind, registered. The word loaded is an AND-OR of the one-hot
+        # selects (many of a word's bits are constants), word 0 from the inputs in IDLE.
+        kind_words = range(4, (CONTROL_FRAME_BYTES - 1) // 8 + 1)
+        kind_sel = {k: (Signal(name=f"req_sel_{k}"), Signal(name=f"ctrl_sel_{k}"))
+                    for k in kind_words}
+        terms = [Mux(idle, ETHERNET.build(dst=Mux(cv, cr.dst_mac, self.config.host_mac),
+                                          src=self.config.qsc_mac, ethertype=0)[:64], 0)]
+        for k in range(1, _FRAME_WORDS):
+            rw, cw = rpc_frame[64 * k:64 * k + 64], ctrl_frame[64 * k:64 * k + 64]
+            if k in kind_sel:
+                r_sel, c_sel = kind_sel[k]
+                terms += [Mux(r_sel, rw, 0), Mux(c_sel, cw, 0)]
+            elif k == 2:
+                terms.append(Mux(phase[k], Mux(is_ctrl, cw, rw), 0))
+            else:
+                terms.append(Mux(phase[k], rw, 0))
+
         take = Signal()
-        m.d.comb += take.eq(self.tx.valid & self.tx.ready)
-        shifts = sorted({_icrc_offset(a) % 8 for a in arg_lens})
+        m.d.comb += [
+            take.eq(self.tx.valid & self.tx.ready),
+            shift.eq(idle | fill.any() | take),
+        ]
+        with m.If(shift):
+            m.d.sync += [
+                beat.eq(ahead1),
+                ahead1.eq(ahead2),
+                ahead2.eq(ahead3),
+                *(part.eq(_or_tree(terms[i::len(ahead3_parts)]))
+                  for i, part in enumerate(ahead3_parts)),
+            ]
+            for k, (r_sel, c_sel) in kind_sel.items():
+                m.d.sync += [r_sel.eq(phase[k - 1] & ~is_ctrl), c_sel.eq(phase[k - 1] & is_ctrl)]
+        # The cycles after the take follow it unconditionally (a malformed request stops after
+        # the first); the beat index moves with the takes.
+        m.d.sync += fill.eq(Cat(start, fill[0] & ~bad, fill[1]))
+        with m.If(fill[-1]):
+            m.d.sync += pos.eq(1)
+        with m.Elif(take):
+            m.d.sync += pos.eq(Mux(last, 0, pos << 1))
+        with m.If(start):
+            m.d.sync += idle.eq(0)
+        with m.If(phase[1] & bad):
+            m.d.sync += idle.eq(1)
+
+        # --- the beat on tx, the checksum and the ICRC bytes laid over their lanes -------------
+        # The ICRC is at byte 98 (beat 12, lanes 2-5) without arguments, else at byte 102
+        # (beat 12, lanes 6-7, and beat 13, lanes 0-1): each lane has one ICRC byte it can carry.
+        # The IPv4 checksum is at bytes 24-25 (beat 3, lanes 0-1); in the window those are zero
+        # (V has them masked), so that the checksum needs to be ready only when beat 3 is due.
+        csum_word, csum_lane = divmod(_IP_OFFSET + IPV4.byte_offset("checksum"), 8)
+        csum_bytes = {csum_lane: csum.checksum[8:16], csum_lane + 1: csum.checksum[:8]}
+        crc_over = {}
+        for a in (0, 1):
+            for k in range(ICRC_BYTES):
+                word, lane = divmod(_icrc_offset(a) + k, 8)
+                crc_over[lane] = (word, a, k)
+        assert sorted(crc_over) == list(range(8))
+        assert _icrc_offset(1) == _icrc_offset(MAX_CALL_ARG_BYTES)
         out_data = Signal(64)
-        for lane in range(8):
-            crc_byte = Signal(8, name=f"crc_byte_{lane}")
-            with m.Switch(crc_shift):
-                for s in shifts:
-                    with m.Case(s):
-                        k = (lane - s) % 8
-                        if k < ICRC_BYTES:
-                            m.d.comb += crc_byte.eq(icrc.crc[8 * k:8 * k + 8])
+        for lane, (word, a, k) in crc_over.items():
+            if word == _FRAME_WORDS - 1:
+                sel = pos[word]                     # only a request with arguments gets there
+            else:
+                sel = pos[word] & (no_args if a == 0 else ~no_args)
+            data = beat[8 * lane:8 * lane + 8]
+            if lane in csum_bytes:
+                data = Mux(pos[csum_word], csum_bytes[lane], data)
             m.d.comb += out_data[8 * lane:8 * lane + 8].eq(
-                Mux(crc_lanes[lane], crc_byte, frame[8 * lane:8 * lane + 8]))
+                Mux(sel, icrc.crc[8 * k:8 * k + 8], data))
+        keep_last = Mux(is_ctrl, (1 << (CONTROL_FRAME_BYTES % 8)) - 1,
+                        Mux(no_args, (1 << (rpc_frame_bytes(0) % 8)) - 1,
+                            (1 << (rpc_frame_bytes(1) % 8)) - 1))
         m.d.comb += [
             self.tx.p.data.eq(out_data),
-            self.tx.p.first.eq(first_beat),
-            self.tx.p.last.eq(last_mark[0]),
-            self.tx.p.keep.eq(Mux(last_mark[0], last_keep, 0xFF)),
+            self.tx.p.first.eq(pos[0]),
+            self.tx.p.last.eq(last),
+            self.tx.p.keep.eq(Mux(last, keep_last, 0xFF)),
         ]
 
         # --- ICRC over V = 8 x 0xFF, frame bytes [14, icrc_pos), masked ------------------------
-        # Word k of V goes in when beat k is taken: word 0 is all ones, word k >= 1 is lanes 6-7
-        # of beat k and lanes 0-5 of beat k + 1 (frame words 0 and 1 of the shift register).
-        # The last word goes in with the beat before the first ICRC byte's, so the ICRC is
-        # ready in the cycle that beat is due.
-        # The ICRC data terms (icrc_terms) of the word of V that the head beat feeds, held in
-        # registers: at each take, computed from the beat behind the head (its word, masked by
-        # the next position) and the head's word. (The terms of word 0, all ones, are unused.)
-        term_whole = Signal(64)                     # 2 partial terms each
-        term_shifted = Signal(64)
-        next_word = Cat(frame[112:128], frame[128:176])
-        for vidx, lanes in ICRC_WORD_MASKS.items():
-            if vidx:
-                next_word = next_word | Mux(v_pos[vidx - 1], Const(lanes, 64), Const(0, 64))
-        next_whole, next_shifted = icrc_terms(
-            next_word, Mux(v_pos[0], Const(2**32 - 1, 32), frame[80:112]), parts=2)
+        # V is 96 bytes (12 words) with arguments; without, 92 bytes, fed behind 4 zero bytes
+        # (the words of ICRCEngine's shifted processor, in its whole one: ``first_half``), 12
+        # words as well. Word k >= 1 is frame bytes [8k + 6, 8k + 14) (lanes 6-7 of beat k,
+        # lanes 0-5 of beat k + 1), or [8k + 2, 8k + 10) behind the zeros. It is taken from the
+        # window into ``v_word`` (masked) at shift k + 2, its data terms are computed from there
+        # at the next shift, and it goes in when beat k is taken (shift k + 4). The last word
+        # (11) goes in with the beat before the first ICRC byte's (12), so the ICRC is ready in
+        # the cycle that beat is due. (The terms of word 0, all ones, are unused.)
+        v_last = (8 + _icrc_offset(0) - _IP_OFFSET - 1) // 8
+        assert v_last == (8 + _icrc_offset(1) - _IP_OFFSET - 1) // 8
+        crc_word = _icrc_offset(0) // 8
+        assert crc_word == _icrc_offset(1) // 8 == v_last + 1
+        masked = [8 * w + lane for w, lanes in ICRC_WORD_MASKS.items() for lane in range(8)
+                  if (lanes >> 8 * lane) & 0xFF]
+        v_mask = Const(0, 64)
+        for half in (0, 1):
+            for w in {(b + 4 * half) // 8 for b in masked} - {0}:
+                lanes = sum(0xFF << 8 * ((b + 4 * half) % 8) for b in masked
+                            if (b + 4 * half) // 8 == w)
+                hit = phase[w + 2] & (no_args if half else ~no_args)
+                v_mask = v_mask | Mux(hit, Const(lanes, 64), Const(0, 64))
+        v_word = Signal(64)
+        v_term = Signal(64)                         # 2 partial terms
+        with m.If(shift):
+            m.d.sync += [
+                v_word.eq(Mux(no_args, Cat(ahead2[16:64], ahead3[0:16]),
+                              Cat(ahead2[48:64], ahead3[0:48])) | v_mask),
+                v_term.eq(icrc_terms(v_word, Const(0, 32), parts=2)[0]),
+            ]
         m.d.comb += [
-            icrc.valid.eq(take & v_mark[0]),
-            icrc.first.eq(v_pos[0]),
-            icrc.last.eq(v_last_mark[0]),
-            icrc.last_half.eq(icrc_half),
-            icrc.term_whole.eq(term_whole),
-            icrc.term_shifted.eq(term_shifted),
+            icrc.valid.eq(take & ~is_ctrl & ~pos[crc_word:].any()),
+            icrc.first.eq(pos[0]),
+            icrc.first_half.eq(no_args),
+            icrc.last.eq(pos[v_last]),
+            icrc.term_whole.eq(v_term),
         ]
         # The ICRC is ready from the cycle its ``done`` pulses: set by the take that feeds V's
         # last word (a register, so that ``tx.valid`` does not wait on the ICRC's own logic).
-        with m.If(take & v_mark[0] & v_last_mark[0]):
+        with m.If(take & pos[v_last]):
             m.d.sync += icrc_ready.eq(1)
+        m.d.comb += self.tx.valid.eq(sending & ~(pos[crc_word] & ~icrc_ready))
 
-        # --- control ---------------------------------------------------------------------------
-        with m.FSM(name="tx_fsm"):
-            with m.State("IDLE"):
-                m.d.comb += [
-                    self.ctrl_reply.ready.eq(1),
-                    self.call_req.ready.eq(~self.ctrl_reply.valid),
-                ]
-                with m.If(self.ctrl_reply.valid):
-                    m.d.sync += [
-                        is_ctrl.eq(1),
-                        reply.eq(cr),
-                        eth_dst.eq(cr.dst_mac),
-                        eth_src.eq(self.config.qsc_mac),
-                        ip_src.eq(self.config.qsc_ip),
-                        ip_dst.eq(cr.dst_ip),
-                        udp_src.eq(CONTROL_PORT),
-                        udp_dst.eq(cr.dst_port),
-                        ip_total.eq(_CONTROL_UNPADDED_BYTES - _IP_OFFSET),
-                        marks.eq(marks.shape().const(frame_marks(CONTROL_FRAME_BYTES, None))),
-                    ]
-                    m.next = "PREP"
-                with m.Elif(self.call_req.valid & ~req_ok):
-                    m.d.sync += self.call_dropped.eq(1)
-                with m.Elif(self.call_req.valid):
-                    m.d.sync += [
-                        is_ctrl.eq(0),
-                        req.eq(rq),
-                        ppu.eq(rq.ppu),
-                        ts.eq(self.timestamp),
-                        eth_dst.eq(self.config.host_mac),
-                        eth_src.eq(self.config.qsc_mac),
-                        ip_src.eq(self.config.qsc_ip),
-                        ip_dst.eq(self.config.host_ip),
-                        udp_src.eq(self.config.udp_src_port),
-                        udp_dst.eq(ROCEV2_PORT),
-                        p_key.eq(self.config.p_key),
-                        dest_qp.eq(qp_sel.host_qpn),
-                        ring_va.eq(qp_sel.ring_va),
-                        slot_size.eq(qp_sel.slot_size),
-                        num_slots.eq(qp_sel.num_slots),
-                        rkey.eq(qp_sel.host_rkey),
-                        psn.eq(sel_psn),
-                        slot.eq(sel_slot),
-                    ]
-                    with m.Switch(rq.arg_len):
-                        for a in arg_lens:
-                            with m.Case(a):
-                                m.d.sync += [
-                                    ip_total.eq(_icrc_offset(a) + ICRC_BYTES - _IP_OFFSET),
-                                    marks.eq(marks.shape().const(
-                                        frame_marks(rpc_frame_bytes(a), _icrc_offset(a)))),
-                                ]
-                    for n in range(self.num_ppus):
-                        with m.If(rq.ppu == n):
-                            m.d.sync += self.tx_psn[n].eq(self.tx_psn[n] + 1)
-                    m.next = "PREP"
-
-            with m.State("PREP"):
-                # IPv4 checksum stage 1 runs; the ring slot's offset is multiplied out, the slot
-                # counter of the request's PPU advances.
-                m.d.comb += csum.valid.eq(1)
-                m.d.sync += [
-                    slot_off.eq(slot * slot_size),
-                    ring_va_hi_p1.eq(ring_va[32:] + 1),
-                ]
-                with m.If(~is_ctrl):
-                    for n in range(self.num_ppus):
-                        with m.If(ppu == n):
-                            m.d.sync += slot_ctr[n].eq(
-                                Mux(slot + 1 >= num_slots, 0, slot + 1))
-                m.next = "CSUM"
-
-            with m.State("CSUM"):
-                # The VA of the slot (first cycle); the checksum is ready (second cycle): load
-                # the frame and its beat markers.
-                va_lo = ring_va[:32] + slot_off
-                m.d.sync += va.eq(Cat(va_lo[:32], Mux(va_lo[32], ring_va_hi_p1, ring_va[32:])))
-                with m.If(csum.done):
-                    m.d.sync += [
-                        frame.eq(built),
-                        last_mark.eq(marks.last),
-                        crc_wait.eq(marks.crc_wait),
-                        crc_lanes.eq(marks.crc_lanes),
-                        v_mark.eq(marks.v),
-                        v_last_mark.eq(marks.v_last),
-                        v_pos.eq(1),
-                        last_keep.eq(marks.last_keep),
-                        crc_shift.eq(marks.crc_shift),
-                        icrc_half.eq(marks.v_half),
-                        first_beat.eq(1),
-                        icrc_ready.eq(0),
-                    ]
-                    m.d.sync += sending.eq(1)
-                    m.next = "SEND"
-
-            with m.State("SEND"):
-                with m.If(take & last_mark[0]):
-                    m.d.sync += sending.eq(0)
-                    m.next = "IDLE"
-
-        # SEND, as a register of its own: the beats go out from registers only.
-        m.d.comb += self.tx.valid.eq(sending & (~crc_wait[0] | icrc_ready))
+        # --- the frame's end -------------------------------------------------------------------
+        last_beat = {"ctrl": (CONTROL_FRAME_BYTES - 1) // 8,
+                     "short": (rpc_frame_bytes(0) - 1) // 8,
+                     "long": (rpc_frame_bytes(1) - 1) // 8}
+        assert last_beat["long"] == _FRAME_WORDS - 1
         with m.If(take):
-            m.d.sync += [
-                frame.eq(frame >> 64),
-                last_mark.eq(last_mark >> 1),
-                crc_wait.eq(crc_wait >> 1),
-                crc_lanes.eq(crc_lanes >> 8),
-                v_mark.eq(v_mark >> 1),
-                v_last_mark.eq(v_last_mark >> 1),
-                v_pos.eq(v_pos << 1),
-                term_whole.eq(next_whole),
-                term_shifted.eq(next_shifted),
-                first_beat.eq(0),
-            ]
-            with m.If(last_mark[0]):
+            m.d.sync += last.eq(Mux(is_ctrl, pos[last_beat["ctrl"] - 1],
+                                    Mux(no_args, pos[last_beat["short"] - 1],
+                                        pos[last_beat["long"] - 1])))
+            with m.If(last):
                 m.d.comb += [self.sent_frame.eq(1), self.sent_rpc.eq(~is_ctrl)]
+                m.d.sync += [idle.eq(1), sending.eq(0), icrc_ready.eq(0)]
 
         return m

@@ -50,6 +50,7 @@ class Bench:
     num_ppus: int = 2
     ready_prob: float = 0.6
     seed: int = 0
+    qps: list[dict] | None = None       # QP contexts; _qp(n) by default
     frames: list[bytes] = field(default_factory=list)
     frame_cycles: list[list[int]] = field(default_factory=list)   # cycle of each beat
     taken: list[tuple[str, object, int, int]] = field(default_factory=list)  # kind, item, ts, cyc
@@ -60,6 +61,8 @@ class Bench:
 
     def run(self, items: list[tuple[str, dict]], *, gap_prob: float = 0.3) -> None:
         dut = TxBuilder(self.num_ppus, QSCParams(num_ppus=self.num_ppus))
+        if self.qps is None:
+            self.qps = [_qp(n) for n in range(self.num_ppus)]
         rng = random.Random(self.seed)
         cycle = [0]
         producer_done = [False]
@@ -72,8 +75,7 @@ class Bench:
 
         async def producer(ctx):
             ctx.set(dut.config, NetConfig.const(_config()))
-            ctx.set(dut.qp, data.ArrayLayout(QPContext, self.num_ppus).const(
-                [_qp(n) for n in range(self.num_ppus)]))
+            ctx.set(dut.qp, data.ArrayLayout(QPContext, self.num_ppus).const(self.qps))
             for kind, item in items:
                 while rng.random() < gap_prob:
                     await ctx.tick()
@@ -163,7 +165,7 @@ def _check_ip_udp(frame: bytes, *, src_ip, dst_ip, src_port, dst_port, payload_b
                                      "length": 8 + payload_bytes, "checksum": 0}
 
 
-def _check_rpc_frame(frame: bytes, item: dict, ts: int, psn: int, slot: int) -> None:
+def _check_rpc_frame(frame: bytes, item: dict, ts: int, psn: int, slot: int, qp: dict) -> None:
     from scapy.contrib.roce import BTH as ScapyBTH
     from scapy.layers.l2 import Ether
 
@@ -177,8 +179,7 @@ def _check_rpc_frame(frame: bytes, item: dict, ts: int, psn: int, slot: int) -> 
     assert BTH.unpack(frame, 42) == {
         "opcode": Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE, "se": 0, "m": 0, "pad_cnt": pad,
         "tver": 0, "p_key": P_KEY, "fecn": 0, "becn": 0, "resv6": 0,
-        "dest_qp": _qp(item["ppu"])["host_qpn"], "a": 0, "resv7": 0, "psn": psn}
-    qp = _qp(item["ppu"])
+        "dest_qp": qp["host_qpn"], "a": 0, "resv7": 0, "psn": psn}
     assert RETH.unpack(frame, 54) == {"va": qp["ring_va"] + slot * qp["slot_size"],
                                       "r_key": qp["host_rkey"], "dma_len": 24 + arg_len}
     assert IMMDT.unpack(frame, 70) == {"imm": slot_immediate(psn, slot)}
@@ -216,7 +217,8 @@ def _check_all(bench: Bench, items: list[tuple[str, dict]]) -> None:
             _check_ctrl_frame(frame, item)
         else:
             n = item["ppu"]
-            _check_rpc_frame(frame, item, ts, psn=count[n], slot=count[n] % _qp(n)["num_slots"])
+            qp = bench.qps[n]
+            _check_rpc_frame(frame, item, ts, psn=count[n], slot=count[n] % qp["num_slots"], qp=qp)
             count[n] += 1
     assert bench.psn_out == count
     assert bench.sent_frame == len(sent)
@@ -288,6 +290,43 @@ def test_latency_and_no_gaps_with_steady_ready():
         assert cycles == list(range(cycles[0], cycles[0] + len(cycles)))
 
 
+def test_back_to_back_every_arg_len_and_replies():
+    # offered without gaps, ready steady: each item is taken in the cycle after the previous
+    # frame's last beat, its first beat START_LATENCY_CYCLES after that, no gaps in any frame
+    items = []
+    for a in range(MAX_CALL_ARG_BYTES + 1):
+        items += [("call", _call(0, a, a)), ("ctrl", _reply(a)), ("call", _call(0, 10 + a, a))]
+    bench = Bench(num_ppus=1, ready_prob=1.0, seed=4)
+    bench.run(items, gap_prob=0.0)
+    _check_all(bench, items)
+    for (_, _, _, taken_cycle), cycles in zip(bench.taken, bench.frame_cycles, strict=True):
+        assert cycles[0] - taken_cycle == START_LATENCY_CYCLES
+        assert cycles == list(range(cycles[0], cycles[0] + len(cycles)))
+    for (_, _, _, taken_cycle), before in zip(bench.taken[1:], bench.frame_cycles[:-1],
+                                              strict=True):
+        assert taken_cycle == before[-1] + 1
+
+
+def test_back_to_back_heavy_backpressure():
+    items = []
+    for i in range(12):
+        items.append(("ctrl", _reply(i)) if i % 4 == 3 else ("call", _call(i % 2, i, i % 5)))
+    bench = Bench(num_ppus=2, ready_prob=0.25, seed=9)
+    bench.run(items, gap_prob=0.0)
+    _check_all(bench, items)
+
+
+def test_slot_offsets_carry_into_the_upper_va_word():
+    # slot * slot_size added to a ring VA whose lower word is near 2**32: from slot 2 on the sum
+    # carries into the upper word; 7 slots wrap after 7 requests
+    qp = {**_qp(0), "ring_va": 0x7_FFFE_8000, "slot_size": 0xFFFF, "num_slots": 7}
+    assert (0xFFFE_8000 + 2 * 0xFFFF) >> 32 == 1
+    items = [("call", _call(0, i, i % 5)) for i in range(9)]
+    bench = Bench(num_ppus=1, ready_prob=0.7, seed=6, qps=[qp])
+    bench.run(items)
+    _check_all(bench, items)
+
+
 def test_malformed_requests_are_dropped():
     items = [("call", _call(0, 0, 3)), ("call", _call(1, 1, 2)),    # PPU 1 does not exist
              ("call", {**_call(0, 2, 0), "arg_len": MAX_CALL_ARG_BYTES + 1}),
@@ -296,6 +335,23 @@ def test_malformed_requests_are_dropped():
     bench.run(items)
     _check_all(bench, items)
     assert bench.dropped == 2
+
+
+def test_malformed_requests_back_to_back():
+    # offered without gaps: a dropped request leaves nothing behind, the next item is taken 2
+    # cycles after it and goes out whole
+    bad_ppu = {**_call(0, 1, 2), "ppu": 1}
+    bad_len = {**_call(0, 2, 0), "arg_len": MAX_CALL_ARG_BYTES + 1}
+    items = [("call", bad_ppu), ("call", _call(0, 0, 3)), ("call", bad_len), ("call", bad_ppu),
+             ("ctrl", _reply(1)), ("call", bad_len), ("call", _call(0, 3, 0))]
+    bench = Bench(num_ppus=1, ready_prob=1.0, seed=8)
+    bench.run(items, gap_prob=0.0)
+    _check_all(bench, items)
+    assert bench.dropped == 4
+    for (kind, item, _, taken_cycle), (_, _, _, next_cycle) in zip(bench.taken[:-1],
+                                                                   bench.taken[1:], strict=True):
+        if kind == "call" and not _request_ok(item, 1):
+            assert next_cycle == taken_cycle + 2
 
 
 def test_parameter_validation():
