@@ -21,7 +21,17 @@ from __future__ import annotations
 
 import math
 
-from amaranth.hdl import Cat, ClockDomain, DomainRenamer, Elaboratable, Module, Signal, Value
+from amaranth.hdl import (
+    Cat,
+    ClockDomain,
+    Const,
+    DomainRenamer,
+    Elaboratable,
+    Instance,
+    Module,
+    Signal,
+    Value,
+)
 from amaranth.lib import io, wiring
 from amaranth.lib.cdc import ResetSynchronizer
 from amaranth.lib.wiring import In, Out
@@ -117,8 +127,16 @@ class BoardTop(Elaboratable):
             cd = ClockDomain(out.name, async_reset=True)
             m.domains += cd
             m.d.comb += cd.clk.eq(clk)
+            # The reset is synchronised in a domain of its own on the same clock, then driven
+            # onto a global network (a DCCA): the domain's reset reaches thousands of
+            # flip-flops, which fabric routing would carry only through the congested die.
+            sync = ClockDomain(f"{out.name}_rst_sync", async_reset=True)
+            m.domains += sync
+            m.d.comb += sync.clk.eq(clk)
             m.submodules[f"rst_{out.name}"] = ResetSynchronizer(~pll.locked | board_rst,
-                                                                domain=out.name)
+                                                                domain=sync.name)
+            m.submodules[f"rst_{out.name}_global"] = Instance(
+                "DCCA", i_CLKI=sync.rst, i_CE=Const(1), o_CLKO=cd.rst)
 
         if issubclass(prof.platform, ButterStickPlatform):
             m.submodules.vccio = VCCIOControl(platform, dict(prof.platform_kwargs),

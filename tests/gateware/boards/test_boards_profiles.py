@@ -79,6 +79,19 @@ def _pins(requested) -> list[str]:
             for pin in _pins(value)]
 
 
+def test_board_top_puts_each_pll_domain_reset_on_a_global():
+    """Each PLL domain's reset leaves its synchroniser through a DCCA (a global network): as
+    fabric routing, a reset of thousands of flip-flops congests the 25F until it will not
+    route."""
+    prof = profile("colorlight-5a-75b")
+    plat = prof.make_platform()
+    text = plat.prepare(BoardTop(prof), name="top").files["top.il"]
+    dccas = re.findall(r"cell \\DCCA .*?\n(.*?)\n  end", text, re.S)
+    assert len(dccas) == len(prof.pll_clocks) == 2
+    for body in dccas:
+        assert re.search(r"connect \\CE 1'1", body)
+
+
 @pytest.mark.parametrize("name", list(PROFILES))
 def test_board_top_elaborates_and_fits_the_package(name):
     prof = PROFILES[name]
