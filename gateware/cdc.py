@@ -20,7 +20,7 @@ Each domain's own reset must be synchronous to its clock and last at least one o
 edges (a board top's reset synchronizer guarantees both); the other domain may be stopped.
 """
 
-from amaranth.hdl import Module, ResetSignal, Shape, ShapeCastable, Signal
+from amaranth.hdl import Module, Mux, ResetSignal, Shape, ShapeCastable, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.cdc import AsyncFFSynchronizer, FFSynchronizer
 from amaranth.lib.memory import Memory
@@ -171,6 +171,7 @@ class CrossingFIFO(wiring.Component):
 
         # ---- read side -------------------------------------------------------------------
         r_bin = Signal(bits)
+        r_bin_p1 = Signal(bits, init=1)         # r_bin + 1, kept beside it: the read address
         w_gry_r = Signal(bits)                  # the write pointer, synchronized into rd
         m.submodules.w_gry_sync = FFSynchronizer(w_gry, w_gry_r, o_domain=rd)
         do_read = Signal()
@@ -178,12 +179,14 @@ class CrossingFIFO(wiring.Component):
         m.d.comb += [
             self.r.valid.eq((r_gry != w_gry_r) & ~self.r_hold),
             do_read.eq(self.r.valid & self.r.ready),
-            r_next.eq(r_bin + do_read),
+            # A choice between two registers, not an increment, behind the consumer's ready.
+            r_next.eq(Mux(do_read, r_bin_p1, r_bin)),
             r_port.addr.eq(r_next[:-1]),
             self.r.payload.eq(r_port.data),
         ]
         with m.If(self.r_clr):
-            m.d[rd] += [r_bin.eq(0), r_gry.eq(0)]
+            m.d[rd] += [r_bin.eq(0), r_bin_p1.eq(1), r_gry.eq(0)]
         with m.Else():
-            m.d[rd] += [r_bin.eq(r_next), r_gry.eq(_gray(r_next))]
+            m.d[rd] += [r_bin.eq(r_next), r_gry.eq(_gray(r_next)),
+                        r_bin_p1.eq(Mux(do_read, r_bin_p1 + 1, r_bin_p1))]
         return m
