@@ -173,15 +173,20 @@ def test_counters_sum_all_sources():
 ALL = (1 << NUM_COUNTERS) - 1
 
 
+async def strobe_all(ctx, dut, cycles: int):
+    """Every source strobes every counter for ``cycles`` cycles; then wait out the lag."""
+    ctx.set(dut.inc, [ALL, ALL, ALL])
+    for _ in range(cycles):
+        await ctx.tick()
+    ctx.set(dut.inc, [0, 0, 0])
+    for _ in range(COUNTER_LAG_CYCLES - 1):
+        await ctx.tick()
+
+
 def test_counters_every_source_every_cycle():
     # every source strobes every counter in every cycle: the pending counts reach their bound
     async def tb(ctx, dut):
-        ctx.set(dut.inc, [ALL, ALL, ALL])
-        for _ in range(200):
-            await ctx.tick()
-        ctx.set(dut.inc, [0, 0, 0])
-        for _ in range(COUNTER_LAG_CYCLES - 1):
-            await ctx.tick()
+        await strobe_all(ctx, dut, 200)
         for name, _ in COUNTERS:
             assert await read(ctx, dut, counter_addr(name)) == (1, 600), name
 
@@ -266,12 +271,7 @@ def test_counters_wrap_at_32_bits():
             await ctx.tick()
         for i in range(NUM_COUNTERS):
             ctx.set(dut.counter_values[i], 2**32 - 7 - i)
-        ctx.set(dut.inc, [ALL, ALL, ALL])
-        for _ in range(5):
-            await ctx.tick()
-        ctx.set(dut.inc, [0, 0, 0])
-        for _ in range(COUNTER_LAG_CYCLES - 1):
-            await ctx.tick()
+        await strobe_all(ctx, dut, 5)
         for i, (name, _) in enumerate(COUNTERS):
             assert await read(ctx, dut, counter_addr(name)) == (1, (15 - 7 - i) % 2**32), name
 

@@ -280,14 +280,20 @@ def test_control_reply_has_priority():
     assert order == ["ctrl", "call"]
 
 
-def test_latency_and_no_gaps_with_steady_ready():
-    items = [("call", _call(0, i, i % 5)) for i in range(5)] + [("ctrl", _reply(0))]
-    bench = Bench(num_ppus=1, ready_prob=1.0, seed=1)
+def _run_steady(items, seed: int) -> "Bench":
+    """``items`` offered without gaps, ``ready`` steady: every frame right, its first beat
+    START_LATENCY_CYCLES after it was taken, no gap inside any frame."""
+    bench = Bench(num_ppus=1, ready_prob=1.0, seed=seed)
     bench.run(items, gap_prob=0.0)
     _check_all(bench, items)
     for (_, _, _, taken_cycle), cycles in zip(bench.taken, bench.frame_cycles, strict=True):
         assert cycles[0] - taken_cycle == START_LATENCY_CYCLES
         assert cycles == list(range(cycles[0], cycles[0] + len(cycles)))
+    return bench
+
+
+def test_latency_and_no_gaps_with_steady_ready():
+    _run_steady([("call", _call(0, i, i % 5)) for i in range(5)] + [("ctrl", _reply(0))], seed=1)
 
 
 def test_back_to_back_every_arg_len_and_replies():
@@ -296,12 +302,7 @@ def test_back_to_back_every_arg_len_and_replies():
     items = []
     for a in range(MAX_CALL_ARG_BYTES + 1):
         items += [("call", _call(0, a, a)), ("ctrl", _reply(a)), ("call", _call(0, 10 + a, a))]
-    bench = Bench(num_ppus=1, ready_prob=1.0, seed=4)
-    bench.run(items, gap_prob=0.0)
-    _check_all(bench, items)
-    for (_, _, _, taken_cycle), cycles in zip(bench.taken, bench.frame_cycles, strict=True):
-        assert cycles[0] - taken_cycle == START_LATENCY_CYCLES
-        assert cycles == list(range(cycles[0], cycles[0] + len(cycles)))
+    bench = _run_steady(items, seed=4)
     for (_, _, _, taken_cycle), before in zip(bench.taken[1:], bench.frame_cycles[:-1],
                                               strict=True):
         assert taken_cycle == before[-1] + 1
