@@ -24,7 +24,6 @@ asserts it while it is in ERROR; a push that is offered in a flushed cycle is di
 # QICK tProcessor timed queues; openqlink docs/architecture.md (PTD interface).
 """
 
-# No ``from __future__ import annotations``: data.Struct reads its annotations as shapes.
 from amaranth.hdl import (
     Cat,
     Const,
@@ -394,9 +393,9 @@ class DriveChannel(wiring.Component):
         if env_depth < _SAMPLES_PER_WORD or env_depth & (env_depth - 1):
             raise ValueError(f"env_depth must be a power of two >= 4, not {env_depth}")
         self._env_depth = env_depth
-        self._time_bits = time_bits
+        self._event = drive_event(time_bits)
         super().__init__({
-            "event": In(stream.Signature(drive_event(time_bits))),
+            "event": In(stream.Signature(self._event)),
             "now": In(time_bits),
             "flush": In(1),
             "env_rd_addr": Out(range(env_depth // _SAMPLES_PER_WORD)),
@@ -409,7 +408,7 @@ class DriveChannel(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.queue = q = TimedQueue(drive_event(self._time_bits), self.LEAD_CYCLES - 1)
+        m.submodules.queue = q = TimedQueue(self._event, self.LEAD_CYCLES - 1)
         wiring.connect(m, wiring.flipped(self.event), q.event)
         fire = q.on_time
         late = q.past
@@ -512,9 +511,9 @@ class ReadoutChannel(wiring.Component):
     LEAD_CYCLES = 2
 
     def __init__(self, *, time_bits: int = 64):
-        self._time_bits = time_bits
+        self._event = readout_event(time_bits)
         super().__init__({
-            "event": In(stream.Signature(readout_event(time_bits))),
+            "event": In(stream.Signature(self._event)),
             "now": In(time_bits),
             "flush": In(1),
             "adc": In(signed(SAMPLE_BITS)),
@@ -528,7 +527,7 @@ class ReadoutChannel(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.queue = q = TimedQueue(readout_event(self._time_bits), self.LEAD_CYCLES - 1)
+        m.submodules.queue = q = TimedQueue(self._event, self.LEAD_CYCLES - 1)
         wiring.connect(m, wiring.flipped(self.event), q.event)
         head = q.head
         rem = Signal(16)
@@ -588,9 +587,9 @@ class MarkerChannel(wiring.Component):
     LEAD_CYCLES = 2
 
     def __init__(self, *, time_bits: int = 64):
-        self._time_bits = time_bits
+        self._event = marker_event(time_bits)
         super().__init__({
-            "event": In(stream.Signature(marker_event(time_bits))),
+            "event": In(stream.Signature(self._event)),
             "now": In(time_bits),
             "flush": In(1),
             "marker": Out(1),
@@ -600,7 +599,7 @@ class MarkerChannel(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.queue = q = TimedQueue(marker_event(self._time_bits), self.LEAD_CYCLES - 1)
+        m.submodules.queue = q = TimedQueue(self._event, self.LEAD_CYCLES - 1)
         wiring.connect(m, wiring.flipped(self.event), q.event)
         rem = Signal(16)
         high = Signal()          # rem != 0, registered
