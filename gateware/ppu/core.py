@@ -566,12 +566,9 @@ class PPU(wiring.Component):
         # Each group's OR for the three candidates (target, fetched, staying), chosen last.
         for j in range(NUM_REGISTERS // 4):
             group = slice(4 * j, 4 * j + 4)
-
-            def busy_in(mask, j=j, group=group):
-                return (mask[group] & busy_next[group]).any()
-            m.d.sync += mask_busy[j].eq(Mux(x_load, Mux(use_tgt, busy_in(tgt_dec.mask),
-                                                        busy_in(f_dec.mask)),
-                                            busy_in(xd.mask)))
+            tgt_b, f_b, x_b = ((mask[group] & busy_next[group]).any()
+                               for mask in (tgt_dec.mask, f_dec.mask, xd.mask))
+            m.d.sync += mask_busy[j].eq(Mux(x_load, Mux(use_tgt, tgt_b, f_b), x_b))
         with m.If(x_load):
             m.d.sync += [
                 x_valid.eq(1),
