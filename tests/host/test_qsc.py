@@ -177,6 +177,16 @@ def test_trigger_is_one_write_of_start_time_and_tail(ready):
     assert info.value.field == "tail"
 
 
+def test_trigger_start_time_must_fit_the_builds_timeline(make):
+    qsc, peer, _ = make(QSCParams(num_ppus=1, timeline_bits=48))
+    qsc.connect()
+    qsc.configure(0, Ring())
+    with pytest.raises(FieldRangeError, match="48-bit timeline"):
+        qsc.trigger(0, 1 << 48, 1)
+    qsc.trigger(0, (1 << 48) - 1, 1)
+    assert peer.regs[ppu_reg(0, "START_TIME_HI")] == 0xFFFF
+
+
 def test_reads(ready):
     qsc, peer, _ = ready
     peer.regs[ppu_reg(0, "TIMELINE_LO")] = 0x89AB_CDEF
