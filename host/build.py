@@ -36,8 +36,9 @@ from .memory_map import QSCParams
 
 __all__ = [
     "BuildError", "TimingError", "ToolNotFoundError", "ProgramError",
-    "ClockResult", "NextpnrReport", "BuildReport",
+    "ClockResult", "NextpnrReport", "BuildReport", "CriticalPath",
     "TOOLS", "find_tool", "toolchain_env", "parse_nextpnr_log", "clock_domain", "clock_table",
+    "parse_critical_paths", "source_line", "critical_path_table", "clock_names",
     "build_board", "export_verilog", "program_command", "program_board", "find_loader",
 ]
 
@@ -197,6 +198,106 @@ def clock_domain(net: str, domains: list[str], clk_in: str | None = None) -> str
     return None
 
 
+@dataclass(frozen=True)
+class CriticalPath:
+    """One clock's critical path from nextpnr's log, as cells of the netlist.
+
+    ``cells`` are ``(cell name, arrival_ns)`` from the launching register to the capturing
+    one; ``logic_ns`` and ``routing_ns`` are nextpnr's split of ``total_ns``.
+    """
+
+    clock: str
+    total_ns: float
+    logic_ns: float
+    routing_ns: float
+    cells: tuple[tuple[str, float], ...]
+
+
+_PATH_HEAD = re.compile(r"Critical path report for (?:clock '([^']+)'|cross-domain path "
+                        r"'(?:posedge|negedge) ([^']+)' -> '(?:posedge|negedge) ([^']+)')")
+_PATH_STEP = re.compile(r"Info:\s+(clk-to-q|logic|setup)\s+[\d.]+\s+([\d.]+)\s+Source (\S+)\.\w+$")
+_PATH_END = re.compile(r"Info: ([\d.]+) ns logic, ([\d.]+) ns routing")
+
+
+def parse_critical_paths(text: str) -> dict[str, CriticalPath]:
+    """The critical path of each clock in a nextpnr-ecp5 log, the last report of each.
+
+    Keys are the clock net (``$glbnet$...``) or ``"<from net> -> <to net>"`` for a
+    cross-domain path.
+    """
+    paths: dict[str, CriticalPath] = {}
+    key, cells = None, []
+    for line in text.splitlines():
+        head = _PATH_HEAD.search(line)
+        if head:
+            clock, a, b = head.groups()
+            key, cells = (clock or f"{a} -> {b}"), []
+            continue
+        if key is None:
+            continue
+        step = _PATH_STEP.match(line)
+        if step:
+            cells.append((step.group(3), float(step.group(2))))
+            continue
+        end = _PATH_END.match(line)
+        if end:
+            logic, routing = float(end.group(1)), float(end.group(2))
+            paths[key] = CriticalPath(key, round(logic + routing, 2), logic, routing,
+                                      tuple(cells))
+            key = None
+    return paths
+
+
+def source_line(cell: dict) -> str:
+    """The Amaranth source line of a cell of a Yosys JSON netlist (``ppu/core.py:512``), or
+    ``""``.
+
+    Yosys keeps an RTL cell's ``src`` attribute through technology mapping, joined with ``|``
+    to the cell library's own lines; LUTs that ABC made carry only the library's. Paths inside
+    this package are shown from ``gateware/``'s level (``net/tx.py:218``), Amaranth's from
+    ``amaranth/``.
+    """
+    for part in cell.get("attributes", {}).get("src", "").split("|"):
+        if not part.split(":")[0].endswith(".py"):
+            continue
+        part = re.sub(r"\.\d+(-\d+\.\d+)?$", "", part)       # a column range, if any
+        part = re.sub(r"^.*/(openqlink|amaranth)/", r"\1/", part)
+        return re.sub(r"^openqlink/(gateware/)?", "", part)
+    return ""
+
+
+def critical_path_table(paths: dict[str, CriticalPath], netlist: dict,
+                        domains: dict[str, str]) -> dict[str, dict[str, object]]:
+    """``report.json``'s ``critical_paths``: for each path, its delay split, the source lines
+    of its launching and capturing registers and the lines along it (``"."`` for a cell that
+    synthesis made and that has no line of its own, runs of them merged).
+
+    ``netlist`` is Yosys's JSON netlist (its cells' ``src`` attributes); ``domains`` maps
+    nextpnr's clock nets to the report's names for them.
+    """
+    cells: dict[str, dict] = {}
+    for module in netlist.get("modules", {}).values():
+        cells.update(module.get("cells", {}))
+    table: dict[str, dict[str, object]] = {}
+    for key, path in paths.items():
+        name = " -> ".join(domains.get(part, part) for part in key.split(" -> "))
+        through: list[str] = []
+        for cell, _ in path.cells:
+            line = source_line(cells.get(cell, {})) or "."
+            if not through or line != through[-1]:
+                through.append(line)
+        first = cells.get(path.cells[0][0], {}) if path.cells else {}
+        last = cells.get(path.cells[-1][0], {}) if path.cells else {}
+        table[name] = {
+            "ns": path.total_ns, "logic_ns": path.logic_ns, "routing_ns": path.routing_ns,
+            "cells": len(path.cells),
+            "from": source_line(first) or first.get("type", "?"),
+            "to": source_line(last) or last.get("type", "?"),
+            "through": through,
+        }
+    return table
+
+
 # -- building a board -------------------------------------------------------------------------
 
 @dataclass
@@ -216,6 +317,8 @@ class BuildReport:
     params: dict[str, object]
     seed: int
     bitstream: str | None = None
+    #: Each clock's (and each clock pair's) critical path: see :func:`critical_path_table`.
+    critical_paths: dict[str, dict[str, object]] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
@@ -268,6 +371,13 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str], stage: str, log: Path 
                          + (f": {tail}" if tail else f"; see {log or cwd}"))
 
 
+def clock_names(pnr: NextpnrReport, profile) -> dict[str, str]:
+    """nextpnr's clock nets -> the report's names: the profile's domain where the net is one
+    (see :func:`clock_domain`), else the net's own name."""
+    domains = [*(c.domain for c in profile.clocks), "board"]
+    return {net: clock_domain(net, domains, profile.clk_in) or net for net in pnr.clocks}
+
+
 def clock_table(pnr: NextpnrReport, profile) -> dict[str, dict[str, float | bool]]:
     """``report.json``'s clocks: each clock nextpnr timed, by domain where it is one of the
     profile's (``target_mhz`` then the profile's target, not nextpnr's derived constraint),
@@ -277,8 +387,9 @@ def clock_table(pnr: NextpnrReport, profile) -> dict[str, dict[str, float | bool
     """
     targets = {c.domain: c.target_mhz for c in profile.clocks}
     clocks: dict[str, dict[str, float | bool]] = {}
+    names = clock_names(pnr, profile)
     for net, result in pnr.clocks.items():
-        key = clock_domain(net, [*targets, "board"], profile.clk_in) or net
+        key = names[net]
         target = targets.get(key, result.target_mhz)
         clocks[key] = {"target_mhz": target, "achieved_mhz": result.achieved_mhz,
                        "met": result.achieved_mhz >= target}
@@ -345,14 +456,21 @@ def build_board(profile, out_dir: Path, *, seed: int = 1, progress: Progress | N
     run(commands[0])
     run(commands[1])
 
-    pnr = parse_nextpnr_log((work / f"{name}.tim").read_text(errors="replace"))
+    log = (work / f"{name}.tim").read_text(errors="replace")
+    pnr = parse_nextpnr_log(log)
     clocks = clock_table(pnr, profile)
+    try:
+        netlist = json.loads((work / f"{name}.json").read_text())
+    except (OSError, ValueError):
+        netlist = {}                        # the paths are still reported, without sources
+    paths = critical_path_table(parse_critical_paths(log), netlist, clock_names(pnr, profile))
     timing_met = all(c["met"] for c in clocks.values())
 
     report = BuildReport(
         board=name, device=profile.device, package=profile.package, speed=profile.speed,
         clocks=clocks, resources=pnr.resources, available=pnr.available, seconds=0.0,
-        stages=stages, timing_met=timing_met, params=asdict(profile.params), seed=seed)
+        stages=stages, timing_met=timing_met, params=asdict(profile.params), seed=seed,
+        critical_paths=paths)
     if timing_met:
         run(commands[2])
         shutil.copyfile(work / f"{name}.bit", bit_out)

@@ -324,9 +324,13 @@ def _print_report(report) -> None:
     table.add_column("target", justify="right")
     table.add_column("achieved", justify="right")
     table.add_column("")
+    table.add_column("critical path (logic + routing ns: from -> to)")
     for domain, c in report.clocks.items():
+        path = report.critical_paths.get(domain)
+        where = (f"{path['logic_ns']:.2f} + {path['routing_ns']:.2f}: "
+                 f"{path['from']} -> {path['to']}" if path else "")
         table.add_row(domain, f"{c['target_mhz']:g} MHz", f"{c['achieved_mhz']:.2f} MHz",
-                      "ok" if c["met"] else "[bold red]MISSED[/]")
+                      "ok" if c["met"] else "[bold red]MISSED[/]", where)
     use = Table(title="resources")
     for name in report.resources:
         use.add_column(name, justify="right")

@@ -158,3 +158,62 @@ def test_program_with_no_board_quotes_the_loader(loader_without_board):
         build.program_board(COLORLIGHT, bit)
     assert str(info.value) == ("no Colorlight 5A-75B r7.0 loaded over cable ft232: unable to "
                                "open ftdi device: -3 (device not found)")
+
+
+# A critical path as nextpnr-ecp5 logs it (cell names shortened), and the two reports of it:
+# the one after placement is replaced by the one after routing.
+CRITICAL_PATH_LOG = """\
+Info: Critical path report for clock '$glbnet$qsc.rti_clk' (posedge -> posedge):
+Info:       type curr  total name
+Info:   clk-to-q  0.52  0.52 Source ff_a.Q
+Info: 0.52 ns logic, 0.00 ns routing
+Info: Routing complete.
+Info: Critical path report for clock '$glbnet$qsc.rti_clk' (posedge -> posedge):
+Info:       type curr  total name
+Info:   clk-to-q  0.52  0.52 Source ff_a.Q
+Info:    routing  0.87  1.39 Net ff_a_q (2,12) -> (2,12)
+Info:                          Sink lut_1.B
+Info:      logic  0.24  1.63 Source lut_1.F
+Info:    routing  3.69  5.32 Net lut_1_z (7,26) -> (54,12)
+Info:                          Sink lut_2.D
+Info:      logic  0.24  5.56 Source lut_2.F
+Info:    routing  0.46  6.02 Net lut_2_z (54,12) -> (54,12)
+Info:                          Sink ff_b.M
+Info:      setup  0.00  6.02 Source ff_b.M
+Info: 1.00 ns logic, 5.02 ns routing
+
+Info: Critical path report for cross-domain path 'posedge $glbnet$qsc.rti_clk' -> \
+'posedge $glbnet$dtd_clk':
+Info:       type curr  total name
+Info:   clk-to-q  0.52  0.52 Source ff_b.Q
+Info:    routing  1.33  1.85 Net ff_b_q (30,2) -> (31,0)
+Info:      setup  0.00  1.85 Source ff_c.LSR
+Info: 0.52 ns logic, 1.33 ns routing
+"""
+
+
+def test_critical_paths_name_the_amaranth_source_lines():
+    paths = build.parse_critical_paths(CRITICAL_PATH_LOG)
+    assert set(paths) == {"$glbnet$qsc.rti_clk", "$glbnet$qsc.rti_clk -> $glbnet$dtd_clk"}
+    rti = paths["$glbnet$qsc.rti_clk"]
+    assert (rti.total_ns, rti.logic_ns, rti.routing_ns) == (6.02, 1.00, 5.02)
+    assert [c for c, _ in rti.cells] == ["ff_a", "lut_1", "lut_2", "ff_b"]
+    lib = "/share/lattice/cells_map_trellis.v:83.170-83.229"
+    netlist = {"modules": {"top": {"cells": {
+        "ff_a": {"type": "TRELLIS_FF",
+                 "attributes": {"src": f"/x/openqlink/gateware/mac/width.py:150|{lib}"}},
+        "lut_1": {"type": "LUT4", "attributes": {"src": lib}},
+        "lut_2": {"type": "LUT4", "attributes": {}},
+        "ff_b": {"type": "TRELLIS_FF",
+                 "attributes": {"src": "/v/lib/python3.11/site-packages/amaranth/lib/fifo.py:428"}},
+    }}}}
+    table = build.critical_path_table(paths, netlist, {"$glbnet$qsc.rti_clk": "rti",
+                                                       "$glbnet$dtd_clk": "dtd"})
+    assert table["rti"] == {
+        "ns": 6.02, "logic_ns": 1.0, "routing_ns": 5.02, "cells": 4,
+        "from": "mac/width.py:150", "to": "amaranth/lib/fifo.py:428",
+        "through": ["mac/width.py:150", ".", "amaranth/lib/fifo.py:428"],
+    }
+    # A cell the netlist lacks is named by nothing, not guessed.
+    assert table["rti -> dtd"]["from"] == "amaranth/lib/fifo.py:428"
+    assert table["rti -> dtd"]["to"] == "?"
