@@ -21,6 +21,8 @@ import re
 from collections import defaultdict
 from pathlib import Path
 
+from openqlink.build import source_line
+
 #: Clock-to-output of each start point, in ns.
 _CLK_TO_Q_NS = {"TRELLIS_FF": 0.52, "DP16KD": 5.83, "TRELLIS_DPR16X4": 0.52}
 #: Input to output delay of the combinational cells, in ns (carry: per CCU2C, from CIN).
@@ -76,9 +78,15 @@ def analyse(netlist: dict, route_ns: float):
     fanin: dict[int, list] = defaultdict(list)
     endpoints: list[tuple[int | str, int]] = []
     regs_by_q: dict[int, str] = {}
+    srcs: dict[int, str] = {}
     for name, cell in top["cells"].items():
         kind, conn = cell["type"], cell["connections"]
         dirs = cell.get("port_directions", {})
+        src = source_line(cell)
+        if src:
+            for pin, bits in conn.items():
+                if dirs.get(pin) == "output":
+                    srcs.update((b, src) for b in bits if isinstance(b, int))
         arcs = list(_cell_arcs(cell))
         if arcs:
             for i, o, d, routed in arcs:
@@ -130,13 +138,16 @@ def analyse(netlist: dict, route_ns: float):
         net = names.get(q)
         if net is not None and "_TRELLIS_" not in net and len(net) < 120:
             regs_by_q[q] = re.sub(r"\$\d+$", "", net)
+    ends: dict[str, str] = {}
+    for key, _ in endpoints:
+        ends.setdefault(regs_by_q.get(key, key), srcs.get(key, "") if isinstance(key, int) else "")
     endpoints = [(regs_by_q.get(key, key), b) for key, b in endpoints]
     worst: dict[str, tuple[float, int]] = {}
     for reg, b in endpoints:
         t = settle(b) + route_ns + _SETUP_NS
         if reg not in worst or t > worst[reg][0]:
             worst[reg] = (t, b)
-    return worst, pred, names, arrival
+    return worst, pred, names, arrival, srcs, ends
 
 
 def _trace(bit: int, pred, names) -> list[str]:
@@ -147,6 +158,19 @@ def _trace(bit: int, pred, names) -> list[str]:
     return path[::-1]
 
 
+def _trace_sources(bit: int, pred, srcs) -> list[str]:
+    """The source lines along the path to ``bit`` (LUTs without one as ``.``), runs merged."""
+    path: list[str] = []
+    while bit is not None:
+        path.append(srcs.get(bit, "."))
+        bit = pred.get(bit)
+    merged: list[str] = []
+    for step in path[::-1]:
+        if not merged or step != merged[-1] or step != ".":
+            merged.append(step)
+    return merged
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("netlist", type=Path, help="synth_ecp5 JSON netlist")
@@ -155,7 +179,8 @@ def main() -> None:
     parser.add_argument("--top", type=int, default=40, help="registers to list")
     parser.add_argument("--steps", type=int, default=6, help="path steps to print per register")
     args = parser.parse_args()
-    worst, pred, names, arrival = analyse(json.loads(args.netlist.read_text()), args.route_ns)
+    worst, pred, names, arrival, srcs, ends = analyse(json.loads(args.netlist.read_text()),
+                                                args.route_ns)
     period = 1000.0 / args.freq
     failing = sorted(((t, reg, b) for reg, (t, b) in worst.items() if t > period), reverse=True)
     print(f"{len(failing)} of {len(worst)} register inputs estimated over {period:.2f} ns "
@@ -167,6 +192,8 @@ def main() -> None:
             short = short[:2] + ["..."] + short[-(args.steps - 3):]
         print(f"{t:6.2f} ns {len(path) - 1:3d} hops  {re.sub(r'^harness.block.', '', reg)}")
         print("      " + " -> ".join(short))
+        print("      source: " + " ".join(_trace_sources(b, pred, srcs))
+              + f" => {ends.get(reg) or '?'}")
 
 
 if __name__ == "__main__":
