@@ -119,10 +119,11 @@ class PacketDownsizer(_WidthConverter):
     lanes ``keep`` leaves out on the last beat.
 
     A wide beat is taken into a shift register (1 cycle) and then offered one narrow beat per
-    cycle from its lowest lane; the next wide beat is taken in the cycle its predecessor's final
-    narrow beat leaves, so a packet streams without bubbles while ``i`` keeps up. Back-pressure
-    passes through: ``i.ready`` is high when the register is empty or its final narrow beat is
-    being taken.
+    cycle from its lowest lane. A second register holds the next wide beat while the first is
+    being sent, and moves into the shift register in the cycle the final narrow beat leaves, so
+    a packet streams without bubbles while ``i`` keeps up. ``i.ready`` is a flip-flop (high
+    while that second register is empty): back-pressure from ``o`` reaches ``i`` a cycle late
+    and never combinationally, so the wide side's ``ready`` logic starts at a register.
 
     Parameters
     ----------
@@ -149,6 +150,9 @@ class PacketDownsizer(_WidthConverter):
         full = Signal()
         lane = Signal(range(ratio))
         final = (lane == ratio - 1) | (beat.last & ~beat.keep[ok])
+        # The next wide beat, taken while ``beat`` is busy.
+        nxt = Signal(beat_layout(self.i_width))
+        nxt_full = Signal()
 
         o = self.o.payload
         m.d.comb += [
@@ -158,16 +162,24 @@ class PacketDownsizer(_WidthConverter):
             o.first.eq(beat.first & (lane == 0)),
             o.last.eq(beat.last & final),
             o.error.eq(beat.error & beat.last & final),
-            self.i.ready.eq(~full | (self.o.ready & final)),
+            self.i.ready.eq(~nxt_full),
         ]
+        take = self.i.valid & ~nxt_full
+        free = ~full | (self.o.ready & final)      # ``beat`` may be loaded this cycle
         with m.If(self.o.valid & self.o.ready):
             m.d.sync += [
                 lane.eq(lane + 1),
                 beat.data.eq(beat.data >> ow),
                 beat.keep.eq(beat.keep >> ok),
             ]
-            with m.If(final):
-                m.d.sync += [lane.eq(0), full.eq(0)]
-        with m.If(self.i.valid & self.i.ready):
-            m.d.sync += [beat.eq(self.i.payload), full.eq(1), lane.eq(0)]
+        with m.If(free):
+            m.d.sync += [lane.eq(0), full.eq(nxt_full | take)]
+            with m.If(nxt_full):
+                m.d.sync += [beat.eq(nxt), nxt_full.eq(take)]
+                with m.If(take):
+                    m.d.sync += nxt.eq(self.i.payload)
+            with m.Elif(take):
+                m.d.sync += beat.eq(self.i.payload)
+        with m.Elif(take):
+            m.d.sync += [nxt.eq(self.i.payload), nxt_full.eq(1)]
         return m

@@ -92,6 +92,38 @@ def test_downsizer_full_rate_without_bubbles():
     assert out_cycles[-1] - out_cycles[0] == total - 1
 
 
+def test_downsizer_ready_is_a_register():
+    """``i.ready`` never follows ``o.ready`` within a cycle (the wide side's ready logic starts
+    at a flip-flop), in any cycle of a stream; the bytes still arrive whole."""
+    dut = PacketDownsizer(64, 8)
+    packet = bytes(range(40))
+    beats = to_beats(packet, 64)
+    got = PacketCollector(8)
+
+    async def bench(ctx):
+        n = 0
+        for cycle in range(200):
+            if n < len(beats):
+                ctx.set(dut.i.payload, beats[n])
+            ctx.set(dut.i.valid, n < len(beats))
+            seen = set()
+            for o_ready in (0, 1):
+                ctx.set(dut.o.ready, o_ready)
+                seen.add(ctx.get(dut.i.ready))
+            assert len(seen) == 1, f"cycle {cycle}: i.ready follows o.ready combinationally"
+            i_ready = ctx.get(dut.i.ready)
+            if ctx.get(dut.o.valid):
+                got.beat(ctx.get(dut.o.payload), cycle)
+            await ctx.tick()
+            n += i_ready and n < len(beats)
+        assert got.packets[0].data == packet
+
+    sim = Simulator(dut)
+    sim.add_clock(8e-9)
+    sim.add_testbench(bench)
+    sim.run()
+
+
 def test_upsizer_latency_is_one_cycle():
     got, in_cycles, out_cycles = run(PacketUpsizer(8, 64), 8, 64, [bytes(range(16))])
     assert out_cycles == [in_cycles[7] + 1, in_cycles[15] + 1]
