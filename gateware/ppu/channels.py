@@ -551,16 +551,18 @@ class ReadoutChannel(wiring.Component):
             self.result_rd.eq(rd),
             self.result_bit.eq(~total[-1]),
         ]
+        # Only ``open_`` and ``last`` depend on ``fire``. The window's data (``rem``, ``acc``,
+        # ``rd``) is loaded from the head in every cycle that a window may start (``free``, from
+        # flip-flops): they are unused until ``open_`` is set, and ``fire`` (the last signal to
+        # settle) then drives two flip-flops instead of sixty.
         with m.If(fire):
-            m.d.sync += [
-                rem.eq(head.window_cycles),
-                last.eq(head.window_cycles == 1),
-                open_.eq(head.window_cycles != 0),
-                acc.eq(~head.threshold),
-                rd.eq(head.rd),
-            ]
+            m.d.sync += [last.eq(head.window_cycles == 1), open_.eq(head.window_cycles != 0)]
         with m.Elif(open_):
-            m.d.sync += [rem.eq(rem - 1), last.eq(rem == 2), open_.eq(~last), acc.eq(total)]
+            m.d.sync += [last.eq(rem == 2), open_.eq(~last)]
+        with m.If(free):
+            m.d.sync += [rem.eq(head.window_cycles), acc.eq(~head.threshold), rd.eq(head.rd)]
+        with m.Else():
+            m.d.sync += [rem.eq(rem - 1), acc.eq(total)]
 
         m.d.comb += self.idle.eq(q.empty & ~open_)
         return ResetInserter(self.flush)(m)
