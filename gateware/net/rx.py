@@ -943,7 +943,6 @@ class RoCEReceiver(wiring.Component):
             desc.src_word.eq(wr_base[:ptr_bits] + s2.src_off),
             desc.end.eq(wr_base + s2.beats),
             desc_fifo.w_data.eq(desc),
-            ctrl_fifo.w_data.eq(s2.ctrl),
         ]
         dropped = Signal()                    # s2.fail.any()
         m.d.comb += dropped.eq(s2.early_fail |
@@ -967,7 +966,15 @@ class RoCEReceiver(wiring.Component):
                 wr_base.eq(desc.end),
                 epsn[s2.ppu].eq(s2.psn_next),
             ]
-        m.d.comb += ctrl_fifo.w_en.eq(s2.valid & ~s2.roce & ~dropped & ctrl_fifo.w_rdy)
+        # A control request is written in the cycle after the decision, from registers: the
+        # queue's level logic sits between this stage and the control plane, and no path joins
+        # the two through it. ``w_rdy`` read at the decision still holds a cycle later (only a
+        # read can happen in between: decisions are at least a frame, 8 beats, apart).
+        ctrl_w_en = Signal()
+        ctrl_w_data = Signal.like(s2.ctrl)
+        m.d.sync += [ctrl_w_en.eq(s2.valid & ~s2.roce & ~dropped & ctrl_fifo.w_rdy),
+                     ctrl_w_data.eq(s2.ctrl)]
+        m.d.comb += [ctrl_fifo.w_en.eq(ctrl_w_en), ctrl_fifo.w_data.eq(ctrl_w_data)]
 
         # ---- counted: the counter strobes, registered at the decision ------------------------
         # Each check's strobe is its fail bit with no earlier check failing (the first failing
