@@ -686,12 +686,13 @@ class PPU(wiring.Component):
                 set_mode(_CoreMode.DRAIN)
                 kill_fetch()
             with m.If(x_is[Op.WAIT] | x_is[Op.SYNC]):
-                # One adder: WAIT adds ``cycles`` to t, SYNC ``slack_cycles`` (the same bits) to
-                # ``sync_base``.
-                m.d.sync += t.eq(add_split(Mux(x_is[Op.SYNC], sync_base[:32], t[:32]),
-                                           Mux(x_is[Op.SYNC], sync_base[32:], t[32:]),
-                                           Mux(x_is[Op.SYNC], sync_base_hi_p1, t_hi_p1),
-                                           x.operands.wait.cycles))
+                # WAIT adds ``cycles`` to t, SYNC ``slack_cycles`` (the same bits) to
+                # ``sync_base``: two adders side by side from flip-flops, the choice after.
+                cycles = x.operands.wait.cycles
+                m.d.sync += t.eq(Mux(x_is[Op.SYNC],
+                                     add_split(sync_base[:32], sync_base[32:], sync_base_hi_p1,
+                                               cycles),
+                                     add_t(cycles)))
             with m.If(x_is[Op.BRANCH]):
                 o = x.operands.branch
                 with m.If(~br_ready):
