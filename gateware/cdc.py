@@ -20,7 +20,7 @@ Each domain's own reset must be synchronous to its clock and last at least one o
 edges (a board top's reset synchronizer guarantees both); the other domain may be stopped.
 """
 
-from amaranth.hdl import Module, Mux, ResetSignal, Shape, ShapeCastable, Signal
+from amaranth.hdl import Module, ResetSignal, Shape, ShapeCastable, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.cdc import AsyncFFSynchronizer, FFSynchronizer
 from amaranth.lib.memory import Memory
@@ -115,8 +115,11 @@ class CrossingFIFO(wiring.Component):
 
     Driven from a :class:`CrossingReset`, a reset of either domain empties the FIFO, and both
     sides refuse transfers until both pointers are empty and known so on the other side.
-    Latency: a written entry is offered 3 ``r_domain`` edges after its write edge (1 register,
-    2 synchronizer stages); its slot is free for the writer 3 ``w_domain`` edges after the read.
+    Latency: a written entry is offered 4 ``r_domain`` edges after its write edge (1 register,
+    2 synchronizer stages, the output register); its slot is free for the writer 3 ``w_domain``
+    edges after it moved into the output register. ``r.valid`` and ``r.payload`` come from
+    registers (``valid`` AND'ed with ``r_hold``), and ``r.ready`` only enables registers: the
+    RAM is read at a registered address. The output register adds one entry of capacity.
     """
 
     def __init__(self, shape: ShapeCastable, depth: int, *, w_domain: str, r_domain: str):
@@ -143,7 +146,7 @@ class CrossingFIFO(wiring.Component):
 
         m.submodules.storage = storage = Memory(shape=width, depth=self.depth, init=[])
         w_port = storage.write_port(domain=wd)
-        r_port = storage.read_port(domain=rd)
+        r_port = storage.read_port(domain="comb")
 
         # ---- write side ------------------------------------------------------------------
         w_bin = Signal(bits)
@@ -170,23 +173,29 @@ class CrossingFIFO(wiring.Component):
             m.d[wd] += [w_bin.eq(w_next), w_gry.eq(_gray(w_next))]
 
         # ---- read side -------------------------------------------------------------------
+        # The entry at ``r_bin`` is read from the RAM (an address register, no logic in front
+        # of the RAM) into the output register ``out`` whenever that is empty or being taken:
+        # the consumer's ``ready`` is only an enable of registers, never in front of the RAM.
         r_bin = Signal(bits)
-        r_bin_p1 = Signal(bits, init=1)         # r_bin + 1, kept beside it: the read address
+        r_bin_p1 = Signal(bits, init=1)         # r_bin + 1, kept beside it
         w_gry_r = Signal(bits)                  # the write pointer, synchronized into rd
         m.submodules.w_gry_sync = FFSynchronizer(w_gry, w_gry_r, o_domain=rd)
-        do_read = Signal()
-        r_next = Signal(bits)                   # wraps at 2 * depth
+        out = Signal(width)
+        out_valid = Signal()
+        take = Signal()
+        load = Signal()
         m.d.comb += [
-            self.r.valid.eq((r_gry != w_gry_r) & ~self.r_hold),
-            do_read.eq(self.r.valid & self.r.ready),
-            # A choice between two registers, not an increment, behind the consumer's ready.
-            r_next.eq(Mux(do_read, r_bin_p1, r_bin)),
-            r_port.addr.eq(r_next[:-1]),
-            self.r.payload.eq(r_port.data),
+            self.r.valid.eq(out_valid & ~self.r_hold),
+            self.r.payload.eq(out),
+            take.eq(self.r.valid & self.r.ready),
+            load.eq((r_gry != w_gry_r) & ~self.r_hold & (~out_valid | take)),
+            r_port.addr.eq(r_bin[:-1]),
         ]
         with m.If(self.r_clr):
-            m.d[rd] += [r_bin.eq(0), r_bin_p1.eq(1), r_gry.eq(0)]
-        with m.Else():
-            m.d[rd] += [r_bin.eq(r_next), r_gry.eq(_gray(r_next)),
-                        r_bin_p1.eq(Mux(do_read, r_bin_p1 + 1, r_bin_p1))]
+            m.d[rd] += [r_bin.eq(0), r_bin_p1.eq(1), r_gry.eq(0), out_valid.eq(0)]
+        with m.Elif(load):
+            m.d[rd] += [out.eq(r_port.data), out_valid.eq(1),
+                        r_bin.eq(r_bin_p1), r_gry.eq(_gray(r_bin_p1)), r_bin_p1.eq(r_bin_p1 + 1)]
+        with m.Elif(take):
+            m.d[rd] += out_valid.eq(0)
         return m
