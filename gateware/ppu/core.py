@@ -248,11 +248,12 @@ class PPU(wiring.Component):
         run_due = less(m, run_start, now_p2, "run_due")
 
         m.d.sync += started.eq(run_due)
-        # SYNC's anchor, registered: never before the start time (while ARMED, "now" on the
-        # program's timeline is the start time), so ``started ? now : START_TIME``. It is
-        # right from the second cycle after a trigger, before any instruction executes.
-        sync_base = Signal(tb)
-        m.d.sync += sync_base.eq(Mux(run_due, add_small(now, 1), run_start))
+        # SYNC's anchor is never before the start time (while ARMED, "now" on the program's
+        # timeline is the start time): ``run_due ? now + 1 : START_TIME`` in the cycle before
+        # SYNC executes (the cycle it enters the execute stage, below). ``now_p1`` is
+        # ``now + 1``, registered.
+        now_p1 = Signal(tb, init=1)
+        m.d.sync += now_p1.eq(add_small(now, 2))
         eff_state = Signal(PPUState)
         with m.If((state == PPUState.ARMED) & started):
             m.d.comb += eff_state.eq(PPUState.RUNNING)
@@ -541,8 +542,10 @@ class PPU(wiring.Component):
         # Time sums with a 32-bit addend, carry-select: the low half's carry picks the high
         # half or its increment, both ready (two carry chains side by side).
         t_hi_p1 = Signal(tb - 32)
-        sync_base_hi_p1 = Signal(tb - 32)
-        m.d.comb += [t_hi_p1.eq(t[32:] + 1), sync_base_hi_p1.eq(sync_base[32:] + 1)]
+        now_p1_hi_p1 = Signal(tb - 32)
+        run_start_hi_p1 = Signal(tb - 32)
+        m.d.comb += [t_hi_p1.eq(t[32:] + 1), now_p1_hi_p1.eq(now_p1[32:] + 1),
+                     run_start_hi_p1.eq(run_start[32:] + 1)]
 
         def add_split(lo, hi, hi_p1, addend):
             total = lo + addend
@@ -550,6 +553,17 @@ class PPU(wiring.Component):
 
         def add_t(addend):
             return add_split(t[:32], t[32:], t_hi_p1, addend)
+
+        # The t that a WAIT or SYNC entering the execute stage writes when it executes (in the
+        # next cycle): t + cycles, or SYNC's anchor + slack_cycles (the same bits). Summed here
+        # for each source, the choice last, so the execute stage only copies a register.
+        x_tnext = Signal(tb)
+
+        def t_next(insn, dec):
+            cycles = Instruction(insn).operands.wait.cycles
+            sync_now = add_split(now_p1[:32], now_p1[32:], now_p1_hi_p1, cycles)
+            sync_start = add_split(run_start[:32], run_start[32:], run_start_hi_p1, cycles)
+            return Mux(dec.sync, Mux(run_due, sync_now, sync_start), add_t(cycles))
 
         # The execute stage takes an instruction when it is empty (so ``x_time`` uses the t
         # that the instruction before wrote), or from a resolving BRANCH.
@@ -580,6 +594,7 @@ class PPU(wiring.Component):
                 x_time.eq(Mux(use_tgt, add_t(Instruction(tgt_insn).operands.play.offset_cycles),
                               add_t(Instruction(f_insn).operands.play.offset_cycles))),
                 xd.eq(Mux(use_tgt, tgt_dec, f_dec)),
+                x_tnext.eq(Mux(use_tgt, t_next(tgt_insn, tgt_dec), t_next(f_insn, f_dec))),
                 br_ready.eq(0),
                 call_issued.eq(0),
                 tgt_issued.eq(0),
@@ -686,13 +701,7 @@ class PPU(wiring.Component):
                 set_mode(_CoreMode.DRAIN)
                 kill_fetch()
             with m.If(x_is[Op.WAIT] | x_is[Op.SYNC]):
-                # WAIT adds ``cycles`` to t, SYNC ``slack_cycles`` (the same bits) to
-                # ``sync_base``: two adders side by side from flip-flops, the choice after.
-                cycles = x.operands.wait.cycles
-                m.d.sync += t.eq(Mux(x_is[Op.SYNC],
-                                     add_split(sync_base[:32], sync_base[32:], sync_base_hi_p1,
-                                               cycles),
-                                     add_t(cycles)))
+                m.d.sync += t.eq(x_tnext)
             with m.If(x_is[Op.BRANCH]):
                 o = x.operands.branch
                 with m.If(~br_ready):
