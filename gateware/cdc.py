@@ -20,7 +20,7 @@ Each domain's own reset must be synchronous to its clock and last at least one o
 edges (a board top's reset synchronizer guarantees both); the other domain may be stopped.
 """
 
-from amaranth.hdl import Module, ResetSignal, Shape, ShapeCastable, Signal
+from amaranth.hdl import Module, Mux, ResetSignal, Shape, ShapeCastable, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.cdc import AsyncFFSynchronizer, FFSynchronizer
 from amaranth.lib.memory import Memory
@@ -107,7 +107,8 @@ class CrossingFIFO(wiring.Component):
         Write side, ``w_domain``. ``ready`` is low while full or while ``w_hold``; it does not
         depend on ``valid``.
     r : Out(stream.Signature(shape))
-        Read side, ``r_domain``. ``valid`` is low while empty or while ``r_hold``.
+        Read side, ``r_domain``. ``valid`` is low while empty and from the cycle after
+        ``r_hold`` rises until it falls.
     w_clr, w_hold : In(1)
         ``w_domain``: empty the write pointer (at the clock edge) / refuse writes.
     r_clr, r_hold : In(1)
@@ -117,9 +118,11 @@ class CrossingFIFO(wiring.Component):
     sides refuse transfers until both pointers are empty and known so on the other side.
     Latency: a written entry is offered 4 ``r_domain`` edges after its write edge (1 register,
     2 synchronizer stages, the output register); its slot is free for the writer 3 ``w_domain``
-    edges after it moved into the output register. ``r.valid`` and ``r.payload`` come from
-    registers (``valid`` AND'ed with ``r_hold``), and ``r.ready`` only enables registers: the
-    RAM is read at a registered address. The output register adds one entry of capacity.
+    edges after it moved into the output register. ``r.valid`` and ``r.payload`` are registers,
+    the RAM is read at a registered address, and ``r.ready`` reaches only ``r.valid``: the
+    output register is loaded only while empty, so the FIFO passes at most one entry every
+    two ``r_domain`` cycles (a 64-bit entry per two cycles is 4 Gb/s at 125 MHz, beyond the
+    link). ``r.valid`` falls in the cycle after ``r_hold`` rises.
     """
 
     def __init__(self, shape: ShapeCastable, depth: int, *, w_domain: str, r_domain: str):
@@ -154,19 +157,26 @@ class CrossingFIFO(wiring.Component):
         r_gry = Signal(bits)
         r_gry_w = Signal(bits)                  # the read pointer, synchronized into wd
         m.submodules.r_gry_sync = FFSynchronizer(r_gry, r_gry_w, o_domain=wd)
+        def is_full(w, r):
+            return (w[-1] != r[-1]) & (w[-2] != r[-2]) & (w[:-2] == r[:-2])
+
+        # ``full`` is registered, from the next write pointer and this cycle's read pointer: a
+        # read seen meanwhile shows a cycle late (the writer waits a cycle, never overfills),
+        # and the producer's ``ready`` starts at flip-flops.
         full = Signal()
-        m.d.comb += full.eq((w_gry[-1] != r_gry_w[-1]) & (w_gry[-2] != r_gry_w[-2]) &
-                            (w_gry[:-2] == r_gry_w[:-2]))
         do_write = Signal()
+        w_next = Signal(bits)                   # wraps at 2 * depth
+        w_gry_next = Signal(bits)
         m.d.comb += [
             self.w.ready.eq(~full & ~self.w_hold),
             do_write.eq(self.w.valid & self.w.ready),
             w_port.addr.eq(w_bin[:-1]),
             w_port.data.eq(self.w.payload),
             w_port.en.eq(do_write),
+            w_next.eq(w_bin + 1),
+            w_gry_next.eq(Mux(self.w_clr, 0, Mux(do_write, _gray(w_next), w_gry))),
         ]
-        w_next = Signal(bits)                   # wraps at 2 * depth
-        m.d.comb += w_next.eq(w_bin + 1)
+        m.d[wd] += full.eq(is_full(w_gry_next, r_gry_w))
         with m.If(self.w_clr):
             m.d[wd] += [w_bin.eq(0), w_gry.eq(0)]
         with m.Elif(do_write):
@@ -185,17 +195,21 @@ class CrossingFIFO(wiring.Component):
         take = Signal()
         load = Signal()
         m.d.comb += [
-            self.r.valid.eq(out_valid & ~self.r_hold),
+            self.r.valid.eq(out_valid),
             self.r.payload.eq(out),
             take.eq(self.r.valid & self.r.ready),
-            load.eq((r_gry != w_gry_r) & ~self.r_hold & (~out_valid | take)),
+            # Only into an empty output register: the consumer's ``ready`` (which may depend on
+            # ``valid`` and the payload) reaches ``out_valid`` alone.
+            load.eq((r_gry != w_gry_r) & ~self.r_hold & ~out_valid),
             r_port.addr.eq(r_bin[:-1]),
         ]
+        with m.If(self.r_clr | self.r_hold):
+            m.d[rd] += out_valid.eq(0)
         with m.If(self.r_clr):
-            m.d[rd] += [r_bin.eq(0), r_bin_p1.eq(1), r_gry.eq(0), out_valid.eq(0)]
+            m.d[rd] += [r_bin.eq(0), r_bin_p1.eq(1), r_gry.eq(0)]
         with m.Elif(load):
             m.d[rd] += [out.eq(r_port.data), out_valid.eq(1),
                         r_bin.eq(r_bin_p1), r_gry.eq(_gray(r_bin_p1)), r_bin_p1.eq(r_bin_p1 + 1)]
-        with m.Elif(take):
+        with m.Elif(take & ~self.r_hold):
             m.d[rd] += out_valid.eq(0)
         return m

@@ -94,6 +94,22 @@ def test_in_order_through_two_clocks(w_period, r_period):
     Bench(w_period, r_period).run(tb)
 
 
+def test_holds_its_depth_and_the_output_register_then_refuses():
+    """With the reader idle, 8 entries fill the RAM and one the output register; the tenth
+    is refused (the registered ``full`` never lets a write overfill), and all nine come out."""
+    async def tb(ctx, b):
+        b.reading = False
+        await b.write(ctx, range(9))
+        with pytest.raises(AssertionError, match="not taken"):
+            await b.write(ctx, [9], bound=50)
+        b.reading = True
+        await b.write(ctx, [9])
+        await b.wticks(ctx, 60)
+        assert b.received == list(range(10))
+
+    Bench().run(tb)
+
+
 @pytest.mark.parametrize("side", ["w", "r"])
 def test_reset_of_either_side_empties_it(side):
     async def tb(ctx, b):
