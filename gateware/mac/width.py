@@ -172,14 +172,18 @@ class PacketDownsizer(_WidthConverter):
                 beat.data.eq(beat.data >> ow),
                 beat.keep.eq(beat.keep >> ok),
             ]
+        # ``nxt`` takes every beat offered and taken (``take`` alone enables it: the input's
+        # ``valid`` is not combined with this side's state); ``beat`` loads from ``nxt`` when
+        # that is full, else straight from the input.
+        with m.If(take):
+            m.d.sync += nxt.eq(self.i.payload)
         with m.If(free):
-            m.d.sync += [lane.eq(0), full.eq(nxt_full | take)]
-            with m.If(nxt_full):
-                m.d.sync += [beat.eq(nxt), nxt_full.eq(take)]
-                with m.If(take):
-                    m.d.sync += nxt.eq(self.i.payload)
-            with m.Elif(take):
-                m.d.sync += beat.eq(self.i.payload)
+            m.d.sync += [
+                lane.eq(0),
+                full.eq(nxt_full | take),
+                nxt_full.eq(nxt_full & take),
+                beat.eq(Mux(nxt_full, nxt, self.i.payload)),
+            ]
         with m.Elif(take):
-            m.d.sync += [nxt.eq(self.i.payload), nxt_full.eq(1)]
+            m.d.sync += nxt_full.eq(1)
         return m
