@@ -220,7 +220,7 @@ class TimedQueue(wiring.Component):
         The head event.
     on_time : ``Out(1)``; ``past : Out(1)``; ``due : Out(1)``
         ``valid`` and ``head.time == now + fire_lead`` (resp. ``<``, ``<=``: ``on_time | past``,
-        two LUT levels from flip-flops, for ``pop``).
+        two LUT levels from flip-flops, for ``pop``). ``on_time`` is a flip-flop.
     pop : ``In(1)``
         Drop the head this cycle; the next event is the head from the next cycle on.
     empty : ``Out(1)``
@@ -281,7 +281,9 @@ class TimedQueue(wiring.Component):
         load = ~ge1 | pop
         up = push & ~pop
         down = pop & ~push
+        ge1_next = Signal()
         q.d.comb += [
+            ge1_next.eq(Mux(up, 1, Mux(down, ge2, ge1))),
             self.event.ready.eq(ready),
             mem_w.addr.eq(wr), mem_w.data.eq(pushed), mem_w.en.eq(push),
             mem_r.addr.eq(rd),
@@ -290,7 +292,7 @@ class TimedQueue(wiring.Component):
             wr.eq(wr + push),
             rd.eq(rd + pop),
             n.eq(Mux(up, n + 1, Mux(down, n - 1, n))),
-            ge1.eq(Mux(up, 1, Mux(down, ge2, ge1))),
+            ge1.eq(ge1_next),
             ge2.eq(Mux(up, ge1, Mux(down, ge3, ge2))),
             ge3.eq(Mux(up, ge2, Mux(down, ge4, ge3))),
             ready.eq(Mux(push, n < FIFO_DEPTH - 1, n < FIFO_DEPTH)),
@@ -316,29 +318,36 @@ class TimedQueue(wiring.Component):
             # ``le`` from the halves side by side: the high half below (a 32-bit chain), or
             # equal (a LUT tree) with the low half not above (a 32-bit chain); one LUT joins
             # them. The equality of the halves is registered too (three LUT levels each).
+            # Returns the registered ``le`` and ``eq`` and the unregistered ``le`` and ``eq``.
             hi, lo = time[32:], time[:32]
             due_hi, due_lo = due_next[32:], due_next[:32]
             lt_hi = (Cat(hi, Const(0, 1)) - Cat(due_hi, Const(0, 1)))[-1]
             le_lo = ~(Cat(due_lo, Const(0, 1)) - Cat(lo, Const(0, 1)))[32]
             eq_hi_now = equal(q, hi, due_hi, f"{name}_hi")
+            le_now = lt_hi | (eq_hi_now & le_lo)
             le = Signal(name=f"{name}_le")
-            q.d.sync += le.eq(lt_hi | (eq_hi_now & le_lo))
+            q.d.sync += le.eq(le_now)
             if not with_eq:
-                return le, le
+                return le, le, le_now, le_now
+            eq_lo_now = equal(q, lo, due_lo, f"{name}_lo")
             eq_hi = Signal(name=f"{name}_eq_hi")
             eq_lo = Signal(name=f"{name}_eq_lo")
-            q.d.sync += [eq_hi.eq(eq_hi_now), eq_lo.eq(equal(q, lo, due_lo, f"{name}_lo"))]
-            return le, eq_hi & eq_lo
+            q.d.sync += [eq_hi.eq(eq_hi_now), eq_lo.eq(eq_lo_now)]
+            return le, eq_hi & eq_lo, le_now, eq_hi_now & eq_lo_now
 
-        le_p, eq_p = compare("pushed", pushed.time)
-        le_s, eq_s = compare("second", second.time)
-        le_h, _ = compare("head", self.head.time, with_eq=False)
+        le_p, eq_p, _, eq_p_now = compare("pushed", pushed.time)
+        le_s, eq_s, _, eq_s_now = compare("second", second.time)
+        le_h, _, le_h_now, _ = compare("head", self.head.time, with_eq=False)
         due = Mux(loaded, Mux(from_second, le_s, le_p), le_h)
-        on_time = Mux(loaded, Mux(from_second, eq_s, eq_p), le_h)
         past = loaded & Mux(from_second, le_s & ~eq_s, le_p & ~eq_p)
+        # ``on_time`` is a flip-flop of its own: the choice among the candidates' equalities
+        # is made before it, with this cycle's ``load`` and ``ge2`` (what ``loaded`` and
+        # ``from_second`` will hold), so a channel's fire starts at a register.
+        on_time = Signal()
+        q.d.sync += on_time.eq(ge1_next & Mux(load, Mux(ge2, eq_s_now, eq_p_now), le_h_now))
         q.d.comb += [
             self.valid.eq(ge1),
-            self.on_time.eq(ge1 & on_time),
+            self.on_time.eq(on_time),
             self.past.eq(ge1 & past),
             self.due.eq(ge1 & due),
             self.empty.eq(~ge1),
