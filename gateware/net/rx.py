@@ -263,8 +263,9 @@ class CommitEngine(wiring.Component):
         Buffer words before this pointer (with wrap bit) are no longer needed; advanced to the
         descriptor's ``end`` once the packet's last word has been read.
     bus_cmd : Out(stream.Signature(BusCommand))
-        WRITEs of the payload, then the trailer. ``valid`` is a register; the engine stalls while
-        ``ready`` is low, so a packet's commands are contiguous.
+        WRITEs of the payload, then the trailer. ``valid`` and ``payload`` are registers; while
+        ``ready`` is low the engine produces one more command (into a second register) and then
+        stalls, so a packet's commands are contiguous and ``ready`` only enables registers.
     busy : Out(1)
         A packet is in progress or a command is pending: the bus arbiter must not switch.
 
@@ -298,10 +299,22 @@ class CommitEngine(wiring.Component):
         last_word = Signal()                  # the next command is the payload's last
         out = self.bus_cmd
 
+        # A command is produced into ``out`` when it is free or being taken, else into
+        # ``skid``; the engine steps while ``skid`` is empty. ``step`` is thus a flip-flop: the
+        # consumer's ``ready`` enables ``out`` and ``skid`` and reaches nothing else.
         step = Signal()
-        m.d.comb += step.eq(~out.valid | out.ready)
-        with m.If(out.ready):
-            m.d.sync += out.valid.eq(0)
+        made = Signal()                       # a command is produced this cycle ...
+        made_cmd = Signal.like(out.payload)   # ... this one
+        skid = Signal.like(out.payload)
+        skid_valid = Signal()
+        m.d.comb += step.eq(~skid_valid)
+        with m.If(made):
+            with m.If(~out.valid | out.ready):
+                m.d.sync += [out.valid.eq(1), out.payload.eq(made_cmd)]
+            with m.Else():
+                m.d.sync += [skid_valid.eq(1), skid.eq(made_cmd)]
+        with m.Elif(out.ready):
+            m.d.sync += [out.valid.eq(skid_valid), out.payload.eq(skid), skid_valid.eq(0)]
 
         be = Signal(8)
         m.d.comb += be.eq(Mux(first_word, d.first_be, 0xFF) & Mux(last_word, d.last_be, 0xFF))
@@ -358,11 +371,13 @@ class CommitEngine(wiring.Component):
                         dst.eq(dst + 1),
                         first_word.eq(0),
                         last_word.eq(left == 2),
-                        out.valid.eq(1),
-                        out.payload.op.eq(BusOp.WRITE),
-                        out.payload.word_addr.eq(dst),
-                        out.payload.be.eq(be),
-                        out.payload.data.eq(word & _byte_mask(be)),
+                    ]
+                    m.d.comb += [
+                        made.eq(1),
+                        made_cmd.op.eq(BusOp.WRITE),
+                        made_cmd.word_addr.eq(dst),
+                        made_cmd.be.eq(be),
+                        made_cmd.data.eq(word & _byte_mask(be)),
                     ]
                     with m.If(last_word):
                         with m.If(d.has_trailer):
@@ -373,14 +388,11 @@ class CommitEngine(wiring.Component):
 
             with m.State("TRAILER"):
                 with m.If(step):
-                    m.d.sync += [
-                        out.valid.eq(1),
-                        out.payload.eq(d.trailer),
-                        self.free_ptr.eq(d.end),
-                    ]
+                    m.d.comb += [made.eq(1), made_cmd.eq(d.trailer)]
+                    m.d.sync += self.free_ptr.eq(d.end)
                     m.next = "IDLE"
 
-        m.d.comb += self.busy.eq(~fsm.ongoing("IDLE") | out.valid)
+        m.d.comb += self.busy.eq(~fsm.ongoing("IDLE") | out.valid | skid_valid)
         return m
 
 

@@ -495,11 +495,12 @@ def test_descriptor_queue_overflow():
     d = payload_bytes(4)
     frames = [write_frame(IMEM0 + 8 * i, d, IMEM_RKEY) for i in range(12)]
     cmds, _, counters, _ = run_rx(frames, ready=lambda c: c > 400, desc_depth=4)
-    # one waiting in the bus_cmd register, one stalled in the commit engine, four queued
-    assert counters["RX_ROCE_ACCEPTED"] == 6
-    assert counters["DROP_OVERFLOW"] == 6
+    # one waiting in the bus_cmd register, one in the engine's second register, one stalled
+    # in the commit engine, four queued
+    assert counters["RX_ROCE_ACCEPTED"] == 7
+    assert counters["DROP_OVERFLOW"] == 5
     exp = []
-    for i in range(6):
+    for i in range(7):
         exp += expected_writes(IMEM0 + 8 * i, d)
     assert cmds == exp
 
