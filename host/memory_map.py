@@ -302,9 +302,10 @@ def render_markdown(params: QSCParams | None = None) -> str:
         "",
         f"PPU n's QPN is `qpn_base + n` (default qpn_base {params.qpn_base:#x}). Requests go "
         "to HOST_QPN as UC RDMA_WRITE_ONLY_WITH_IMMEDIATE into slot `s` at VA "
-        "`RING_VA + s*SLOT_SIZE` with ImmDt `{PSN[19:0], s[11:0]}`, slots round-robin from 0, "
-        "at most NUM_SLOTS outstanding. Responses come back as UC SEND_ONLY to QSC_QPN and land "
-        "in the PPU's mailbox, matched by request_id.",
+        "`RING_VA + s*SLOT_SIZE` with ImmDt `{PSN[19:0], s[11:0]}`, slots round-robin from 0 "
+        "(a write that changes SLOT_SIZE restarts them at 0), at most NUM_SLOTS outstanding. "
+        "Responses come back as UC SEND_ONLY to QSC_QPN and land in the PPU's mailbox, matched "
+        "by request_id.",
         "",
         "## PPU registers, at `0x1000_0000 + 0x0100_0000*n + 0xC0_0000`",
         "",

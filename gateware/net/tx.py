@@ -139,7 +139,9 @@ class TxBuilder(wiring.Component):
     slot_size``, ``host_rkey``, DMALen = 24 + arg_len), ImmDt ``{PSN[19:0], slot[11:0]}``,
     RPCHeader (CUQR, function_id, arg_len, request_id, ptp_timestamp), args, zero pad, ICRC.
     Slots of each PPU go round-robin from 0 modulo ``num_slots`` (a slot counter at or beyond a
-    reduced ``num_slots`` restarts at 0; ``num_slots`` 0 is taken as 1).
+    reduced ``num_slots`` restarts at 0; ``num_slots`` 0 is taken as 1). The slot's offset
+    ``slot * slot_size`` is kept beside the slot counter and advanced by ``slot_size`` with it
+    (no multiplier): a change of a QP's ``slot_size`` restarts its slot counter at 0.
     """
 
     def __init__(self, num_ppus: int, params: QSCParams):
@@ -171,6 +173,9 @@ class TxBuilder(wiring.Component):
 
         # --- per-PPU state -----------------------------------------------------------------------
         slot_ctr = [Signal(12, name=f"slot_ctr_{n}") for n in range(self.num_ppus)]
+        # ``slot_ctr * slot_size``, and the ``slot_size`` it was counted with.
+        off_ctr = [Signal(28, name=f"off_ctr_{n}") for n in range(self.num_ppus)]
+        size_seen = [Signal(16, name=f"size_seen_{n}") for n in range(self.num_ppus)]
 
         # --- fields latched when a request or reply is taken (one copy each) -------------------
         is_ctrl = Signal()
@@ -193,12 +198,11 @@ class TxBuilder(wiring.Component):
         args = Signal(8 * _ARG_AREA_BYTES)          # argument bytes beyond arg_len are zero
         ts = Signal(64)
         ring_va = Signal(64)
-        # The slot's offset: the multiplier has registers of its own on both sides (its inputs
-        # load in every cycle, so that they are not merged with ``slot``), and its product is
-        # added to the ring's VA in the next two cycles, a half in each.
-        mul_slot = Signal(12)
-        mul_size = Signal(16)
-        slot_off = Signal(28)                       # slot * slot_size
+        # The slot's offset (``slot * slot_size``, from the PPU's offset counter) and the slot
+        # size, latched with the request; the offset is added to the ring's VA in two cycles, a
+        # half in each.
+        slot_off = Signal(28)
+        slot_size = Signal(16)
         va_carry = Signal()
         va = Signal(64)
 
@@ -244,14 +248,16 @@ class TxBuilder(wiring.Component):
         # The request's PPU state (combinational).
         qp_sel = self.qp[rq.ppu]
         cur_slot = Signal(12)
+        cur_off = Signal(28)
         sel_slot = Signal(12)
         sel_psn = Signal(24)
+        in_ring = Signal()
         for n in range(self.num_ppus):
             with m.If(rq.ppu == n):
-                m.d.comb += [cur_slot.eq(slot_ctr[n]), sel_psn.eq(self.tx_psn[n])]
-        m.d.comb += sel_slot.eq(Mux(cur_slot < qp_sel.num_slots, cur_slot, 0))
-
-        m.d.sync += [mul_slot.eq(sel_slot), mul_size.eq(qp_sel.slot_size)]
+                m.d.comb += [cur_slot.eq(slot_ctr[n]), cur_off.eq(off_ctr[n]),
+                             sel_psn.eq(self.tx_psn[n])]
+        m.d.comb += [in_ring.eq(cur_slot < qp_sel.num_slots),
+                     sel_slot.eq(Mux(in_ring, cur_slot, 0))]
         # The fields load in every IDLE cycle (the last one takes the request or reply): their
         # enables do not wait on the valids. A request's own fields hold junk in a reply's frame,
         # where they are not used.
@@ -277,6 +283,8 @@ class TxBuilder(wiring.Component):
                 rkey.eq(qp_sel.host_rkey),
                 psn.eq(sel_psn),
                 slot.eq(sel_slot),
+                slot_off.eq(Mux(in_ring, cur_off, 0)),
+                slot_size.eq(qp_sel.slot_size),
                 function_id.eq(rq.function_id),
                 request_id.eq(rq.request_id),
                 args.eq(Cat(*(Mux(i < rq.arg_len, rq.args[8 * i:8 * i + 8], 0)
@@ -289,20 +297,27 @@ class TxBuilder(wiring.Component):
 
         # --- the three cycles after the take ---------------------------------------------------
         # 1: IPv4 checksum stage 1 (the checksum is ready in cycle 3, long before beat 3 is due);
-        # the slot's offset is multiplied out; the slot counter of the request's PPU advances, or
-        # a malformed request is dropped. 2 and 3: the VA of the slot (words 6-7, loaded from
-        # shift 6 on), a half in each.
+        # the slot counter and offset of the request's PPU advance, or a malformed request is
+        # dropped. 2 and 3: the VA of the slot (words 6-7, loaded from shift 6 on), a half in
+        # each.
         m.d.comb += csum.valid.eq(phase[1])
         with m.If(phase[1]):
-            m.d.sync += slot_off.eq(mul_slot * mul_size)
             with m.If(~is_ctrl & ~bad):
+                wrap = slot + 1 >= num_slots
                 for n in range(self.num_ppus):
                     with m.If(ppu == n):
-                        m.d.sync += slot_ctr[n].eq(Mux(slot + 1 >= num_slots, 0, slot + 1))
+                        m.d.sync += [slot_ctr[n].eq(Mux(wrap, 0, slot + 1)),
+                                     off_ctr[n].eq(Mux(wrap, 0, slot_off + slot_size))]
         with m.If(phase[2]):
             m.d.sync += Cat(va[:32], va_carry).eq(ring_va[:32] + slot_off)
         with m.If(phase[3]):
             m.d.sync += [va[32:].eq(ring_va[32:] + va_carry), sending.eq(1)]
+        # A QP whose slot size changed starts again from slot 0 (its offsets were counted in the
+        # old size); this wins over an advance in the same cycle.
+        for n in range(self.num_ppus):
+            with m.If(self.qp[n].slot_size != size_seen[n]):
+                m.d.sync += [slot_ctr[n].eq(0), off_ctr[n].eq(0),
+                             size_seen[n].eq(self.qp[n].slot_size)]
 
         # --- the frame words, from the latched fields (combinational) --------------------------
         def ip_total(ctrl: bool) -> Value:

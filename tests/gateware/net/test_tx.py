@@ -58,6 +58,8 @@ class Bench:
     sent_rpc: int = 0
     dropped: int = 0
     psn_out: list[int] = field(default_factory=list)
+    #: QP contexts written after the item of that index was taken (a host reconfiguring).
+    qps_after: dict[int, list[dict]] = field(default_factory=dict)
 
     def run(self, items: list[tuple[str, dict]], *, gap_prob: float = 0.3) -> None:
         dut = TxBuilder(self.num_ppus, QSCParams(num_ppus=self.num_ppus))
@@ -90,6 +92,9 @@ class Bench:
                     if ready:
                         break
                 self.taken.append((kind, item, ts, cycle[0]))
+                if len(self.taken) - 1 in self.qps_after:
+                    ctx.set(dut.qp, data.ArrayLayout(QPContext, self.num_ppus).const(
+                        self.qps_after[len(self.taken) - 1]))
                 ctx.set(port.valid, 0)
                 ctx.set(port.payload, layout.const({}))   # stale payload must not be reused
             producer_done[0] = True
@@ -326,6 +331,20 @@ def test_slot_offsets_carry_into_the_upper_va_word():
     bench = Bench(num_ppus=1, ready_prob=0.7, seed=6, qps=[qp])
     bench.run(items)
     _check_all(bench, items)
+
+
+def test_a_new_slot_size_restarts_the_slots():
+    """The offsets are counted in the slot size: after SLOT_SIZE changes, the PPU's requests
+    go from slot 0 again, at the new size (and PSNs go on)."""
+    qp = {**_qp(0), "num_slots": 5, "slot_size": 256}
+    new = {**qp, "slot_size": 320}
+    items = [("call", _call(0, i, 2)) for i in range(6)]
+    bench = Bench(num_ppus=1, ready_prob=0.8, seed=9, qps=[qp], qps_after={2: [new]})
+    bench.run(items)
+    assert len(bench.frames) == 6
+    for k, (frame, (_, item, ts, _)) in enumerate(zip(bench.frames, bench.taken, strict=True)):
+        slot, ctx = (k, qp) if k <= 2 else (k - 3, new)
+        _check_rpc_frame(frame, item, ts, psn=k, slot=slot, qp=ctx)
 
 
 def test_malformed_requests_are_dropped():
