@@ -512,6 +512,9 @@ class ReadoutChannel(wiring.Component):
         High during the integration window.
     result_valid : ``Out(1)``; result_rd : ``Out(4)``; result_bit : ``Out(1)``
         The measurement result, for one cycle, and its destination register.
+    result_hit : ``Out(16)``
+        ``result_valid`` decoded by ``result_rd``, one-hot (bit ``i`` for register ``i``), from
+        a register of its own: the register file's writes and scoreboard start at a flip-flop.
     late : ``Out(1)``; idle : ``Out(1)``
         As :class:`DriveChannel`.
     """
@@ -529,6 +532,7 @@ class ReadoutChannel(wiring.Component):
             "window": Out(1),
             "result_valid": Out(1),
             "result_rd": Out(4),
+            "result_hit": Out(16),
             "result_bit": Out(1),
             "late": Out(1),
             "idle": Out(1),
@@ -564,10 +568,18 @@ class ReadoutChannel(wiring.Component):
         # ``rd``) is loaded from the head in every cycle that a window may start (``free``, from
         # flip-flops): they are unused until ``open_`` is set, and ``fire`` (the last signal to
         # settle) then drives two flip-flops instead of sixty.
+        last_next = Signal()
+        rd_next = Signal(4)
+        m.d.comb += [
+            last_next.eq(Mux(fire, head.window_cycles == 1, open_ & (rem == 2))),
+            rd_next.eq(Mux(free, head.rd, rd)),
+        ]
+        m.d.sync += [last.eq(last_next),
+                     self.result_hit.eq(Mux(last_next, Const(1, 16) << rd_next, 0))]
         with m.If(fire):
-            m.d.sync += [last.eq(head.window_cycles == 1), open_.eq(head.window_cycles != 0)]
+            m.d.sync += open_.eq(head.window_cycles != 0)
         with m.Elif(open_):
-            m.d.sync += [last.eq(rem == 2), open_.eq(~last)]
+            m.d.sync += open_.eq(~last)
         with m.If(free):
             m.d.sync += [rem.eq(head.window_cycles), acc.eq(~head.threshold), rd.eq(head.rd)]
         with m.Else():

@@ -250,10 +250,12 @@ class PPU(wiring.Component):
         m.d.sync += started.eq(run_due)
         # SYNC's anchor is never before the start time (while ARMED, "now" on the program's
         # timeline is the start time): ``run_due ? now + 1 : START_TIME`` in the cycle before
-        # SYNC executes (the cycle it enters the execute stage, below). ``now_p1`` is
-        # ``now + 1``, registered.
-        now_p1 = Signal(tb, init=1)
-        m.d.sync += now_p1.eq(add_small(now, 2))
+        # SYNC executes (the cycle it enters the execute stage, below). ``sync_anchor`` is that
+        # value registered from the cycle before: the two differ only in the cycle that
+        # ``run_due`` rises, where ``START_TIME == now + 1``, or right after a trigger, when
+        # no instruction enters the execute stage.
+        sync_anchor = Signal(tb)
+        m.d.sync += sync_anchor.eq(Mux(run_due, add_small(now, 2), run_start))
         eff_state = Signal(PPUState)
         with m.If((state == PPUState.ARMED) & started):
             m.d.comb += eff_state.eq(PPUState.RUNNING)
@@ -299,11 +301,11 @@ class PPU(wiring.Component):
         m.d.sync += acq_inc.eq(Mux(acq_issue, 1 << acq_rd, 0))
         busy_next = Signal(NUM_REGISTERS)  # ``busy`` of the next cycle
         for i in range(1, NUM_REGISTERS):
-            landed = [Mux(ch.result_valid & (ch.result_rd == i), 1, 0) for ch in readouts]
+            landed = [ch.result_hit[i] for ch in readouts]
             with m.If(wr_we & (wr_rd == i)):
                 m.d.sync += regs[i].eq(wr_data)
             for ch in readouts:
-                with m.If(ch.result_valid & (ch.result_rd == i)):
+                with m.If(ch.result_hit[i]):
                     m.d.sync += regs[i].eq(ch.result_bit)
             inc = acq_inc[i]
             if len(readouts) == 1:
@@ -542,10 +544,8 @@ class PPU(wiring.Component):
         # Time sums with a 32-bit addend, carry-select: the low half's carry picks the high
         # half or its increment, both ready (two carry chains side by side).
         t_hi_p1 = Signal(tb - 32)
-        now_p1_hi_p1 = Signal(tb - 32)
-        run_start_hi_p1 = Signal(tb - 32)
-        m.d.comb += [t_hi_p1.eq(t[32:] + 1), now_p1_hi_p1.eq(now_p1[32:] + 1),
-                     run_start_hi_p1.eq(run_start[32:] + 1)]
+        anchor_hi_p1 = Signal(tb - 32)
+        m.d.comb += [t_hi_p1.eq(t[32:] + 1), anchor_hi_p1.eq(sync_anchor[32:] + 1)]
 
         def add_split(lo, hi, hi_p1, addend):
             total = lo + addend
@@ -560,10 +560,12 @@ class PPU(wiring.Component):
         x_tnext = Signal(tb)
 
         def t_next(insn, dec):
+            # The base (t or the anchor) is chosen in front of the adder, from flip-flops, in
+            # parallel with the operand's way to it; after it only the carry's choice.
             cycles = Instruction(insn).operands.wait.cycles
-            sync_now = add_split(now_p1[:32], now_p1[32:], now_p1_hi_p1, cycles)
-            sync_start = add_split(run_start[:32], run_start[32:], run_start_hi_p1, cycles)
-            return Mux(dec.sync, Mux(run_due, sync_now, sync_start), add_t(cycles))
+            return add_split(Mux(dec.sync, sync_anchor[:32], t[:32]),
+                             Mux(dec.sync, sync_anchor[32:], t[32:]),
+                             Mux(dec.sync, anchor_hi_p1, t_hi_p1), cycles)
 
         # The execute stage takes an instruction when it is empty (so ``x_time`` uses the t
         # that the instruction before wrote), or from a resolving BRANCH.
