@@ -15,9 +15,11 @@ On the MAC side the frame runs from the destination MAC address through the end 
 (padding included, FCS excluded: the MAC strips it on receive and appends it on transmit).
 """
 
-from amaranth.lib import data, stream
+from amaranth.hdl import Module, Mux, Signal
+from amaranth.lib import data, stream, wiring
+from amaranth.lib.wiring import In, Out
 
-__all__ = ["beat_layout", "packet_signature", "DATA_WIDTH"]
+__all__ = ["beat_layout", "packet_signature", "RegisterSlice", "DATA_WIDTH"]
 
 #: Default data path width in bits (a 10GBASE-R MAC at 156.25 MHz).
 DATA_WIDTH = 64
@@ -39,3 +41,41 @@ def beat_layout(data_width: int = DATA_WIDTH) -> data.StructLayout:
 def packet_signature(data_width: int = DATA_WIDTH) -> stream.Signature:
     """Stream signature of a packet interface (use with ``In(...)``/``Out(...)``)."""
     return stream.Signature(beat_layout(data_width))
+
+
+class RegisterSlice(wiring.Component):
+    """A stream register slice: ``o.valid``, ``o.payload`` and ``i.ready`` are flip-flops.
+
+    A transfer on ``i`` lands in the output register when that is free or being taken, else in a
+    second (skid) register; ``i.ready`` is "the skid register is empty". Latency 1 cycle, no
+    bubbles at one transfer per cycle. Put it where a stream crosses the die: nothing on either
+    side waits on logic of the other side in the same cycle.
+
+    Parameters
+    ----------
+    shape : ShapeCastable
+        The payload (a :func:`beat_layout`, or any shape).
+
+    Members
+    -------
+    i : In(stream.Signature(shape))
+    o : Out(stream.Signature(shape))
+    """
+
+    def __init__(self, shape):
+        super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape))})
+
+    def elaborate(self, platform):
+        m = Module()
+        skid = Signal.like(self.o.payload)
+        skid_valid = Signal()
+        take = self.i.valid & ~skid_valid
+        out_free = ~self.o.valid | self.o.ready
+        m.d.comb += self.i.ready.eq(~skid_valid)
+        with m.If(out_free):
+            m.d.sync += [self.o.valid.eq(skid_valid | take),
+                         self.o.payload.eq(Mux(skid_valid, skid, self.i.payload)),
+                         skid_valid.eq(0)]
+        with m.Elif(take):
+            m.d.sync += [skid.eq(self.i.payload), skid_valid.eq(1)]
+        return m

@@ -16,7 +16,7 @@ from amaranth.lib import wiring
 from amaranth.lib.cdc import PulseSynchronizer, ResetSynchronizer
 from amaranth.lib.wiring import In, Out
 
-from ..packet import packet_signature
+from ..packet import RegisterSlice, beat_layout, packet_signature
 from .cdc import RxClockCrossing
 from .ethernet import MIN_IFG_BYTES, MACRx, MACTx
 from .rgmii import RGMIIPort, rgmii_pin_members
@@ -51,12 +51,12 @@ class RGMIIMAC(wiring.Component):
     Transmit. ``tx`` takes frames without FCS; the MAC sends preamble and SFD, pads frames
     shorter than 60 bytes with zeros, appends the FCS and keeps >= ``ifg_bytes`` idle bytes
     between frames (1 Gb/s line rate). On an idle MAC, the first preamble nibble is sampled on
-    TXD 3 (8-bit) or 4 (64-bit) ``rti`` cycles after the clock edge that first sees a frame's
-    first beat offered (ECP5: 2 more in the ODDRX1F); the frame's first byte is taken 8 cycles
-    after the preamble starts, then one byte per cycle. Once started, a frame's beats must keep
-    up with the wire (one ``data_width_bits`` beat per ``data_width_bits // 8`` cycles); an
-    underflow ends the frame on the wire with TX_ER (the receiver drops it), counted in
-    ``tx_underflows``, and the rest of the frame is dropped.
+    TXD 3 (8-bit) or 5 (64-bit: the downsizer, then a register slice) ``rti`` cycles after the
+    clock edge that first sees a frame's first beat offered (ECP5: 2 more in the ODDRX1F); the
+    frame's first byte is taken 8 cycles after the preamble starts, then one byte per cycle.
+    Once started, a frame's beats must keep up with the wire (one ``data_width_bits`` beat per
+    ``data_width_bits // 8`` cycles); an underflow ends the frame on the wire with TX_ER (the
+    receiver drops it), counted in ``tx_underflows``, and the rest of the frame is dropped.
 
     Domains. ``rti`` (125 MHz; used, not defined here: the board defines it) for ``rx``, ``tx``,
     the counters and the whole transmit side. The receive side runs in ``eth_rx``, a local
@@ -157,9 +157,13 @@ class RGMIIMAC(wiring.Component):
         if w == 8:
             wiring.connect(m, wiring.flipped(self.tx), mac_tx.frames)
         else:
+            # The downsizer sits by the network core (its 64-bit side), the slice by the MAC:
+            # the 8-bit stream crosses the die from register to register.
             m.submodules.tx_downsizer = down = DomainRenamer("rti")(PacketDownsizer(w, 8))
+            m.submodules.tx_slice = tx_slice = DomainRenamer("rti")(RegisterSlice(beat_layout(8)))
             wiring.connect(m, wiring.flipped(self.tx), down.i)
-            wiring.connect(m, down.o, mac_tx.frames)
+            wiring.connect(m, down.o, tx_slice.i)
+            wiring.connect(m, tx_slice.o, mac_tx.frames)
         wiring.connect(m, mac_tx.gmii, port.tx)
 
         # Counters, all in rti: receive events cross as pulses (at most one per 8 cycles).
