@@ -45,16 +45,19 @@ class CrossingReset(wiring.Component):
     -------
     clr_a, clr_b : Out(1)
         High while the crossings' pointers on that side are to be cleared: the domain's own reset,
-        or the other domain's reset (asserted at once, released 2 edges of this side's clock
-        after it; asynchronous set, synchronous release).
+        registered (one edge of this side later; high from power-up), or the other domain's
+        reset (asserted at once, released 2 edges of this side's clock after it; asynchronous
+        set, synchronous release).
     hold_a, hold_b : Out(1)
         High while no transfer may happen on that side: ``clr`` of this side, or ``clr`` of the
         other side (asserted at once, released 3 edges of this side's clock after it). With the
         other domain stopped and its ``clr`` high, this side stays held.
 
-    Latency: when the reset of ``a`` falls (both clocks running), ``clr_a`` falls with it,
-    ``clr_b`` 2 ``b`` edges later, ``hold_b`` 3 ``b`` edges later and ``hold_a`` 2 ``b`` + 3 ``a``
-    edges later; the same with ``a`` and ``b`` exchanged for a reset of ``b``.
+    Latency: when the reset of ``a`` falls (both clocks running), ``clr_a`` falls 1 ``a`` edge
+    later, ``clr_b`` 2 ``b`` edges later, ``hold_b`` 1 ``a`` + 3 ``b`` edges later and
+    ``hold_a`` 2 ``b`` + 3 ``a`` edges later; the same with ``a`` and ``b`` exchanged for a
+    reset of ``b``. A domain's own reset reaches its ``clr`` one edge late; that domain's
+    registers are in reset meanwhile.
     """
 
     clr_a: Out(1)
@@ -74,9 +77,16 @@ class CrossingReset(wiring.Component):
         a_rst_b = Signal()      # a's reset, seen in b
         m.submodules.b_rst_to_a = AsyncFFSynchronizer(ResetSignal(b), b_rst_a, o_domain=a)
         m.submodules.a_rst_to_b = AsyncFFSynchronizer(ResetSignal(a), a_rst_b, o_domain=b)
+        # Each domain's own reset, registered (reset-less, set from power-up): the domain resets
+        # are global networks and reach logic here only through these flip-flops, so every
+        # path from a ``clr`` starts at a register. The other side's reset stays asynchronous.
+        a_rst = Signal(init=1, reset_less=True)
+        b_rst = Signal(init=1, reset_less=True)
+        m.d[a] += a_rst.eq(ResetSignal(a))
+        m.d[b] += b_rst.eq(ResetSignal(b))
         m.d.comb += [
-            self.clr_a.eq(ResetSignal(a) | b_rst_a),
-            self.clr_b.eq(ResetSignal(b) | a_rst_b),
+            self.clr_a.eq(a_rst | b_rst_a),
+            self.clr_b.eq(b_rst | a_rst_b),
         ]
         clr_b_a = Signal()      # clr_b, seen in a
         clr_a_b = Signal()      # clr_a, seen in b
