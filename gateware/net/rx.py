@@ -263,10 +263,9 @@ class CommitEngine(wiring.Component):
         Buffer words before this pointer (with wrap bit) are no longer needed; advanced to the
         descriptor's ``end`` once the packet's last word has been read.
     bus_cmd : Out(stream.Signature(BusCommand))
-        WRITEs of the payload, then the trailer, at most one every two cycles. ``valid`` and
-        ``payload`` are registers; while ``ready`` is low the engine produces one more command
-        (into a second register) and then stalls, so a packet's commands are contiguous;
-        ``ready`` reaches only ``valid``.
+        WRITEs of the payload, then the trailer. ``valid`` and ``payload`` are registers; while
+        ``ready`` is low the engine produces one more command (into a second register) and then
+        stalls, so a packet's commands are contiguous and ``ready`` only enables registers.
     busy : Out(1)
         A packet is in progress or a command is pending: the bus arbiter must not switch.
 
@@ -300,26 +299,22 @@ class CommitEngine(wiring.Component):
         last_word = Signal()                  # the next command is the payload's last
         out = self.bus_cmd
 
-        # A command is produced into ``out`` when it is empty, else into ``skid``, which moves
-        # into ``out`` in the cycle after ``out`` was taken; the engine steps while ``skid`` is
-        # empty. The consumer's ``ready`` reaches ``out.valid`` and nothing else (``step`` and
-        # the registers' enables come from flip-flops): at most one command every two cycles,
-        # beyond the link's rate.
+        # A command is produced into ``out`` when it is free or being taken, else into
+        # ``skid``; the engine steps while ``skid`` is empty. ``step`` is thus a flip-flop: the
+        # consumer's ``ready`` enables ``out`` and ``skid`` and reaches nothing else.
         step = Signal()
         made = Signal()                       # a command is produced this cycle ...
         made_cmd = Signal.like(out.payload)   # ... this one
         skid = Signal.like(out.payload)
         skid_valid = Signal()
         m.d.comb += step.eq(~skid_valid)
-        with m.If(out.ready):
-            m.d.sync += out.valid.eq(0)
-        with m.If(~out.valid):
-            with m.If(skid_valid):
-                m.d.sync += [out.valid.eq(1), out.payload.eq(skid), skid_valid.eq(0)]
-            with m.Elif(made):
+        with m.If(made):
+            with m.If(~out.valid | out.ready):
                 m.d.sync += [out.valid.eq(1), out.payload.eq(made_cmd)]
-        with m.Elif(made):
-            m.d.sync += [skid_valid.eq(1), skid.eq(made_cmd)]
+            with m.Else():
+                m.d.sync += [skid_valid.eq(1), skid.eq(made_cmd)]
+        with m.Elif(out.ready):
+            m.d.sync += [out.valid.eq(skid_valid), out.payload.eq(skid), skid_valid.eq(0)]
 
         be = Signal(8)
         m.d.comb += be.eq(Mux(first_word, d.first_be, 0xFF) & Mux(last_word, d.last_be, 0xFF))
