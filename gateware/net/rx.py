@@ -73,7 +73,7 @@ from ...wire.ipv4 import IPV4, IpProtocol
 from ...wire.roce import BTH, ICRC_BYTES, IMMDT, RETH, Opcode
 from ...wire.udp import CONTROL_PORT, ROCEV2_PORT, UDP
 from ..bus import BusCommand, BusOp
-from ..packet import packet_signature
+from ..packet import RegisterSlice, packet_signature
 from .common import COUNTER_INDEX, DropReason, NetConfig, QPContext
 from .control import ControlRequest
 from .icrc import ICRC_WORD_MASKS, ICRCEngine, icrc_terms
@@ -299,22 +299,14 @@ class CommitEngine(wiring.Component):
         last_word = Signal()                  # the next command is the payload's last
         out = self.bus_cmd
 
-        # A command is produced into ``out`` when it is free or being taken, else into
-        # ``skid``; the engine steps while ``skid`` is empty. ``step`` is thus a flip-flop: the
-        # consumer's ``ready`` enables ``out`` and ``skid`` and reaches nothing else.
-        step = Signal()
-        made = Signal()                       # a command is produced this cycle ...
-        made_cmd = Signal.like(out.payload)   # ... this one
-        skid = Signal.like(out.payload)
-        skid_valid = Signal()
-        m.d.comb += step.eq(~skid_valid)
-        with m.If(made):
-            with m.If(~out.valid | out.ready):
-                m.d.sync += [out.valid.eq(1), out.payload.eq(made_cmd)]
-            with m.Else():
-                m.d.sync += [skid_valid.eq(1), skid.eq(made_cmd)]
-        with m.Elif(out.ready):
-            m.d.sync += [out.valid.eq(skid_valid), out.payload.eq(skid), skid_valid.eq(0)]
+        # Commands leave through a register slice (its output register, or its skid register
+        # while the output stalls); the engine steps while the slice takes (``step`` is then a
+        # flip-flop: the consumer's ``ready`` reaches the slice's registers and nothing else).
+        m.submodules.out_slice = out_slice = RegisterSlice(BusCommand)
+        wiring.connect(m, out_slice.o, wiring.flipped(out))
+        made = out_slice.i.valid                # a command is produced this cycle ...
+        made_cmd = out_slice.i.payload          # ... this one
+        step = out_slice.i.ready
 
         be = Signal(8)
         m.d.comb += be.eq(Mux(first_word, d.first_be, 0xFF) & Mux(last_word, d.last_be, 0xFF))
@@ -392,7 +384,7 @@ class CommitEngine(wiring.Component):
                     m.d.sync += self.free_ptr.eq(d.end)
                     m.next = "IDLE"
 
-        m.d.comb += self.busy.eq(~fsm.ongoing("IDLE") | out.valid | skid_valid)
+        m.d.comb += self.busy.eq(~fsm.ongoing("IDLE") | out.valid | ~out_slice.i.ready)
         return m
 
 
