@@ -114,8 +114,9 @@ class CrossingFIFO(wiring.Component):
     Members
     -------
     w : In(stream.Signature(shape))
-        Write side, ``w_domain``. ``ready`` is low while full or while ``w_hold``; it does not
-        depend on ``valid``.
+        Write side, ``w_domain``. ``ready`` is a flip-flop: low from the edge after the FIFO
+        fills or ``w_hold`` rises, until the edge after it has room again and ``w_hold`` fell; it
+        does not depend on ``valid``.
     r : Out(stream.Signature(shape))
         Read side, ``r_domain``. ``valid`` is low while empty and from the cycle after
         ``r_hold`` rises until it falls.
@@ -140,8 +141,8 @@ class CrossingFIFO(wiring.Component):
             raise ValueError(f"depth must be a power of two, at least 2, not {depth}")
         self.depth = depth
         self._shape = shape
-        self._w_domain = w_domain
-        self._r_domain = r_domain
+        self.w_domain = w_domain
+        self.r_domain = r_domain
         super().__init__({
             "w": In(stream.Signature(shape)),
             "r": Out(stream.Signature(shape)),
@@ -153,7 +154,7 @@ class CrossingFIFO(wiring.Component):
 
     def elaborate(self, platform) -> Module:
         m = Module()
-        wd, rd = self._w_domain, self._r_domain
+        wd, rd = self.w_domain, self.r_domain
         bits = self.depth.bit_length()          # index bits + 1 wrap bit
         width = Shape.cast(self._shape).width
 
@@ -170,15 +171,17 @@ class CrossingFIFO(wiring.Component):
         def is_full(w, r):
             return (w[-1] != r[-1]) & (w[-2] != r[-2]) & (w[:-2] == r[:-2])
 
-        # ``full`` is registered, from the next write pointer and this cycle's read pointer: a
-        # read seen meanwhile shows a cycle late (the writer waits a cycle, never overfills),
-        # and the producer's ``ready`` starts at flip-flops.
-        full = Signal()
+        # "Full" is registered, from the next write pointer and this cycle's read pointer: a
+        # read seen meanwhile shows a cycle late (the writer waits a cycle, never overfills).
         do_write = Signal()
         w_next = Signal(bits)                   # wraps at 2 * depth
         w_gry_next = Signal(bits)
+        # ``w.ready`` itself is a flip-flop: not full and not held, as of the last edge. A write
+        # in the cycle ``w_hold`` rises is still taken; ``w_hold`` rises only with ``w_clr``
+        # (see :class:`CrossingReset`), which empties the pointer in that cycle anyway.
+        ready = Signal()
         m.d.comb += [
-            self.w.ready.eq(~full & ~self.w_hold),
+            self.w.ready.eq(ready),
             do_write.eq(self.w.valid & self.w.ready),
             w_port.addr.eq(w_bin[:-1]),
             w_port.data.eq(self.w.payload),
@@ -186,7 +189,7 @@ class CrossingFIFO(wiring.Component):
             w_next.eq(w_bin + 1),
             w_gry_next.eq(Mux(self.w_clr, 0, Mux(do_write, _gray(w_next), w_gry))),
         ]
-        m.d[wd] += full.eq(is_full(w_gry_next, r_gry_w))
+        m.d[wd] += ready.eq(~is_full(w_gry_next, r_gry_w) & ~self.w_hold)
         with m.If(self.w_clr):
             m.d[wd] += [w_bin.eq(0), w_gry.eq(0)]
         with m.Elif(do_write):

@@ -139,7 +139,6 @@ class QSCTop(wiring.Component):
         m.submodules.net = net = DomainRenamer("rti")(NetworkCore(p))
         m.submodules.ppus = ppus = DomainRenamer("dtd")(PPUCluster(p))
 
-        m.submodules.cdc_reset = cdc_reset = CrossingReset("rti", "dtd")
         m.submodules.guard = guard = DomainRenamer("rti")(BusGuard())
         m.submodules.cmd_cdc = cmd_cdc = CrossingFIFO(
             BusCommand, CDC_FIFO_DEPTH, w_domain="rti", r_domain="dtd")
@@ -147,14 +146,13 @@ class QSCTop(wiring.Component):
             BusReadData, CDC_FIFO_DEPTH, w_domain="dtd", r_domain="rti")
         m.submodules.call_cdc = call_cdc = CrossingFIFO(
             CallRequest, CDC_FIFO_DEPTH, w_domain="dtd", r_domain="rti")
-        m.d.comb += [
-            cmd_cdc.w_clr.eq(cdc_reset.clr_a), cmd_cdc.w_hold.eq(cdc_reset.hold_a),
-            cmd_cdc.r_clr.eq(cdc_reset.clr_b), cmd_cdc.r_hold.eq(cdc_reset.hold_b),
-        ]
-        for dtd_to_rti in (rdata_cdc, call_cdc):
+        # Each crossing has a CrossingReset of its own, placed beside it: its clear and hold
+        # inputs come from flip-flops next to it, not from one block across the die.
+        for name, fifo in (("cmd", cmd_cdc), ("rdata", rdata_cdc), ("call", call_cdc)):
+            m.submodules[f"{name}_reset"] = rst = CrossingReset(fifo.w_domain, fifo.r_domain)
             m.d.comb += [
-                dtd_to_rti.w_clr.eq(cdc_reset.clr_b), dtd_to_rti.w_hold.eq(cdc_reset.hold_b),
-                dtd_to_rti.r_clr.eq(cdc_reset.clr_a), dtd_to_rti.r_hold.eq(cdc_reset.hold_a),
+                fifo.w_clr.eq(rst.clr_a), fifo.w_hold.eq(rst.hold_a),
+                fifo.r_clr.eq(rst.clr_b), fifo.r_hold.eq(rst.hold_b),
             ]
 
         wiring.connect(m, wiring.flipped(self.rx), net.rx)

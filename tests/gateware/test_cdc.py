@@ -181,3 +181,27 @@ def test_bus_guard_drops_after_the_bound_and_recovers():
     sim.add_clock(8e-9)
     sim.add_testbench(tb)
     sim.run()
+
+
+def test_write_ready_is_a_register():
+    """``w.ready`` never follows ``w_hold`` within a cycle (the producer's enable starts at a
+    flip-flop next to the FIFO): it falls at the edge after ``w_hold`` rises and comes back at
+    the edge after it falls."""
+    fifo = CrossingFIFO(16, 8, w_domain="sync", r_domain="sync")
+
+    async def bench(ctx):
+        await ctx.tick().repeat(3)
+        assert ctx.get(fifo.w.ready)
+        ctx.set(fifo.w_hold, 1)
+        assert ctx.get(fifo.w.ready), "w.ready follows w_hold combinationally"
+        await ctx.tick()
+        assert not ctx.get(fifo.w.ready)
+        ctx.set(fifo.w_hold, 0)
+        assert not ctx.get(fifo.w.ready)
+        await ctx.tick()
+        assert ctx.get(fifo.w.ready)
+
+    sim = Simulator(fifo)
+    sim.add_clock(8e-9)
+    sim.add_testbench(bench)
+    sim.run()
