@@ -770,18 +770,22 @@ class PPU(wiring.Component):
         m.d.sync += [late_bits.eq(Mux(active, lates, 0)),
                      late_count.eq(sum(late_bits)),
                      late_events.eq(late_events + late_count)]
+        # Each channel's ``flush`` is a flip-flop of its own that is high while ``state`` is
+        # ERROR: set and cleared in the same statements as ``state`` (no compare, and no one
+        # net across the PPU in front of the registers every channel clears).
+        flush = [Signal(name=f"flush__rep{k}")
+                 for k in range(len(drives + readouts + markers))]
         with m.If(error_set):
             m.d.sync += [state.eq(PPUState.ERROR), active.eq(0), x_valid.eq(0), x_ok.eq(0),
-                         x_br.eq(0)]
+                         x_br.eq(0), *(f.eq(1) for f in flush)]
             set_mode(_CoreMode.HALT)
             kill_fetch()
             for k, name in enumerate(errors):
                 with m.If(error_r[k]):
                     m.d.sync += getattr(sticky, name).eq(1)
         # Registered: the outputs are quiet from the cycle after STATUS first reads ERROR.
-        flush = state == PPUState.ERROR
-        for ch in drives + readouts + markers:
-            m.d.comb += ch.flush.eq(flush)
+        for ch, f in zip(drives + readouts + markers, flush, strict=True):
+            m.d.comb += ch.flush.eq(f)
         m.d.comb += call.abort.eq(error_set)
 
         # ---- Bus: command stage and decode --------------------------------------------------
@@ -912,6 +916,7 @@ class PPU(wiring.Component):
                     run_start.eq(start_time),
                     sticky.eq(0),
                     state.eq(PPUState.ARMED),
+                    *(f.eq(0) for f in flush),
                     active.eq(1),
                     x_valid.eq(0),
                     x_ok.eq(0),
