@@ -37,6 +37,7 @@ from amaranth.lib.wiring import Out
 from rich.console import Console
 from rich.table import Table
 
+from openqlink.build import YOSYS_AFTER_READ
 from openqlink.memory_map import QSCParams
 
 CELLS = ("LUT4", "PFUMX", "L6MUX21", "CCU2C", "TRELLIS_FF", "DP16KD", "MULT18X18D")
@@ -234,7 +235,8 @@ def main() -> None:
     env = dict(os.environ)
     t0 = time.perf_counter()
     subprocess.run([_tool("yosys"), "-q", "-p",
-                    "read_verilog block.v; synth_ecp5 -top block -json block.json; "
+                    f"read_verilog block.v; proc; {YOSYS_AFTER_READ}; "
+                    "synth_ecp5 -top block -json block.json; "
                     "tee -o stat.txt stat"], cwd=work, check=True, env=env)
     t_synth = time.perf_counter() - t0
     if args.depth:

@@ -37,10 +37,18 @@ from .memory_map import QSCParams
 __all__ = [
     "BuildError", "TimingError", "ToolNotFoundError", "ProgramError",
     "ClockResult", "NextpnrReport", "BuildReport", "CriticalPath",
-    "TOOLS", "find_tool", "toolchain_env", "parse_nextpnr_log", "clock_domain", "clock_table",
+    "TOOLS", "YOSYS_AFTER_READ", "find_tool", "toolchain_env", "parse_nextpnr_log",
+    "clock_domain", "clock_table",
     "parse_critical_paths", "source_line", "critical_path_table", "clock_names",
+    "failing_endpoints",
     "build_board", "export_verilog", "program_command", "program_board", "find_loader",
 ]
+
+#: Yosys commands run right after reading the design. Flip-flops whose signal name contains
+#: ``__rep`` are copies of one register, each driving part of what one flip-flop would drive
+#: (a net with hundreds of loads spans the die); ``keep`` stops ``opt_merge`` from merging them
+#: back into one. Other flows may merge them: the copies are equal in every cycle.
+YOSYS_AFTER_READ = "setattr -set keep 1 w:*__rep* %ci1 c:* %i"
 
 #: Tools of the ECP5 build: Amaranth's name -> (environment variable, YoWASP command).
 TOOLS: dict[str, tuple[str, str]] = {
@@ -298,6 +306,58 @@ def critical_path_table(paths: dict[str, CriticalPath], netlist: dict,
     return table
 
 
+def failing_endpoints(timing: dict, netlist: dict, domains: dict[str, str],
+                      periods_ns: dict[str, float], limit: int = 40) -> list[dict[str, object]]:
+    """``report.json``'s ``failing_endpoints``: every register input whose latest arrival misses
+    its clock's period, grouped by the register's Amaranth source line and input pin, worst
+    first (at most ``limit`` groups).
+
+    nextpnr's critical path names one path per clock; this names every register that still
+    fails, so one round of pipelining sees all of them.
+
+    Parameters
+    ----------
+    timing : dict
+        nextpnr's ``--report`` JSON written with ``--detailed-timing-report``: each net's
+        ``endpoints``, each with the capturing clock ``event`` and ``delay`` (the net's delay to
+        it and the arrival time there, in ns after the launching edge).
+    netlist : dict
+        Yosys's JSON netlist (the cells' ``src`` attributes, see :func:`source_line`).
+    domains : dict[str, str]
+        nextpnr's clock nets -> the report's names for them.
+    periods_ns : dict[str, float]
+        The period each clock must meet, by the report's name.
+
+    Returns
+    -------
+    list of dict
+        ``{"clock", "register", "pin", "count", "worst_ns", "slack_ns"}``: ``register`` is the
+        source line (or the cell type where it has none); ``pin`` the cell's input (ECP5
+        ``TRELLIS_FF``: ``DI``/``M`` data, ``CE`` enable, ``LSR`` set/reset).
+    """
+    cells: dict[str, dict] = {}
+    for module in netlist.get("modules", {}).values():
+        cells.update(module.get("cells", {}))
+    groups: dict[tuple[str, str, str], list[float]] = {}
+    for net in timing.get("detailed_net_timings", []):
+        for end in net.get("endpoints", []):
+            clock = domains.get(end.get("event", "").split(" ")[-1])
+            period = periods_ns.get(clock)
+            delay = end.get("delay")
+            arrival = delay[-1] if isinstance(delay, list) else delay
+            if period is None or not isinstance(arrival, (int, float)) or arrival <= period:
+                continue
+            cell = cells.get(end.get("cell"), {})
+            key = (clock, source_line(cell) or cell.get("type", "?"), end.get("port", "?"))
+            groups.setdefault(key, []).append(arrival)
+    rows = [{"clock": clock, "register": register, "pin": pin, "count": len(arrivals),
+             "worst_ns": round(max(arrivals), 2),
+             "slack_ns": round(periods_ns[clock] - max(arrivals), 2)}
+            for (clock, register, pin), arrivals in groups.items()]
+    rows.sort(key=lambda r: r["slack_ns"])
+    return rows[:limit]
+
+
 # -- building a board -------------------------------------------------------------------------
 
 @dataclass
@@ -319,6 +379,9 @@ class BuildReport:
     bitstream: str | None = None
     #: Each clock's (and each clock pair's) critical path: see :func:`critical_path_table`.
     critical_paths: dict[str, dict[str, object]] = field(default_factory=dict)
+    #: Every register input that misses its clock, by source line: see
+    #: :func:`failing_endpoints`.
+    failing_endpoints: list[dict[str, object]] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
@@ -428,7 +491,7 @@ def build_board(profile, out_dir: Path, *, seed: int = 1, progress: Progress | N
     bit_out = out_dir / f"{name}.bit"
     report_out = out_dir / "report.json"
     for stale in (bit_out, report_out, *(work / f"{name}.{ext}" for ext in
-                                         ("bit", "config", "tim", "rpt", "json"))):
+                                         ("bit", "config", "tim", "rpt", "json", "timing.json"))):
         stale.unlink(missing_ok=True)
 
     t_start = time.perf_counter()
@@ -436,7 +499,9 @@ def build_board(profile, out_dir: Path, *, seed: int = 1, progress: Progress | N
         progress("elaboration (Amaranth)", "")
     platform = profile.make_platform()
     plan = platform.build(BoardTop(profile), name=name, do_build=False,
-                          nextpnr_opts=f"--timing-allow-fail --seed {seed}")
+                          script_after_read=YOSYS_AFTER_READ,
+                          nextpnr_opts=f"--timing-allow-fail --seed {seed} "
+                                       f"--report {name}.timing.json --detailed-timing-report")
     work.mkdir(parents=True, exist_ok=True)
     plan.extract(work)
     commands = json.loads(plan.files[f"build_{name}.json"])["commands"]
@@ -463,14 +528,21 @@ def build_board(profile, out_dir: Path, *, seed: int = 1, progress: Progress | N
         netlist = json.loads((work / f"{name}.json").read_text())
     except (OSError, ValueError):
         netlist = {}                        # the paths are still reported, without sources
-    paths = critical_path_table(parse_critical_paths(log), netlist, clock_names(pnr, profile))
+    names = clock_names(pnr, profile)
+    paths = critical_path_table(parse_critical_paths(log), netlist, names)
+    try:
+        timing = json.loads((work / f"{name}.timing.json").read_text())
+    except (OSError, ValueError):
+        timing = {}
+    failing = failing_endpoints(timing, netlist, names,
+                                {d: 1e3 / c["target_mhz"] for d, c in clocks.items()})
     timing_met = all(c["met"] for c in clocks.values())
 
     report = BuildReport(
         board=name, device=profile.device, package=profile.package, speed=profile.speed,
         clocks=clocks, resources=pnr.resources, available=pnr.available, seconds=0.0,
         stages=stages, timing_met=timing_met, params=asdict(profile.params), seed=seed,
-        critical_paths=paths)
+        critical_paths=paths, failing_endpoints=failing)
     if timing_met:
         run(commands[2])
         shutil.copyfile(work / f"{name}.bit", bit_out)

@@ -338,6 +338,15 @@ def _print_report(report) -> None:
                   for n in report.resources))
     console = Console()
     console.print(table)
+    if report.failing_endpoints:
+        fail = Table(title="register inputs that miss their clock (worst first; all in "
+                           "report.json)")
+        for name in ("clock", "register", "pin", "count", "slack ns"):
+            fail.add_column(name, justify="right" if name in ("count", "slack ns") else "left")
+        for row in report.failing_endpoints[:10]:
+            fail.add_row(row["clock"], row["register"], row["pin"], str(row["count"]),
+                         f"{row['slack_ns']:.2f}")
+        console.print(fail)
     console.print(use)
 
 

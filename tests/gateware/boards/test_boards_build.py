@@ -217,3 +217,41 @@ def test_critical_paths_name_the_amaranth_source_lines():
     # A cell the netlist lacks is named by nothing, not guessed.
     assert table["rti -> dtd"]["from"] == "amaranth/lib/fifo.py:428"
     assert table["rti -> dtd"]["to"] == "?"
+
+
+def test_failing_endpoints_group_every_late_register_input_by_source_line():
+    """Each register input later than its clock's period, from nextpnr's detailed timing
+    report, grouped by the register's source line and pin, worst first; inputs in time, and
+    clocks the build does not check, are left out."""
+    core = {"src": "/a/openqlink/gateware/ppu/core.py:348"}
+    netlist = {"modules": {"top": {"cells": {
+        "x0": {"type": "TRELLIS_FF", "attributes": core},
+        "x1": {"type": "TRELLIS_FF", "attributes": core},
+        "y": {"type": "TRELLIS_FF", "attributes": {"src": "/a/openqlink/gateware/net/rx.py:280"}},
+        "ram": {"type": "DP16KD", "attributes": {}},
+    }}}}
+    dtd, rti = "posedge $glbnet$dtd_clk", "posedge $glbnet$rti_clk"
+    timing = {"detailed_net_timings": [
+        {"net": "n1", "endpoints": [
+            {"cell": "x0", "port": "CE", "event": dtd, "delay": [3.1, 9.96]},
+            {"cell": "x1", "port": "CE", "event": dtd, "delay": [2.0, 8.5]},
+            {"cell": "x1", "port": "DI", "event": dtd, "delay": [0.4, 7.9]},     # in time
+        ]},
+        {"net": "n2", "endpoints": [
+            {"cell": "y", "port": "CE", "event": rti, "delay": [1.0, 8.2]},
+            {"cell": "ram", "port": "ADA5", "event": rti, "delay": [1.0, 8.1]},
+            {"cell": "y", "port": "DI", "event": "posedge $glbnet$other", "delay": [1, 20.0]},
+        ]},
+    ]}
+    rows = build.failing_endpoints(timing, netlist,
+                                   {"$glbnet$dtd_clk": "dtd", "$glbnet$rti_clk": "rti"},
+                                   {"dtd": 8.0, "rti": 8.0})
+    assert rows == [
+        {"clock": "dtd", "register": "ppu/core.py:348", "pin": "CE", "count": 2,
+         "worst_ns": 9.96, "slack_ns": -1.96},
+        {"clock": "rti", "register": "net/rx.py:280", "pin": "CE", "count": 1,
+         "worst_ns": 8.2, "slack_ns": -0.2},
+        {"clock": "rti", "register": "DP16KD", "pin": "ADA5", "count": 1,
+         "worst_ns": 8.1, "slack_ns": -0.1},
+    ]
+    assert build.failing_endpoints({}, netlist, {}, {"dtd": 8.0}) == []
