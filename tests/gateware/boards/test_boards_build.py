@@ -255,3 +255,36 @@ def test_failing_endpoints_group_every_late_register_input_by_source_line():
          "worst_ns": 8.1, "slack_ns": -0.1},
     ]
     assert build.failing_endpoints({}, netlist, {}, {"dtd": 8.0}) == []
+
+
+def test_replica_flip_flops_survive_synthesis(tmp_path):
+    """Four ``__rep`` copies of one register, each enabling a quarter of a 64-bit register,
+    stay four flip-flops through ``synth_ecp5`` with the build's Yosys commands; without them
+    Yosys merges the copies into one."""
+    import subprocess
+
+    from amaranth.back import rtlil
+    from amaranth.hdl import Module, Signal
+
+    yosys = build.find_tool("yosys")
+    if yosys is None:
+        pytest.skip("no Yosys (pip install 'openqlink[build]')")
+    m = Module()
+    en, d, q = Signal(), Signal(64), Signal(64)
+    reps = [Signal(name=f"en__rep{k}") for k in range(4)]
+    m.d.sync += [r.eq(en) for r in reps]
+    for i in range(64):
+        with m.If(reps[i // 16]):
+            m.d.sync += q[i].eq(d[i])
+    (tmp_path / "t.il").write_text(rtlil.convert(m, ports=[en, d, q]))
+
+    def flip_flops(after_read: str) -> int:
+        subprocess.run([yosys, "-q", "-p", f"read_rtlil t.il; {after_read}; "
+                        "synth_ecp5 -top top; tee -q -o stat.txt stat"],
+                       cwd=tmp_path, check=True, env=build.toolchain_env())
+        stat = (tmp_path / "stat.txt").read_text()
+        return int(next(line.split()[0] for line in stat.splitlines()
+                        if line.split()[1:] == ["TRELLIS_FF"]))
+
+    assert flip_flops(build.YOSYS_AFTER_READ) == 64 + 4
+    assert flip_flops("") == 64 + 1
