@@ -51,9 +51,10 @@ class RGMIIMAC(wiring.Component):
     Transmit. ``tx`` takes frames without FCS; the MAC sends preamble and SFD, pads frames
     shorter than 60 bytes with zeros, appends the FCS and keeps >= ``ifg_bytes`` idle bytes
     between frames (1 Gb/s line rate). On an idle MAC, the first preamble nibble is sampled on
-    TXD 3 (8-bit) or 6 (64-bit: a register slice, the downsizer, a register slice) ``rti``
+    TXD 3 (8-bit) or 6 (64-bit: the downsizer's two registers, a register slice) ``rti``
     cycles after the clock edge that first sees a frame's first beat offered (ECP5: 2 more in
-    the ODDRX1F); the frame's first byte is taken 8 cycles after the preamble starts, then one byte per cycle.
+    the ODDRX1F); the frame's first byte is taken 8 cycles after the preamble starts, then one
+    byte per cycle.
     Once started, a frame's beats must keep up with the wire (one ``data_width_bits`` beat per
     ``data_width_bits // 8`` cycles); an underflow ends the frame on the wire with TX_ER (the
     receiver drops it), counted in ``tx_underflows``, and the rest of the frame is dropped.
@@ -157,14 +158,12 @@ class RGMIIMAC(wiring.Component):
         if w == 8:
             wiring.connect(m, wiring.flipped(self.tx), mac_tx.frames)
         else:
-            # A register slice on each side of the downsizer: the wide stream leaves the
-            # network core's logic from registers, and the 8-bit stream crosses to the MAC from
-            # register to register, so no path runs from the core's logic to the MAC's.
-            m.submodules.tx_wide_slice = wide = DomainRenamer("rti")(RegisterSlice(beat_layout(w)))
+            # The downsizer takes the wide beats into an input register (its shift register
+            # loads from that alone), and the 8-bit stream crosses to the MAC from register to
+            # register: no path runs from the network core's logic to the MAC's.
             m.submodules.tx_downsizer = down = DomainRenamer("rti")(PacketDownsizer(w, 8))
             m.submodules.tx_slice = tx_slice = DomainRenamer("rti")(RegisterSlice(beat_layout(8)))
-            wiring.connect(m, wiring.flipped(self.tx), wide.i)
-            wiring.connect(m, wide.o, down.i)
+            wiring.connect(m, wiring.flipped(self.tx), down.i)
             wiring.connect(m, down.o, tx_slice.i)
             wiring.connect(m, tx_slice.o, mac_tx.frames)
         wiring.connect(m, mac_tx.gmii, port.tx)

@@ -118,12 +118,15 @@ class PacketDownsizer(_WidthConverter):
     """Splits each wide beat into ``ratio`` = ``i_width // o_width`` narrow beats, skipping the
     lanes ``keep`` leaves out on the last beat.
 
-    A wide beat is taken into a shift register (1 cycle) and then offered one narrow beat per
-    cycle from its lowest lane. A second register holds the next wide beat while the first is
-    being sent, and moves into the shift register in the cycle the final narrow beat leaves, so
-    a packet streams without bubbles while ``i`` keeps up. ``i.ready`` is a flip-flop (high
-    while that second register is empty): back-pressure from ``o`` reaches ``i`` a cycle late
-    and never combinationally, so the wide side's ``ready`` logic starts at a register.
+    A wide beat is taken into an input register, moves into a shift register (2 cycles after
+    it was taken, when idle) and is offered one narrow beat per cycle from its lowest lane. The
+    input register takes the next wide beat while the shift register is being sent, and moves
+    into it in the cycle the final narrow beat leaves, so a packet streams without bubbles
+    while ``i`` keeps up (with ``ratio`` >= 3; a packet after a last beat of one narrow lane
+    starts a cycle later). ``i.ready`` is a flip-flop (high while the input register is empty):
+    back-pressure from ``o`` reaches ``i`` a cycle late and never combinationally, and the
+    shift register loads from the input register alone, so nothing on the wide side is in a
+    path with the narrow side's logic.
 
     Parameters
     ----------
@@ -173,17 +176,16 @@ class PacketDownsizer(_WidthConverter):
                 beat.keep.eq(beat.keep >> ok),
             ]
         # ``nxt`` takes every beat offered and taken (``take`` alone enables it: the input's
-        # ``valid`` is not combined with this side's state); ``beat`` loads from ``nxt`` when
-        # that is full, else straight from the input.
+        # ``valid`` is not combined with this side's state); ``beat`` loads only from ``nxt``,
+        # so no path runs from the wide side's logic into the shift register (the wide side
+        # may sit far across the die; only ``nxt``'s flip-flops face it).
         with m.If(take):
-            m.d.sync += nxt.eq(self.i.payload)
+            m.d.sync += [nxt.eq(self.i.payload), nxt_full.eq(1)]
         with m.If(free):
             m.d.sync += [
                 lane.eq(0),
-                full.eq(nxt_full | take),
-                nxt_full.eq(nxt_full & take),
-                beat.eq(Mux(nxt_full, nxt, self.i.payload)),
+                full.eq(nxt_full),
+                nxt_full.eq(take),
+                beat.eq(nxt),
             ]
-        with m.Elif(take):
-            m.d.sync += nxt_full.eq(1)
         return m

@@ -137,3 +137,28 @@ def test_upsizer_latency_is_one_cycle():
 def test_width_checks(cls, args, message):
     with pytest.raises(ValueError, match=message):
         cls(*args)
+
+
+def test_downsizer_offers_a_beat_from_its_input_register():
+    """The shift register loads from the input register alone (no path from the wide side's
+    logic into it): a beat taken at edge n is offered from edge n + 1 on, not straight after
+    edge n."""
+    dut = PacketDownsizer(64, 8)
+    beat = to_beats(bytes(range(8)), 64)[0]
+
+    async def bench(ctx):
+        ctx.set(dut.o.ready, 1)
+        ctx.set(dut.i.payload, beat)
+        ctx.set(dut.i.valid, 1)
+        assert ctx.get(dut.i.ready)
+        await ctx.tick()                    # edge n: taken into the input register
+        ctx.set(dut.i.valid, 0)
+        assert not ctx.get(dut.o.valid)
+        await ctx.tick()                    # edge n + 1: into the shift register
+        assert ctx.get(dut.o.valid) and ctx.get(dut.o.payload.data) == 0
+        assert ctx.get(dut.o.payload.first)
+
+    sim = Simulator(dut)
+    sim.add_clock(8e-9)
+    sim.add_testbench(bench)
+    sim.run()
