@@ -72,6 +72,7 @@ from ...wire.header import Header
 from ...wire.ipv4 import IPV4, IpProtocol
 from ...wire.roce import BTH, ICRC_BYTES, IMMDT, RETH, Opcode
 from ...wire.udp import CONTROL_PORT, ROCEV2_PORT, UDP
+from .. import bram
 from ..bus import BusCommand, BusOp
 from ..packet import RegisterSlice, packet_signature
 from .common import COUNTER_INDEX, DropReason, NetConfig, QPContext
@@ -486,7 +487,7 @@ class RoCEReceiver(wiring.Component):
         m.submodules.buffer = buffer = Memory(shape=64, depth=depth, init=[],
                                               attrs={"no_rw_check": True})
         wport = buffer.write_port()
-        rport = buffer.read_port(transparent_for=())
+        rport = bram.read_port(m, buffer, name="buffer_r")
         m.submodules.icrc = icrc = ICRCEngine(parts=2)
         m.submodules.commit = commit = CommitEngine(ptr_bits)
         desc_layout = commit_descriptor_layout(ptr_bits)

@@ -81,6 +81,7 @@ from ...isa.layout import (
 )
 from ...memory_map import PPU_REGISTERS, Access, QSCParams
 from ...wire.rpc import HEADER_BYTES
+from .. import bram
 from ..bus import BusCommand, BusOp, BusReadData, CallRequest
 from .callunit import MAILBOX_WORDS, CallUnit
 from .channels import (
@@ -1010,7 +1011,8 @@ class _SlicedMemory:
     A slice maps to DP16KDs in a deep, narrow mode (1024 x 18, 2048 x 9, ...), so no output
     multiplexer follows the block RAMs whatever the depth; a wide memory may be split by Yosys
     in depth (512 x 36 twice, and a multiplexer). Up to 512 words the memory is one ``Memory``
-    (512 x 36 holds the depth). Write ports have 8-bit granularity; read ports are synchronous.
+    (512 x 36 holds the depth). Write ports have 8-bit granularity; read ports are synchronous
+    (see :meth:`read_port`).
     """
 
     def __init__(self, m: Module, name: str, width: int, depth: int):
@@ -1045,10 +1047,12 @@ class _SlicedMemory:
         return port
 
     def read_port(self) -> _Port:
+        """A synchronous read port (:func:`openqlink.gateware.bram.read_port` for each slice:
+        no collision logic after the block RAMs)."""
         port = _Port(self._name_next(), self._addr_bits, self._width, 1, 1)
         data = []
-        for mem in self._mems:
-            r = mem.read_port()
+        for k, mem in enumerate(self._mems):
+            r = bram.read_port(self._m, mem, name=f"{port.data.name}{k}")
             self._m.d.comb += [r.addr.eq(port.addr), r.en.eq(port.en)]
             data.append(r.data)
         # The slices' outputs themselves (no signal between them and their registers).
