@@ -51,7 +51,7 @@ class RGMIIMAC(wiring.Component):
     Transmit. ``tx`` takes frames without FCS; the MAC sends preamble and SFD, pads frames
     shorter than 60 bytes with zeros, appends the FCS and keeps >= ``ifg_bytes`` idle bytes
     between frames (1 Gb/s line rate). On an idle MAC, the first preamble nibble is sampled on
-    TXD 3 (8-bit) or 6 (64-bit: the downsizer's two registers, a register slice) ``rti``
+    TXD 3 (8-bit) or 5 (64-bit: the downsizer's buffers, a register slice) ``rti``
     cycles after the clock edge that first sees a frame's first beat offered (ECP5: 2 more in
     the ODDRX1F); the frame's first byte is taken 8 cycles after the preamble starts, then one
     byte per cycle.
@@ -158,9 +158,8 @@ class RGMIIMAC(wiring.Component):
         if w == 8:
             wiring.connect(m, wiring.flipped(self.tx), mac_tx.frames)
         else:
-            # The downsizer takes the wide beats into an input register (its shift register
-            # loads from that alone), and the 8-bit stream crosses to the MAC from register to
-            # register: no path runs from the network core's logic to the MAC's.
+            # The downsizer's buffers load without regard to the MAC's back-pressure, and the
+            # 8-bit stream crosses to the MAC from register to register.
             m.submodules.tx_downsizer = down = DomainRenamer("rti")(PacketDownsizer(w, 8))
             m.submodules.tx_slice = tx_slice = DomainRenamer("rti")(RegisterSlice(beat_layout(8)))
             wiring.connect(m, wiring.flipped(self.tx), down.i)

@@ -118,15 +118,14 @@ class PacketDownsizer(_WidthConverter):
     """Splits each wide beat into ``ratio`` = ``i_width // o_width`` narrow beats, skipping the
     lanes ``keep`` leaves out on the last beat.
 
-    A wide beat is taken into an input register, moves into a shift register (2 cycles after
-    it was taken, when idle) and is offered one narrow beat per cycle from its lowest lane. The
-    input register takes the next wide beat while the shift register is being sent, and moves
-    into it in the cycle the final narrow beat leaves, so a packet streams without bubbles
-    while ``i`` keeps up (with ``ratio`` >= 3; a packet after a last beat of one narrow lane
-    starts a cycle later). ``i.ready`` is a flip-flop (high while the input register is empty):
-    back-pressure from ``o`` reaches ``i`` a cycle late and never combinationally, and the
-    shift register loads from the input register alone, so nothing on the wide side is in a
-    path with the narrow side's logic.
+    Two buffers take wide beats in turn; the narrow beat offered is lane ``lane`` of the buffer
+    being sent, chosen by a multiplexer, while the other buffer takes the next wide beat. A beat
+    taken at one edge is offered from the next (1 cycle of latency), and a packet streams
+    without bubbles while ``i`` keeps up. No register of the wide side has an enable that
+    depends on ``o``: a buffer loads when it is empty and ``i`` offers a beat, and empties when
+    its final narrow beat leaves; ``o``'s back-pressure reaches only the lane counter and the
+    two buffers' full flags. ``i.ready`` is a flip-flop (the next buffer to fill is empty), so
+    back-pressure reaches ``i`` a cycle late and never combinationally.
 
     Parameters
     ----------
@@ -147,45 +146,54 @@ class PacketDownsizer(_WidthConverter):
         ratio, ow = self.ratio, self.o_width
         ok = ow // 8
 
-        # The beat is shifted down one narrow lane per narrow beat taken, so the output is lane
-        # 0 of a register (no lane multiplexer in front of the consumer).
-        beat = Signal(beat_layout(self.i_width))
-        full = Signal()
+        buf = [Signal(beat_layout(self.i_width), name=f"buf{k}") for k in range(2)]
+        full = [Signal(name=f"full{k}") for k in range(2)]
+        wsel = Signal()                   # the buffer the next wide beat goes into
+        rsel = Signal()                   # the buffer being sent
         lane = Signal(range(ratio))
-        final = (lane == ratio - 1) | (beat.last & ~beat.keep[ok])
-        # The next wide beat, taken while ``beat`` is busy.
-        nxt = Signal(beat_layout(self.i_width))
-        nxt_full = Signal()
+        # ~full[wsel], registered from the next state. Two copies of one register: one for the
+        # logic here, one for ``i.ready``, which the wide side's logic uses where it sits (the
+        # build keeps ``__rep`` copies apart).
+        in_ready, ready_out = (Signal(init=1, name=f"in_ready__rep{k}") for k in range(2))
+
+        cur = Signal(beat_layout(self.i_width))
+        m.d.comb += cur.eq(Mux(rsel, buf[1], buf[0]))
+        # The lane after this one is empty on the last beat (``keep`` is contiguous). Selects
+        # by ``word_select``/``bit_select``, not ``Switch``: continuous assignments in Verilog
+        # (Icarus never runs an ``always @*`` block whose inputs keep their initial values).
+        next_empty = ~(cur.keep >> ok).bit_select(lane * ok, 1)
+        final = (lane == ratio - 1) | (cur.last & next_empty)
 
         o = self.o.payload
+        valid = Mux(rsel, full[1], full[0])
         m.d.comb += [
-            self.o.valid.eq(full),
-            o.data.eq(beat.data[:ow]),
-            o.keep.eq(beat.keep[:ok]),
-            o.first.eq(beat.first & (lane == 0)),
-            o.last.eq(beat.last & final),
-            o.error.eq(beat.error & beat.last & final),
-            self.i.ready.eq(~nxt_full),
+            self.o.valid.eq(valid),
+            o.first.eq(cur.first & (lane == 0)),
+            o.last.eq(cur.last & final),
+            o.error.eq(cur.error & cur.last & final),
+            self.i.ready.eq(ready_out),
         ]
-        take = self.i.valid & ~nxt_full
-        free = ~full | (self.o.ready & final)      # ``beat`` may be loaded this cycle
-        with m.If(self.o.valid & self.o.ready):
-            m.d.sync += [
-                lane.eq(lane + 1),
-                beat.data.eq(beat.data >> ow),
-                beat.keep.eq(beat.keep >> ok),
-            ]
-        # ``nxt`` takes every beat offered and taken (``take`` alone enables it: the input's
-        # ``valid`` is not combined with this side's state); ``beat`` loads only from ``nxt``,
-        # so no path runs from the wide side's logic into the shift register (the wide side
-        # may sit far across the die; only ``nxt``'s flip-flops face it).
-        with m.If(take):
-            m.d.sync += [nxt.eq(self.i.payload), nxt_full.eq(1)]
-        with m.If(free):
-            m.d.sync += [
-                lane.eq(0),
-                full.eq(nxt_full),
-                nxt_full.eq(take),
-                beat.eq(nxt),
-            ]
+        m.d.comb += [o.data.eq(cur.data.word_select(lane, ow)),
+                     o.keep.eq(cur.keep.word_select(lane, ok))]
+
+        take = self.i.valid & in_ready
+        done = valid & self.o.ready & final   # the buffer being sent empties at this edge
+        full_next = [Signal(name=f"full{k}_next") for k in range(2)]
+        for k in range(2):
+            m.d.comb += full_next[k].eq((full[k] & ~(done & (rsel == k))) |
+                                        (take & (wsel == k)))
+            with m.If(take & (wsel == k)):
+                m.d.sync += buf[k].eq(self.i.payload)
+        wsel_next = wsel ^ take
+        m.d.sync += [
+            full[0].eq(full_next[0]),
+            full[1].eq(full_next[1]),
+            wsel.eq(wsel_next),
+            in_ready.eq(~Mux(wsel_next, full_next[1], full_next[0])),
+            ready_out.eq(~Mux(wsel_next, full_next[1], full_next[0])),
+        ]
+        with m.If(valid & self.o.ready):
+            m.d.sync += lane.eq(Mux(final, 0, lane + 1))
+            with m.If(final):
+                m.d.sync += rsel.eq(~rsel)
         return m

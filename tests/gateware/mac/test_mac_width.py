@@ -139,24 +139,34 @@ def test_width_checks(cls, args, message):
         cls(*args)
 
 
-def test_downsizer_offers_a_beat_from_its_input_register():
-    """The shift register loads from the input register alone (no path from the wide side's
-    logic into it): a beat taken at edge n is offered from edge n + 1 on, not straight after
-    edge n."""
+def test_downsizer_offers_a_beat_the_cycle_after_taking_it_and_takes_the_next_meanwhile():
+    """A beat taken at edge n is offered from edge n on (lane 0), and while it is sent the
+    other buffer takes the next beat: ``i.ready`` stays high until both are full, then falls
+    (a register: at the edge after the second take)."""
     dut = PacketDownsizer(64, 8)
-    beat = to_beats(bytes(range(8)), 64)[0]
+    beats = to_beats(bytes(range(24)), 64)
 
     async def bench(ctx):
-        ctx.set(dut.o.ready, 1)
-        ctx.set(dut.i.payload, beat)
+        ctx.set(dut.o.ready, 0)                   # nothing leaves: the buffers fill
         ctx.set(dut.i.valid, 1)
-        assert ctx.get(dut.i.ready)
-        await ctx.tick()                    # edge n: taken into the input register
-        ctx.set(dut.i.valid, 0)
-        assert not ctx.get(dut.o.valid)
-        await ctx.tick()                    # edge n + 1: into the shift register
+        ctx.set(dut.i.payload, beats[0])
+        assert ctx.get(dut.i.ready) and not ctx.get(dut.o.valid)
+        await ctx.tick()                          # edge n: beat 0 taken
         assert ctx.get(dut.o.valid) and ctx.get(dut.o.payload.data) == 0
         assert ctx.get(dut.o.payload.first)
+        assert ctx.get(dut.i.ready)               # the other buffer is empty
+        ctx.set(dut.i.payload, beats[1])
+        await ctx.tick()                          # beat 1 taken
+        assert not ctx.get(dut.i.ready)           # both full
+        ctx.set(dut.i.payload, beats[2])
+        await ctx.tick()
+        assert not ctx.get(dut.i.ready) and ctx.get(dut.o.payload.data) == 0
+        ctx.set(dut.o.ready, 1)
+        for k in range(8):                        # beat 0 leaves, one byte per cycle
+            assert ctx.get(dut.o.valid) and ctx.get(dut.o.payload.data) == k
+            await ctx.tick()
+        assert ctx.get(dut.o.payload.data) == 8   # beat 1 follows without a bubble
+        assert ctx.get(dut.i.ready)               # beat 0's buffer is free again
 
     sim = Simulator(dut)
     sim.add_clock(8e-9)
