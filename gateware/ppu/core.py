@@ -39,7 +39,7 @@ the execute stage directly. While it waits for a pending ``rs``, both paths are 
 the measurement lands; and its condition is decided on the bit landing in that very cycle
 (``settle``/``land_bit``: ``rs`` is written only by the ACQUIREs it waits for, so it is that
 bit). Measurement -> conditional pulse (last ADC sample of the window to the first DAC sample
-of the PLAY on either path): 7 cycles.
+of the PLAY on either path): 8 cycles (the results are registered once in the core).
 
 r0 reads 0; r1..r15 are 32-bit. PLAY/ACQUIRE/MARKER push ``{time = t + offset_cycles, ...}``
 into the channel's FIFO (stall while full); a channel number beyond the build's channels is an
@@ -291,6 +291,22 @@ class PPU(wiring.Component):
         wr_rd = Signal(4)
         wr_data = Signal(REGISTER_BITS)
         m.d.sync += [wr_we.eq(core_we), wr_rd.eq(core_wrd), wr_data.eq(core_wdata)]
+        # Each channel's ``flush`` is a flip-flop of its own that is high while ``state`` is
+        # ERROR: set and cleared in the same statements as ``state`` (no compare, and no one
+        # net across the PPU in front of the registers every channel clears).
+        flush = [Signal(name=f"flush__rep{k}")
+                 for k in range(len(drives + readouts + markers))]
+        # The readout channels' results, registered once more here: the channel's result
+        # registers feed only these, so they sit by the channel's logic, and the register file
+        # and scoreboard start at flip-flops of their own. A result lands a cycle after the
+        # channel presents it; cleared with the channel's flush.
+        results = []
+        for ch, f in zip(readouts, flush[len(drives):len(drives) + len(readouts)], strict=True):
+            res = Signal(data.StructLayout({"valid": 1, "rd": 4, "bit": 1, "hit": 16}),
+                         name=f"result{len(results)}")
+            m.d.sync += res.eq(Mux(f, 0, Cat(ch.result_valid, ch.result_rd, ch.result_bit,
+                                             ch.result_hit)))
+            results.append(res)
         acq_issue = Signal()               # an ACQUIRE pushed this cycle, for register acq_rd
         acq_rd = Signal(4)
         clear_regs = Signal()              # accepted trigger
@@ -302,12 +318,12 @@ class PPU(wiring.Component):
         m.d.sync += acq_inc.eq(Mux(acq_issue, 1 << acq_rd, 0))
         busy_next = Signal(NUM_REGISTERS)  # ``busy`` of the next cycle
         for i in range(1, NUM_REGISTERS):
-            landed = [ch.result_hit[i] for ch in readouts]
+            landed = [res.hit[i] for res in results]
             with m.If(wr_we & (wr_rd == i)):
                 m.d.sync += regs[i].eq(wr_data)
-            for ch in readouts:
-                with m.If(ch.result_hit[i]):
-                    m.d.sync += regs[i].eq(ch.result_bit)
+            for res in results:
+                with m.If(res.hit[i]):
+                    m.d.sync += regs[i].eq(res.bit)
             inc = acq_inc[i]
             if len(readouts) == 1:
                 # One count up or down at most: the flags follow from flip-flops (a result
@@ -493,10 +509,10 @@ class PPU(wiring.Component):
         # (two landing at once take the slow way).
         settle = Signal()
         land_bit = Signal()
-        hits = [ch.result_valid & (ch.result_rd == x_rs) for ch in readouts]
-        for hit, ch in zip(hits, readouts, strict=True):
+        hits = [res.valid & (res.rd == x_rs) for res in results]
+        for hit, res in zip(hits, results, strict=True):
             with m.If(hit):
-                m.d.comb += land_bit.eq(ch.result_bit)
+                m.d.comb += land_bit.eq(res.bit)
         m.d.comb += settle.eq(pend_one.bit_select(x_rs, 1) & Cat(*hits).any())
 
         # Register read of ``rs`` in two stages, every cycle: four 4:1 selections
@@ -771,11 +787,6 @@ class PPU(wiring.Component):
         m.d.sync += [late_bits.eq(Mux(active, lates, 0)),
                      late_count.eq(sum(late_bits)),
                      late_events.eq(late_events + late_count)]
-        # Each channel's ``flush`` is a flip-flop of its own that is high while ``state`` is
-        # ERROR: set and cleared in the same statements as ``state`` (no compare, and no one
-        # net across the PPU in front of the registers every channel clears).
-        flush = [Signal(name=f"flush__rep{k}")
-                 for k in range(len(drives + readouts + markers))]
         with m.If(error_set):
             m.d.sync += [state.eq(PPUState.ERROR), active.eq(0), x_valid.eq(0), x_ok.eq(0),
                          x_br.eq(0), *(f.eq(1) for f in flush)]

@@ -750,7 +750,7 @@ def test_parameter_errors():
 
 #: Measurement -> conditional pulse: last ADC sample of an ACQUIRE window -> first DAC sample
 #: of the PLAY that a BRANCH on its result selects (the smallest PLAY time that is not LATE).
-MEAS_TO_PULSE_CYCLES = 7
+MEAS_TO_PULSE_CYCLES = 8
 
 
 def _conditional_pulse(taken: bool, lead: int) -> tuple[int, bool, list[int]]:
