@@ -204,25 +204,32 @@ class CrossingFIFO(wiring.Component):
         w_gry_r = Signal(bits)                  # the write pointer, synchronized into rd
         m.submodules.w_gry_sync = FFSynchronizer(w_gry, w_gry_r, o_domain=rd)
         out = Signal(width)
-        out_valid = Signal()
+        # ``out``'s valid flag, twice (copies of one register, kept apart by the build): one
+        # enables the wide output register, the other the pointers, so neither enable is one
+        # net across both.
+        out_valid, ptr_valid = (Signal(name=f"out_valid__rep{k}") for k in range(2))
         take = Signal()
-        load = Signal()
+        nonempty = Signal()
         m.d.comb += [
             self.r.valid.eq(out_valid),
             self.r.payload.eq(out),
             take.eq(self.r.valid & self.r.ready),
-            # Only into an empty output register: the consumer's ``ready`` (which may depend on
-            # ``valid`` and the payload) reaches ``out_valid`` alone.
-            load.eq((r_gry != w_gry_r) & ~self.r_hold & ~out_valid),
+            nonempty.eq((r_gry != w_gry_r) & ~self.r_hold),
             r_port.addr.eq(r_bin[:-1]),
         ]
+        # Only into an empty output register: the consumer's ``ready`` (which may depend on
+        # ``valid`` and the payload) reaches the valid flags alone.
+        load_out = nonempty & ~out_valid
+        load_ptr = nonempty & ~ptr_valid
         with m.If(self.r_clr | self.r_hold):
-            m.d[rd] += out_valid.eq(0)
+            m.d[rd] += [out_valid.eq(0), ptr_valid.eq(0)]
         with m.If(self.r_clr):
             m.d[rd] += [r_bin.eq(0), r_bin_p1.eq(1), r_gry.eq(0)]
-        with m.Elif(load):
-            m.d[rd] += [out.eq(r_port.data), out_valid.eq(1),
+        with m.Elif(load_ptr):
+            m.d[rd] += [out_valid.eq(1), ptr_valid.eq(1),
                         r_bin.eq(r_bin_p1), r_gry.eq(_gray(r_bin_p1)), r_bin_p1.eq(r_bin_p1 + 1)]
         with m.Elif(take & ~self.r_hold):
-            m.d[rd] += out_valid.eq(0)
+            m.d[rd] += [out_valid.eq(0), ptr_valid.eq(0)]
+        with m.If(load_out):
+            m.d[rd] += out.eq(r_port.data)
         return m
