@@ -358,7 +358,14 @@ class PPU(wiring.Component):
         def set_mode(value):
             m.d.sync += [mode.eq(value), run.eq(value == _CoreMode.RUN)]
         fetch_pc = Signal(pc_bits)         # next sequential instruction to read
-        m_valid = Signal()
+        # The memory output holds an instruction: three copies of one register (kept apart by
+        # the build), the first for the fetch logic, one for each half of ``f_insn``'s enable,
+        # so that no one enable net reaches all 128 bits.
+        m_valids = [Signal(name=f"m_valid__rep{k}") for k in range(3)]
+        m_valid = m_valids[0]
+
+        def set_m_valid(value):
+            m.d.sync += [v.eq(value) for v in m_valids]
         m_tgt = Signal()                   # the memory output is a branch target
         m_pc = Signal(pc_bits)
         f_valid = Signal()
@@ -630,18 +637,25 @@ class PPU(wiring.Component):
             imem_core_r.addr.eq(Mux(tgt_read, x_target, fetch_pc)),
             imem_core_r.en.eq(tgt_read | seq_read),
         ]
-        mf = m_valid & ~m_tgt & (~f_valid | f_taken)
+        f_free = ~m_tgt & (~f_valid | f_taken)
+        mf = m_valid & f_free
         m.d.sync += [f_dec_valid.eq(f_valid & ~mf & ~f_taken), tgt_dec_valid.eq(tgt_valid)]
         with m.If(mf):
-            m.d.sync += [f_valid.eq(1), f_insn.eq(imem_core_r.data)]
+            m.d.sync += f_valid.eq(1)
         with m.Elif(f_taken):
             m.d.sync += f_valid.eq(0)
+        half = INSTRUCTION_BITS // 2
+        for k, valid in enumerate(m_valids[1:]):
+            with m.If(valid & f_free):
+                m.d.sync += f_insn[k * half:(k + 1) * half].eq(
+                    imem_core_r.data[k * half:(k + 1) * half])
         with m.If(m_valid & m_tgt):
             m.d.sync += [tgt_valid.eq(1), tgt_insn.eq(imem_core_r.data)]
         with m.If(seq_read | tgt_read):
-            m.d.sync += [m_valid.eq(1), m_tgt.eq(tgt_read), m_pc.eq(fetch_pc)]
+            set_m_valid(1)
+            m.d.sync += [m_tgt.eq(tgt_read), m_pc.eq(fetch_pc)]
         with m.Elif(mf | m_tgt):
-            m.d.sync += m_valid.eq(0)
+            set_m_valid(0)
         with m.If(seq_read):
             m.d.sync += fetch_pc.eq(fetch_pc + 1)
         with m.If(tgt_read):
@@ -653,10 +667,11 @@ class PPU(wiring.Component):
             # A target read for the previous instruction is stale.
             m.d.sync += [tgt_valid.eq(0), tgt_dec_valid.eq(0)]
             with m.If(m_tgt):
-                m.d.sync += m_valid.eq(0)
+                set_m_valid(0)
 
         def kill_fetch(next_fetch=None):
-            m.d.sync += [m_valid.eq(0), f_valid.eq(0), tgt_valid.eq(0), f_dec_valid.eq(0),
+            set_m_valid(0)
+            m.d.sync += [f_valid.eq(0), tgt_valid.eq(0), f_dec_valid.eq(0),
                          tgt_dec_valid.eq(0)]
             if next_fetch is not None:
                 m.d.sync += fetch_pc.eq(next_fetch)
