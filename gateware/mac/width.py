@@ -11,7 +11,7 @@ first byte of a packet, ``last`` and ``error`` with its last.
 
 from __future__ import annotations
 
-from amaranth.hdl import Module, Mux, Signal
+from amaranth.hdl import Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -158,11 +158,15 @@ class PacketDownsizer(_WidthConverter):
 
         cur = Signal(beat_layout(self.i_width))
         m.d.comb += cur.eq(Mux(rsel, buf[1], buf[0]))
-        # The lane after this one is empty on the last beat (``keep`` is contiguous). Selects
-        # by ``word_select``/``bit_select``, not ``Switch``: continuous assignments in Verilog
-        # (Icarus never runs an ``always @*`` block whose inputs keep their initial values).
-        next_empty = ~(cur.keep >> ok).bit_select(lane * ok, 1)
-        final = (lane == ratio - 1) | (cur.last & next_empty)
+        # Each buffer's final lane, registered with it (``keep`` is contiguous: the highest lane
+        # with a byte kept on a last beat, else the top lane), so that ``final`` is a compare of
+        # the lane counter with small registers, not a selection from the wide buffers.
+        ends = [Signal(range(ratio), name=f"end{k}") for k in range(2)]
+        kept = [self.i.payload.keep[ok * k:ok * (k + 1)].any() for k in range(ratio)]
+        end_in = Const(ratio - 1, range(ratio))
+        for k in range(ratio - 1):        # a Mux chain: a continuous assignment in Verilog
+            end_in = Mux(self.i.payload.last & ~kept[k + 1] & (kept[k] if k else 1), k, end_in)
+        final = lane == Mux(rsel, ends[1], ends[0])
 
         o = self.o.payload
         valid = Mux(rsel, full[1], full[0])
@@ -183,7 +187,7 @@ class PacketDownsizer(_WidthConverter):
             m.d.comb += full_next[k].eq((full[k] & ~(done & (rsel == k))) |
                                         (take & (wsel == k)))
             with m.If(take & (wsel == k)):
-                m.d.sync += buf[k].eq(self.i.payload)
+                m.d.sync += [buf[k].eq(self.i.payload), ends[k].eq(end_in)]
         wsel_next = wsel ^ take
         m.d.sync += [
             full[0].eq(full_next[0]),
