@@ -20,7 +20,7 @@ Each domain's own reset must be synchronous to its clock and last at least one o
 edges (a board top's reset synchronizer guarantees both); the other domain may be stopped.
 """
 
-from amaranth.hdl import Module, Mux, ResetSignal, Shape, ShapeCastable, Signal
+from amaranth.hdl import Module, ResetSignal, Shape, ShapeCastable, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.cdc import AsyncFFSynchronizer, FFSynchronizer
 from amaranth.lib.memory import Memory
@@ -114,9 +114,11 @@ class CrossingFIFO(wiring.Component):
     Members
     -------
     w : In(stream.Signature(shape))
-        Write side, ``w_domain``. ``ready`` is a flip-flop: low from the edge after the FIFO
-        fills or ``w_hold`` rises, until the edge after it has room again and ``w_hold`` fell; it
-        does not depend on ``valid``.
+        Write side, ``w_domain``. ``ready`` is a flip-flop computed from registers alone: low
+        from the edge after the RAM holds ``depth - 1`` entries or more (a write at that edge
+        may still fill it: written back to back, the RAM takes ``depth`` entries; otherwise its
+        last entry may stay unused) or ``w_hold`` rises, until the edge after it has room again
+        and ``w_hold`` fell; it does not depend on ``valid``.
     r : Out(stream.Signature(shape))
         Read side, ``r_domain``. ``valid`` is low while empty and from the cycle after
         ``r_hold`` rises until it falls.
@@ -171,14 +173,14 @@ class CrossingFIFO(wiring.Component):
         def is_full(w, r):
             return (w[-1] != r[-1]) & (w[-2] != r[-2]) & (w[:-2] == r[:-2])
 
-        # "Full" is registered, from the next write pointer and this cycle's read pointer: a
-        # read seen meanwhile shows a cycle late (the writer waits a cycle, never overfills).
+        # ``w.ready`` is a flip-flop, from registers only (whether a write happens in this
+        # cycle does not reach it): low while the RAM is full or one entry from full, or while
+        # held; a write in the cycle it is computed may still fill the RAM. A read seen
+        # meanwhile shows a cycle late. A write in the cycle ``w_hold`` rises is still taken;
+        # ``w_hold`` rises only with ``w_clr`` (see :class:`CrossingReset`), which empties the
+        # pointer in that cycle anyway.
         do_write = Signal()
         w_next = Signal(bits)                   # wraps at 2 * depth
-        w_gry_next = Signal(bits)
-        # ``w.ready`` itself is a flip-flop: not full and not held, as of the last edge. A write
-        # in the cycle ``w_hold`` rises is still taken; ``w_hold`` rises only with ``w_clr``
-        # (see :class:`CrossingReset`), which empties the pointer in that cycle anyway.
         ready = Signal()
         m.d.comb += [
             self.w.ready.eq(ready),
@@ -187,9 +189,9 @@ class CrossingFIFO(wiring.Component):
             w_port.data.eq(self.w.payload),
             w_port.en.eq(do_write),
             w_next.eq(w_bin + 1),
-            w_gry_next.eq(Mux(self.w_clr, 0, Mux(do_write, _gray(w_next), w_gry))),
         ]
-        m.d[wd] += ready.eq(~is_full(w_gry_next, r_gry_w) & ~self.w_hold)
+        m.d[wd] += ready.eq(~is_full(w_gry, r_gry_w) & ~is_full(_gray(w_next), r_gry_w) &
+                            ~self.w_hold)
         with m.If(self.w_clr):
             m.d[wd] += [w_bin.eq(0), w_gry.eq(0)]
         with m.Elif(do_write):
