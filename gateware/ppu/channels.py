@@ -454,11 +454,13 @@ class DriveChannel(wiring.Component):
         m.d.sync += [s1_valid.eq(reading), s1_lane.eq(rd_addr[:2]),
                      s1_amp.eq(Mux(fire, head.amplitude, amp))]
 
-        # Envelope word stage: the memory's output registered, nothing between them.
+        # Envelope word stage: the memory's output registered, nothing between them (the word
+        # is reset-less, so that neither the domain's reset nor the flush puts a LUT in front
+        # of it: it is only used while ``s2_valid``, which both clear).
         s2_valid = Signal()
         s2_lane = Signal(2)
         s2_amp = Signal(signed(SAMPLE_BITS))
-        s2_word = Signal(64)
+        s2_word = Signal(64, reset_less=True)
         m.d.sync += [s2_valid.eq(s1_valid), s2_lane.eq(s1_lane), s2_amp.eq(s1_amp),
                      s2_word.eq(self.env_rd_data)]
 
