@@ -253,11 +253,8 @@ class TimedQueue(wiring.Component):
         # ``now + fire_lead`` of the next cycle. Reset-less: a flush must not touch it (the
         # timeline keeps running); after a domain reset it is right from the second cycle,
         # before any event can be queued.
-        # Three copies of one register (kept apart by the build), one for each candidate's
-        # compares below: each drives a third of the compare logic, beside it.
-        due_reps = [Signal(self._time_bits, init=1 + self._fire_lead, reset_less=True,
-                           name=f"due_next__rep{k}") for k in range(3)]
-        m.d.sync += [due.eq(add_small(self.now, 2 + self._fire_lead)) for due in due_reps]
+        due_next = Signal(self._time_bits, init=1 + self._fire_lead, reset_less=True)
+        m.d.sync += due_next.eq(add_small(self.now, 2 + self._fire_lead))
 
         q = Module()
         width = data.Layout.cast(self._layout).size
@@ -317,7 +314,7 @@ class TimedQueue(wiring.Component):
         from_second = Signal()
         q.d.sync += [loaded.eq(load), from_second.eq(ge2)]
 
-        def compare(name, time, due_next, with_eq=True):
+        def compare(name, time, with_eq=True):
             # ``le`` from the halves side by side: the high half below (a 32-bit chain), or
             # equal (a LUT tree) with the low half not above (a 32-bit chain); one LUT joins
             # them. The equality of the halves is registered too (three LUT levels each).
@@ -338,9 +335,9 @@ class TimedQueue(wiring.Component):
             q.d.sync += [eq_hi.eq(eq_hi_now), eq_lo.eq(eq_lo_now)]
             return le, eq_hi & eq_lo, le_now, eq_hi_now & eq_lo_now
 
-        le_p, eq_p, _, eq_p_now = compare("pushed", pushed.time, due_reps[0])
-        le_s, eq_s, _, eq_s_now = compare("second", second.time, due_reps[1])
-        le_h, _, le_h_now, _ = compare("head", self.head.time, due_reps[2], with_eq=False)
+        le_p, eq_p, _, eq_p_now = compare("pushed", pushed.time)
+        le_s, eq_s, _, eq_s_now = compare("second", second.time)
+        le_h, _, le_h_now, _ = compare("head", self.head.time, with_eq=False)
         due = Mux(loaded, Mux(from_second, le_s, le_p), le_h)
         past = loaded & Mux(from_second, le_s & ~eq_s, le_p & ~eq_p)
         # ``on_time`` is a flip-flop of its own: the choice among the candidates' equalities
