@@ -212,15 +212,11 @@ class CrossingFIFO(wiring.Component):
         out_valid, ptr_valid = (Signal(name=f"out_valid__rep{k}") for k in range(2))
         take = Signal()
         nonempty = Signal()
-        # ``r_hold`` registered here, next to the enables it gates (a load in the cycle it
-        # rises is stopped by ``r_clr``, which rises with it; it falls a cycle late).
-        hold = Signal(init=1)
-        m.d[rd] += hold.eq(self.r_hold)
         m.d.comb += [
             self.r.valid.eq(out_valid),
             self.r.payload.eq(out),
             take.eq(self.r.valid & self.r.ready),
-            nonempty.eq((r_gry != w_gry_r) & ~hold),
+            nonempty.eq((r_gry != w_gry_r) & ~self.r_hold),
             r_port.addr.eq(r_bin[:-1]),
         ]
         # Only into an empty output register: the consumer's ``ready`` (which may depend on

@@ -39,10 +39,9 @@ class RGMIIMAC(wiring.Component):
     match, RX_ER was seen, the frame is a runt (< 64 bytes with FCS), or it was cut off by an
     overflow: the consumer must drop such a frame whole. A frame of 4 bytes or fewer after the
     SFD delivers nothing. Cut-through: in simulation the last beat is on ``rx`` 7.5 (8-bit) or
-    9.5 (64-bit) ``rti`` cycles after the last FCS nibble was driven on RXD, with RXC half a
+    8.5 (64-bit) ``rti`` cycles after the last FCS nibble was driven on RXD, with RXC half a
     cycle out of phase with ``rti`` (1 RGMII, 2 receive MAC, about 4 clock crossing, 1 width
-    converter and 1 register slice; 1 more with the ECP5 IDDRX1F; the crossing varies by a
-    cycle with the phase). ``rx``
+    converter; 1 more with the ECP5 IDDRX1F; the crossing varies by a cycle with the phase). ``rx``
     cannot stall the wire: while ``rx.ready`` is low the ``rx_fifo_depth``-byte FIFO fills; when
     it is full, the frame being received is cut off (its last beat has ``error`` set) and later
     frames are dropped whole until there is room, each counted in ``rx_overflows``. With
@@ -150,13 +149,9 @@ class RGMIIMAC(wiring.Component):
         if w == 8:
             wiring.connect(m, rx_cdc.o, wiring.flipped(self.rx))
         else:
-            # A register slice after the upsizer: the network core's header logic reads beats
-            # from registers beside it, the upsizer's sit by the PHY's pins.
             m.submodules.rx_upsizer = up = DomainRenamer("rti")(PacketUpsizer(8, w))
-            m.submodules.rx_slice = rx_slice = DomainRenamer("rti")(RegisterSlice(beat_layout(w)))
             wiring.connect(m, rx_cdc.o, up.i)
-            wiring.connect(m, up.o, rx_slice.i)
-            wiring.connect(m, rx_slice.o, wiring.flipped(self.rx))
+            wiring.connect(m, up.o, wiring.flipped(self.rx))
 
         # Transmit.
         m.submodules.mac_tx = mac_tx = DomainRenamer("rti")(self._mac_tx)

@@ -11,16 +11,11 @@ from amaranth.lib.wiring import In, Out
 from ...wire.header import Header
 from ...wire.ipv4 import IPV4
 
-__all__ = ["IPv4Checksum", "LATENCY_CYCLES"]
+__all__ = ["IPv4Checksum"]
 
 #: The IPv4 header seen as ten big-endian 16-bit words (RFC 1071): byte order handled by Header.
 _WORDS = Header("IPv4Words", [(f"w{i}", 16) for i in range(IPV4.length_bytes // 2)],
                 ref="RFC 1071")
-
-
-#: Cycles from ``valid`` to ``done`` (three registered stages: two partial sums, their total,
-#: the folds).
-LATENCY_CYCLES = 3
 
 
 class IPv4Checksum(wiring.Component):
@@ -40,7 +35,7 @@ class IPv4Checksum(wiring.Component):
     checksum : Out(16)
         The complemented one's-complement sum (an integer; the field's value), registered.
     done : Out(1)
-        ``checksum`` belongs to the header given :data:`LATENCY_CYCLES` (3) cycles earlier.
+        ``checksum`` belongs to the header given 2 cycles earlier (latency 2 cycles).
 
     No back-pressure; ``checksum`` holds until the next result.
     """
@@ -66,25 +61,20 @@ class IPv4Checksum(wiring.Component):
                 sum_b.eq(sum(words[half:])),
             ]
 
-        # Stage 2: the total (< 2**20), registered.
+        # Stage 2: total (< 2**20), the end-around-carry folds, complement. The first fold is
+        # computed with and without the second fold's carry side by side, and its own carry
+        # picks one: two adders in a row, not three.
         total = Signal(20)
-        stage2 = Signal()
-        m.d.sync += stage2.eq(stage1)
-        with m.If(stage1):
-            m.d.sync += total.eq(sum_a + sum_b)
-
-        # Stage 3: the end-around-carry folds, complement. The first fold is computed with and
-        # without the second fold's carry side by side, and its own carry picks one: two adders
-        # in a row, not three.
         fold1 = Signal(17)
         fold1_p1 = Signal(17)
         fold2 = Signal(16)
         m.d.comb += [
+            total.eq(sum_a + sum_b),
             fold1.eq(total[:16] + total[16:]),
             fold1_p1.eq(total[:16] + total[16:] + 1),
             fold2.eq(Mux(fold1[16], fold1_p1[:16], fold1[:16])),
         ]
-        m.d.sync += self.done.eq(stage2)
-        with m.If(stage2):
+        m.d.sync += self.done.eq(stage1)
+        with m.If(stage1):
             m.d.sync += self.checksum.eq(~fold2)
         return m

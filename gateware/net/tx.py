@@ -36,7 +36,6 @@ from ..bus import MAX_CALL_ARG_BYTES, CallRequest
 from ..packet import packet_signature
 from .common import ControlReply, NetConfig, QPContext
 from .icrc import ICRC_WORD_MASKS, ICRCEngine, icrc_terms
-from .ipv4csum import LATENCY_CYCLES as CSUM_LATENCY_CYCLES
 from .ipv4csum import IPv4Checksum
 
 __all__ = ["TxBuilder", "rpc_frame_bytes", "CONTROL_FRAME_BYTES", "START_LATENCY_CYCLES"]
@@ -297,8 +296,7 @@ class TxBuilder(wiring.Component):
                     m.d.sync += self.tx_psn[n].eq(self.tx_psn[n] + 1)
 
         # --- the three cycles after the take ---------------------------------------------------
-        # 1: IPv4 checksum stage 1 (the checksum is ready in cycle 1 + its latency, before
-        # beat 3 is due: asserted below);
+        # 1: IPv4 checksum stage 1 (the checksum is ready in cycle 3, long before beat 3 is due);
         # the slot counter and offset of the request's PPU advance, or a malformed request is
         # dropped. 2 and 3: the VA of the slot (words 6-7, loaded from shift 6 on), a half in
         # each.
@@ -413,8 +411,6 @@ class TxBuilder(wiring.Component):
         # The IPv4 checksum is at bytes 24-25 (beat 3, lanes 0-1); in the window those are zero
         # (V has them masked), so that the checksum needs to be ready only when beat 3 is due.
         csum_word, csum_lane = divmod(_IP_OFFSET + IPV4.byte_offset("checksum"), 8)
-        # The checksum (started in cycle 1 after the take) is there when its beat is first due.
-        assert 1 + CSUM_LATENCY_CYCLES <= START_LATENCY_CYCLES + csum_word
         csum_bytes = {csum_lane: csum.checksum[8:16], csum_lane + 1: csum.checksum[:8]}
         crc_over = {}
         for a in (0, 1):

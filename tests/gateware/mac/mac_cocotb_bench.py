@@ -262,5 +262,5 @@ async def latency_cycles(dut):
     # sink stamps a frame after the falling edge that follows the sampling edge (+4 ns).
     tx_cycles = (sent.sim_time_start / 1000 - 4 - offered) / PERIOD_NS - 1
     dut._log.info("latency: receive %.1f cycles, transmit %.1f cycles", rx_cycles, tx_cycles)
-    assert rx_cycles <= (9.5 if WIDTH == 64 else 7.5), rx_cycles
+    assert rx_cycles <= (8.5 if WIDTH == 64 else 7.5), rx_cycles
     assert tx_cycles == (5 if WIDTH == 64 else 3), tx_cycles
