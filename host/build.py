@@ -377,6 +377,10 @@ class BuildReport:
     params: dict[str, object]
     seed: int
     bitstream: str | None = None
+    #: Each placer seed tried: ``{"seed", "clocks": {name: achieved_mhz}, "timing_met"}``, or
+    #: ``{"seed", "error"}`` where nextpnr failed, or ``{"seed", "stopped": true}`` where a lower
+    #: seed met timing first. ``seed`` is the one kept.
+    seeds: list[dict[str, object]] = field(default_factory=list)
     #: Each clock's (and each clock pair's) critical path: see :func:`critical_path_table`.
     critical_paths: dict[str, dict[str, object]] = field(default_factory=dict)
     #: Every register input that misses its clock, by source line: see
@@ -434,6 +438,111 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str], stage: str, log: Path 
                          + (f": {tail}" if tail else f"; see {log or cwd}"))
 
 
+def _seed_argv(argv: list[str], name: str, seed: int) -> list[str]:
+    """nextpnr's command line from the platform with placer seed ``seed`` and the seed's own
+    log, timing report and configuration (``NAME.seedN.tim`` ...)."""
+    out = list(argv)
+    values = {"--seed": str(seed), "--log": f"{name}.seed{seed}.tim",
+              "--report": f"{name}.seed{seed}.timing.json",
+              "--textcfg": f"{name}.seed{seed}.config"}
+    for option, value in values.items():
+        if option not in out:
+            raise BuildError(f"nextpnr's command from the platform has no {option}: {argv}")
+        out[out.index(option) + 1] = value
+    return out
+
+
+def _margin(clocks: dict[str, dict[str, float | bool]]) -> float:
+    """The worst clock's achieved frequency over its target (>= 1 when timing is met)."""
+    return min(float(c["achieved_mhz"]) / float(c["target_mhz"]) for c in clocks.values())
+
+
+def _place_and_route(argv: list[str], name: str, seeds: list[int], jobs: int, work: Path,
+                     env: dict[str, str], profile, progress: Progress | None
+                     ) -> tuple[int, list[dict[str, object]]]:
+    """Run nextpnr once per seed, ``jobs`` at a time, and keep one result.
+
+    The kept seed is the lowest one that meets every clock (runs of higher seeds still going
+    are stopped once every lower seed has finished), else the one whose worst clock comes
+    closest to its target. Its log, timing report and configuration are copied to the names
+    the platform's commands use (``NAME.tim`` ...). Returns the kept seed and one entry per
+    seed for :attr:`BuildReport.seeds`. Raises :class:`BuildError` when every run failed.
+    """
+    stage = STAGES["nextpnr-ecp5"]
+    pending = list(seeds)
+    running: dict[int, tuple[subprocess.Popen, object]] = {}
+    results: dict[int, dict[str, object]] = {}
+
+    def start(seed: int) -> None:
+        out = open(work / f"nextpnr.seed{seed}.out", "w")
+        proc = subprocess.Popen([env[TOOLS["nextpnr-ecp5"][0]], *_seed_argv(argv, name, seed)[1:]],
+                                cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT)
+        running[seed] = (proc, out)
+
+    def finished(seed: int, returncode: int) -> dict[str, object]:
+        log = work / f"{name}.seed{seed}.tim"
+        if returncode:
+            text = ""
+            for path in (log, work / f"nextpnr.seed{seed}.out"):
+                if path.exists():
+                    text += path.read_text(errors="replace")
+            errors = [ln.strip() for ln in text.splitlines() if "ERROR" in ln or "Error" in ln]
+            return {"seed": seed, "error": errors[-1] if errors else
+                    f"exit status {returncode}"}
+        clocks = clock_table(parse_nextpnr_log(log.read_text(errors="replace")), profile)
+        return {"seed": seed, "clocks": {k: c["achieved_mhz"] for k, c in clocks.items()},
+                "timing_met": all(c["met"] for c in clocks.values()), "_clocks": clocks}
+
+    def decided() -> int | None:
+        # The lowest seed that met timing, once every lower seed has a result.
+        for seed in seeds:
+            if seed not in results:
+                return None
+            if results[seed].get("timing_met"):
+                return seed
+        return None
+
+    try:
+        while pending or running:
+            while pending and len(running) < jobs:
+                start(pending.pop(0))
+            time.sleep(0.5)
+            for seed, (proc, out) in list(running.items()):
+                if proc.poll() is not None:
+                    out.close()
+                    del running[seed]
+                    results[seed] = finished(seed, proc.returncode)
+            if decided() is not None:
+                break
+            if progress is not None and running:
+                low = min(running)
+                line = _last_line(work / f"{name}.seed{low}.tim")
+                progress(stage, f"seed {low}: {line}" if len(seeds) > 1 else line)
+    finally:
+        for seed, (proc, out) in running.items():
+            proc.kill()
+            proc.wait()
+            out.close()
+            results[seed] = {"seed": seed, "stopped": True}
+    for seed in pending:
+        results[seed] = {"seed": seed, "stopped": True}
+
+    placed = [r for r in results.values() if "_clocks" in r]
+    if not placed:
+        last = results[seeds[-1]]
+        raise BuildError(f"{stage} failed for every seed ({', '.join(map(str, seeds))}): "
+                         f"{last.get('error', 'stopped')}")
+    kept = decided()
+    if kept is None:
+        kept = max(placed, key=lambda r: (_margin(r["_clocks"]), -int(r["seed"])))["seed"]
+    for suffix in ("tim", "timing.json", "config"):
+        src = work / f"{name}.seed{kept}.{suffix}"
+        if src.exists():
+            shutil.copyfile(src, work / f"{name}.{suffix}")
+    table = [{k: v for k, v in results[seed].items() if k != "_clocks"} for seed in seeds]
+    return int(kept), table
+
+
 def clock_names(pnr: NextpnrReport, profile) -> dict[str, str]:
     """nextpnr's clock nets -> the report's names: the profile's domain where the net is one
     (see :func:`clock_domain`), else the net's own name."""
@@ -463,12 +572,19 @@ def clock_table(pnr: NextpnrReport, profile) -> dict[str, dict[str, float | bool
     return clocks
 
 
-def build_board(profile, out_dir: Path, *, seed: int = 1, progress: Progress | None = None,
+def build_board(profile, out_dir: Path, *, seed: int = 1, seeds: int = 1,
+                jobs: int | None = None, progress: Progress | None = None,
                 params: QSCParams | None = None) -> BuildReport:
     """Build ``profile``'s bitstream into ``out_dir/<name>.bit`` and ``out_dir/report.json``.
 
     The tools' files stay in ``out_dir/<name>/`` (``<name>.rpt`` Yosys log, ``<name>.tim``
     nextpnr log). ``params`` replaces the profile's :class:`QSCParams` (benchmarks).
+
+    Place and route runs with placer seeds ``seed .. seed + seeds - 1``, ``jobs`` at a time
+    (default: one per CPU, at most ``seeds``): the lowest seed that meets every clock is kept
+    (higher ones still running are stopped), else the one closest to its targets
+    (``report.json``'s ``seeds`` lists each). Each nextpnr-ecp5 run is single-threaded and
+    takes about 1 GiB.
 
     Raises
     ------
@@ -481,6 +597,8 @@ def build_board(profile, out_dir: Path, *, seed: int = 1, progress: Progress | N
     """
     from openqlink.gateware.boards import BoardTop
 
+    if seeds < 1:
+        raise ValueError(f"seeds must be at least 1, not {seeds}")
     if params is not None:
         from dataclasses import replace
         profile = replace(profile, params=params, clocks=())
@@ -493,6 +611,9 @@ def build_board(profile, out_dir: Path, *, seed: int = 1, progress: Progress | N
     for stale in (bit_out, report_out, *(work / f"{name}.{ext}" for ext in
                                          ("bit", "config", "tim", "rpt", "json", "timing.json"))):
         stale.unlink(missing_ok=True)
+    if work.is_dir():
+        for stale in work.glob(f"{name}.seed*.*"):
+            stale.unlink()
 
     t_start = time.perf_counter()
     if progress is not None:
@@ -519,7 +640,12 @@ def build_board(profile, out_dir: Path, *, seed: int = 1, progress: Progress | N
     if tools != list(TOOLS):
         raise BuildError(f"unexpected build commands from the platform: {tools}")
     run(commands[0])
-    run(commands[1])
+    t0 = time.perf_counter()
+    seed_list = list(range(seed, seed + seeds))
+    jobs = max(1, min(seeds, jobs if jobs is not None else (os.cpu_count() or 1)))
+    seed, seed_table = _place_and_route(commands[1], name, seed_list, jobs, work, env, profile,
+                                        progress)
+    stages["nextpnr-ecp5"] = time.perf_counter() - t0
 
     log = (work / f"{name}.tim").read_text(errors="replace")
     pnr = parse_nextpnr_log(log)
@@ -542,7 +668,7 @@ def build_board(profile, out_dir: Path, *, seed: int = 1, progress: Progress | N
         board=name, device=profile.device, package=profile.package, speed=profile.speed,
         clocks=clocks, resources=pnr.resources, available=pnr.available, seconds=0.0,
         stages=stages, timing_met=timing_met, params=asdict(profile.params), seed=seed,
-        critical_paths=paths, failing_endpoints=failing)
+        seeds=seed_table, critical_paths=paths, failing_endpoints=failing)
     if timing_met:
         run(commands[2])
         shutil.copyfile(work / f"{name}.bit", bit_out)

@@ -6,7 +6,7 @@ Commands::
     qlink disasm FILE [--base N] [--function NAME ...]
     qlink docs memory-map [-o PATH]
     qlink docs isa-tables [-o PATH]
-    qlink build --board NAME [-o DIR] [--seed N]
+    qlink build --board NAME [-o DIR] [--seed N] [--seeds N] [--jobs N]
     qlink build --verilog [-o DIR] [--board NAME]
     qlink program --board NAME FILE.bit
 
@@ -248,11 +248,19 @@ def _board_profile(command: str, name: str):
                    "Verilog for a vendor flow instead (with --board: that board's parameters).")
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("build"), show_default=True, help="Output directory.")
-@click.option("--seed", type=int, default=1, show_default=True, help="nextpnr placer seed.")
-def build_command(board: str | None, verilog: bool, out_dir: Path, seed: int) -> None:
+@click.option("--seed", type=int, default=1, show_default=True,
+              help="nextpnr placer seed (the first one, with --seeds).")
+@click.option("--seeds", type=click.IntRange(min=1), default=1, show_default=True,
+              help="Place and route with N placer seeds (SEED .. SEED+N-1) and keep the lowest "
+                   "that meets every clock, else the closest.")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="nextpnr runs at once with --seeds (default: one per CPU; about 1 GiB each).")
+def build_command(board: str | None, verilog: bool, out_dir: Path, seed: int, seeds: int,
+                  jobs: int | None) -> None:
     """Build a board's bitstream (DIR/NAME.bit, DIR/report.json), or export Verilog.
 
-    Exit status 1, with no bitstream written, when a clock misses its target."""
+    Exit status 1, with no bitstream written, when a clock misses its target (with --seeds:
+    for every seed)."""
     from . import build as builder
 
     if verilog:
@@ -274,7 +282,7 @@ def build_command(board: str | None, verilog: bool, out_dir: Path, seed: int) ->
         _fail(f"qlink build: {exc}", 1)
     report = None
     try:
-        report = _build_with_progress(builder, prof, out_dir, seed)
+        report = _build_with_progress(builder, prof, out_dir, seed=seed, seeds=seeds, jobs=jobs)
     except builder.TimingError as exc:
         _print_report(exc.report)
         _fail(f"qlink build: {exc}", 1)
@@ -284,7 +292,7 @@ def build_command(board: str | None, verilog: bool, out_dir: Path, seed: int) ->
     click.echo(f"{out_dir / (prof.name + '.bit')} ({report.seconds:.0f} s)")
 
 
-def _build_with_progress(builder, prof, out_dir: Path, seed: int):
+def _build_with_progress(builder, prof, out_dir: Path, **options):
     """Run the build with a rich status line: stage, its elapsed time, nextpnr's last line."""
     import time
 
@@ -310,7 +318,7 @@ def _build_with_progress(builder, prof, out_dir: Path, seed: int):
             status.update(text)
 
         try:
-            return builder.build_board(prof, out_dir, seed=seed, progress=progress)
+            return builder.build_board(prof, out_dir, progress=progress, **options)
         finally:
             finish()
 
@@ -338,6 +346,19 @@ def _print_report(report) -> None:
                   for n in report.resources))
     console = Console()
     console.print(table)
+    if len(report.seeds) > 1:
+        tried = Table(title=f"placer seeds (kept: {report.seed})")
+        tried.add_column("seed", justify="right")
+        for domain in report.clocks:
+            tried.add_column(domain, justify="right")
+        for row in report.seeds:
+            if "clocks" in row:
+                cells = [f"{row['clocks'].get(d, 0):.2f}" for d in report.clocks]
+            else:
+                cells = ["stopped" if row.get("stopped") else "failed", *[""] * (
+                    len(report.clocks) - 1)]
+            tried.add_row(str(row["seed"]), *cells)
+        console.print(tried)
     if report.failing_endpoints:
         fail = Table(title="register inputs that miss their clock (worst first; all in "
                            "report.json)")

@@ -112,14 +112,22 @@ open(name + ".json", "w").write("{}\\n")
 """
 
 _NEXTPNR = """
-import os, sys
+import os, sys, time
 args = sys.argv[1:]
 log = args[args.index("--log") + 1]
 cfg = args[args.index("--textcfg") + 1]
+seed = args[args.index("--seed") + 1]
 assert "--timing-allow-fail" in args, args
-text = open(os.environ["FAKE_NEXTPNR_LOG"]).read()
+src = os.environ["FAKE_NEXTPNR_LOG"]
+bindir = os.path.dirname(src)
+with open(os.path.join(bindir, "seeds"), "a") as f:
+    f.write(seed + "\\n")
+if os.path.exists(os.path.join(bindir, f"nextpnr.seed{seed}.log")):
+    src = os.path.join(bindir, f"nextpnr.seed{seed}.log")
+    time.sleep(float(open(os.path.join(bindir, f"nextpnr.seed{seed}.sleep")).read()))
+text = open(src).read()
 open(log, "w").write(text)
-open(cfg, "w").write(".device LFE5U-25F\\n")
+open(cfg, "w").write(".device LFE5U-25F seed " + seed + "\\n")
 """
 
 _ECPPACK = """
@@ -130,9 +138,11 @@ open(args[args.index("--svf") + 1], "w").write("! fake\\n")
 """
 
 
-def install_fake_tools(tmp_path: Path, monkeypatch, *, rti_mhz: float, dtd_mhz: float) -> None:
+def install_fake_tools(tmp_path: Path, monkeypatch, *, rti_mhz: float, dtd_mhz: float,
+                       per_seed: dict[int, tuple[float, float, float]] | None = None) -> None:
     """Point the build at the stand-in tools and the tiny top; nextpnr reports the given
-    post-routing frequencies."""
+    post-routing frequencies, or for a seed in ``per_seed`` its ``(rti_mhz, dtd_mhz,
+    seconds)`` after that many seconds. Each run's seed is appended to ``fake-tools/seeds``."""
     import openqlink.gateware.boards as boards
 
     bindir = tmp_path / "fake-tools"
@@ -146,4 +156,7 @@ def install_fake_tools(tmp_path: Path, monkeypatch, *, rti_mhz: float, dtd_mhz: 
     log = bindir / "nextpnr.log"
     log.write_text(nextpnr_log(rti_mhz, dtd_mhz))
     monkeypatch.setenv("FAKE_NEXTPNR_LOG", str(log))
+    for seed, (rti, dtd, seconds) in (per_seed or {}).items():
+        (bindir / f"nextpnr.seed{seed}.log").write_text(nextpnr_log(rti, dtd))
+        (bindir / f"nextpnr.seed{seed}.sleep").write_text(str(seconds))
     monkeypatch.setattr(boards, "BoardTop", TinyBoardTop)

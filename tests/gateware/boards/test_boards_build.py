@@ -106,6 +106,37 @@ def test_build_that_misses_timing_leaves_no_bitstream(tmp_path, monkeypatch):
     assert saved["clocks"]["dtd"]["met"] is False and saved["clocks"]["rti"]["met"] is True
 
 
+def test_seeds_keep_the_lowest_that_meets_timing_and_stop_the_rest(tmp_path, monkeypatch):
+    # Seed 1 misses, seed 2 meets, seed 3 would take a minute: it is stopped, not waited for.
+    install_fake_tools(tmp_path, monkeypatch, rti_mhz=131.0, dtd_mhz=131.0,
+                       per_seed={1: (131.0, 110.0, 0.0), 2: (131.0, 127.0, 0.5),
+                                 3: (140.0, 140.0, 60.0)})
+    report = build.build_board(COLORLIGHT, tmp_path / "out", seeds=3, jobs=3)
+    assert report.timing_met and report.seed == 2
+    work = tmp_path / "out" / "colorlight-5a-75b"
+    assert (work / "colorlight-5a-75b.config").read_text().endswith("seed 2\n")
+    assert "127.00 MHz" in (work / "colorlight-5a-75b.tim").read_text()
+    saved = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert saved["seed"] == 2 and saved["clocks"]["dtd"]["achieved_mhz"] == 127.0
+    assert [row["seed"] for row in saved["seeds"]] == [1, 2, 3]
+    assert saved["seeds"][0]["timing_met"] is False
+    assert saved["seeds"][0]["clocks"] == {"rti": 131.0, "dtd": 110.0, "eth_rx": 149.79}
+    assert saved["seeds"][1]["timing_met"] is True
+    assert saved["seeds"][2] == {"seed": 3, "stopped": True}
+
+
+def test_seeds_that_all_miss_keep_the_closest_and_leave_no_bitstream(tmp_path, monkeypatch):
+    install_fake_tools(tmp_path, monkeypatch, rti_mhz=131.0, dtd_mhz=131.0,
+                       per_seed={4: (131.0, 100.0, 0.0), 5: (120.0, 124.0, 0.0),
+                                 6: (131.0, 110.0, 0.0)})
+    with pytest.raises(build.TimingError, match=r"rti 120.00 MHz < 125 MHz, dtd 124.00 MHz"):
+        build.build_board(COLORLIGHT, tmp_path / "out", seed=4, seeds=3, jobs=2)
+    saved = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert saved["seed"] == 5 and saved["bitstream"] is None
+    assert [row.get("timing_met") for row in saved["seeds"]] == [False, False, False]
+    assert not list((tmp_path / "out").rglob("*.bit"))
+
+
 def test_failing_tool_is_a_build_error(tmp_path, monkeypatch):
     install_fake_tools(tmp_path, monkeypatch, rti_mhz=130, dtd_mhz=130)
     bad = tmp_path / "fake-tools" / "bad-nextpnr"
