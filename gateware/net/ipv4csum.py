@@ -4,7 +4,7 @@
 # RFC 1624 3 (the two zero forms).
 """
 
-from amaranth.hdl import Module, Mux, Signal
+from amaranth.hdl import Cat, Const, Module, Mux, Signal
 from amaranth.lib import wiring
 from amaranth.lib.wiring import In, Out
 
@@ -63,16 +63,18 @@ class IPv4Checksum(wiring.Component):
 
         # Stage 2: total (< 2**20), the end-around-carry folds, complement. The first fold is
         # computed with and without the second fold's carry side by side, and its own carry
-        # picks one: two adders in a row, not three.
+        # picks one: two adders in a row, not three. The ``+ 1`` is a carry into the low end
+        # (``2 lo + 1 + 2 hi + 1 = 2 (lo + hi + 1)``), so it is one carry chain, not a chain
+        # behind the fold's.
         total = Signal(20)
         fold1 = Signal(17)
-        fold1_p1 = Signal(17)
+        fold1_p1 = Signal(18)
         fold2 = Signal(16)
         m.d.comb += [
             total.eq(sum_a + sum_b),
             fold1.eq(total[:16] + total[16:]),
-            fold1_p1.eq(total[:16] + total[16:] + 1),
-            fold2.eq(Mux(fold1[16], fold1_p1[:16], fold1[:16])),
+            fold1_p1.eq(Cat(Const(1, 1), total[:16]) + Cat(Const(1, 1), total[16:])),
+            fold2.eq(Mux(fold1[16], fold1_p1[1:17], fold1[:16])),
         ]
         m.d.sync += self.done.eq(stage1)
         with m.If(stage1):

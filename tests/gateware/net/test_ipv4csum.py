@@ -45,3 +45,44 @@ def test_generate_and_verify_pipelined():
     sim.run()
     expected = [(i, v) for i, (_, v) in enumerate(inputs) if i % 7 != 3]
     assert results == expected
+
+
+def _words_with_sum(rng: random.Random, total: int) -> bytes:
+    """Ten random big-endian words that add up to ``total`` (at most 10 * 0xFFFF)."""
+    words = []
+    left = total
+    for i in range(10, 0, -1):
+        lo = max(0, left - 0xFFFF * (i - 1))
+        w = rng.randint(lo, min(0xFFFF, left))
+        words.append(w)
+        left -= w
+    rng.shuffle(words)
+    return b"".join(w.to_bytes(2, "big") for w in words)
+
+
+def test_end_around_carry_of_every_fold():
+    # Totals where the first fold (low 16 bits + the carries above them) itself carries, where
+    # it ends on exactly 0xFFFF, and the smallest and largest totals: the second fold's carry
+    # and both one's-complement zeros.
+    rng = random.Random(7)
+    totals = [0, 1, 0xFFFF, 0x10000, 0x1FFFE, 0x1FFFF, 0x20000, 0x9FFF6, 10 * 0xFFFF]
+    totals += [(h << 16) | (0x10000 - h + d) for h in range(1, 10) for d in (-1, 0, 1, 5)
+               if (h << 16) | (0x10000 - h + d) <= 10 * 0xFFFF and 0x10000 - h + d <= 0xFFFF]
+    headers = [_words_with_sum(rng, t) for t in totals]
+    dut = IPv4Checksum()
+    results = []
+
+    async def testbench(ctx):
+        for h in headers:
+            ctx.set(dut.header, int.from_bytes(h, "little"))
+            ctx.set(dut.valid, 1)
+            await ctx.tick()
+            ctx.set(dut.valid, 0)
+            await ctx.tick().repeat(2)
+            results.append(ctx.get(dut.checksum))
+
+    sim = Simulator(dut)
+    sim.add_clock(1e-8)
+    sim.add_testbench(testbench)
+    sim.run()
+    assert results == [ipv4_checksum(h) for h in headers]
