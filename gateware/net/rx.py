@@ -557,12 +557,19 @@ class RoCEReceiver(wiring.Component):
         ip_words = list(_IPV4_WORDS.view(hbytes(_IP_AT, IPV4)).values())
         beat_words = [Cat(data_in[16 * i + 8:16 * i + 16], data_in[16 * i:16 * i + 8])
                       for i in range(4)]
+        # Each beat's sum is registered with no enable (``beat_sum``) and kept a cycle later
+        # for beats 2 and 3, so that no handshake term sits behind the adder. ``hdr_chk`` reads
+        # them a cycle after the last beat: in time for any frame that reaches beat 4; shorter
+        # ones (at most 32 bytes) fail the IP check on their length whatever the sum.
+        beat_sum = Signal(18, reset_less=True)
+        sum_at = Signal(2)
+        m.d.sync += [beat_sum.eq(_sum4(beat_words, 18)), sum_at.eq(Mux(take, at[2:4], 0))]
         ip_sum_b2 = Signal(18)
         ip_sum_b3 = Signal(18)
-        with m.If(take & at[2]):
-            m.d.sync += ip_sum_b2.eq(_sum4(beat_words, 18))
-        with m.If(take & at[3]):
-            m.d.sync += ip_sum_b3.eq(_sum4(beat_words, 18))
+        with m.If(sum_at[0]):
+            m.d.sync += ip_sum_b2.eq(beat_sum)
+        with m.If(sum_at[1]):
+            m.d.sync += ip_sum_b3.eq(beat_sum)
 
         # ICRC message V: word 0 is all ones, word k >= 1 is frame bytes [8k+6, 8k+14), i.e.
         # lanes 6-7 of beat k and lanes 0-5 of beat k+1; V ends where the ICRC (the last 4 bytes
