@@ -199,8 +199,8 @@ class CrossingFIFO(wiring.Component):
 
         # ---- read side -------------------------------------------------------------------
         # The entry at ``r_bin`` is read from the RAM (an address register, no logic in front
-        # of the RAM) into the output register ``out`` whenever that is empty or being taken:
-        # the consumer's ``ready`` is only an enable of registers, never in front of the RAM.
+        # of the RAM) into the output register ``out`` whenever that is empty: the consumer's
+        # ``ready`` is only an enable of registers, never in front of the RAM.
         r_bin = Signal(bits)
         r_bin_p1 = Signal(bits, init=1)         # r_bin + 1, kept beside it
         w_gry_r = Signal(bits)                  # the write pointer, synchronized into rd
@@ -219,9 +219,13 @@ class CrossingFIFO(wiring.Component):
             nonempty.eq((r_gry != w_gry_r) & ~self.r_hold),
             r_port.addr.eq(r_bin[:-1]),
         ]
-        # Only into an empty output register: the consumer's ``ready`` (which may depend on
-        # ``valid`` and the payload) reaches the valid flags alone.
-        load_out = nonempty & ~out_valid
+        # The output register takes the RAM's entry at ``r_bin`` in every cycle that it is not
+        # valid: its enable is one flip-flop (neither the pointers' compare nor ``r_hold``, a
+        # synchronizer's output, reaches its hundred-odd bits), and it holds the entry it took
+        # in the cycle that it becomes valid (``load_ptr``: ``r_bin`` at a written entry). The
+        # consumer's ``ready`` (which may depend on ``valid`` and the payload) reaches the valid
+        # flags alone.
+        load_out = ~out_valid
         load_ptr = nonempty & ~ptr_valid
         with m.If(self.r_clr | self.r_hold):
             m.d[rd] += [out_valid.eq(0), ptr_valid.eq(0)]
