@@ -9,12 +9,12 @@ queue too late to fire on time is never played late (QICK would play it late sil
 channel pulses ``late`` and the PPU stops with a LATE error.
 
 Timing contract. The event queue (:class:`TimedQueue`: a ring and a head register) compares the
-head's ``time`` with the timeline one cycle ahead, so the fire decision is a flip-flop; an event
-is fired when its time comes (``time == now + LEAD_CYCLES - 1`` at the decision) and is late
-when it is at the head too late for that. An event must reach the queue's head (pushed into an
-empty queue, or next in line) at least ``LEAD_CYCLES`` cycles before its time
-(:class:`DriveChannel`: 5, :class:`ReadoutChannel` and :class:`MarkerChannel`: 2): pushed in
-cycle ``c`` into an empty queue, it can fire at ``c + LEAD_CYCLES`` at the earliest.
+head's ``time`` with the timeline one cycle ahead, so the fire decision is one LUT of
+flip-flops; an event is fired when its time comes (``time == now + LEAD_CYCLES - 1`` at the
+decision) and is late when it is at the head too late for that. An event must reach the
+queue's head (pushed into an empty queue, or next in line) at least ``LEAD_CYCLES`` cycles
+before its time (:class:`DriveChannel`: 5, :class:`ReadoutChannel` and :class:`MarkerChannel`:
+2): pushed in cycle ``c`` into an empty queue, it can fire at ``c + LEAD_CYCLES`` at the earliest.
 
 All channels are written in ``sync`` (renamed to ``dtd`` by the top). Asserting ``flush`` resets
 a channel synchronously: its queue empties and its outputs are 0 from the next cycle (the PPU
@@ -220,22 +220,27 @@ class TimedQueue(wiring.Component):
         The head event.
     on_time : ``Out(1)``; ``past : Out(1)``; ``due : Out(1)``
         ``valid`` and ``head.time == now + fire_lead`` (resp. ``<``, ``<=``: ``on_time | past``,
-        two LUT levels from flip-flops, for ``pop``). ``on_time`` is a flip-flop.
+        two LUT levels from flip-flops, for ``pop``). ``on_time`` is one LUT of flip-flops.
     pop : ``In(1)``
         Drop the head this cycle; the next event is the head from the next cycle on.
     empty : ``Out(1)``
         Nothing queued.
+    head_tag : ``Out(tag_bits)``
+        With ``tag``: ``tag(head)``, a flip-flop (computed from the event in line before it
+        becomes the head), so that what a channel derives from its head sits in front of the
+        head's register, not behind it.
 
     Latency: an event pushed in cycle ``c`` into an empty queue (or next in line in cycle
     ``c``) is the head, with its compares, from ``c + 1``: it must be there at least
     ``fire_lead + 1`` cycles before its time.
     """
 
-    def __init__(self, layout, fire_lead: int):
+    def __init__(self, layout, fire_lead: int, *, tag=None, tag_bits: int = 0):
         self._layout = layout
         self._fire_lead = fire_lead
         self._time_bits = Shape.cast(data.Layout.cast(layout)["time"].shape).width
-        super().__init__({
+        self._tag = tag
+        members = {
             "event": In(stream.Signature(layout)),
             "now": In(self._time_bits),
             "flush": In(1),
@@ -246,7 +251,10 @@ class TimedQueue(wiring.Component):
             "due": Out(1),
             "pop": In(1),
             "empty": Out(1),
-        })
+        }
+        if tag is not None:
+            members["head_tag"] = Out(tag_bits)
+        super().__init__(members)
 
     def elaborate(self, platform):
         m = Module()
@@ -304,6 +312,14 @@ class TimedQueue(wiring.Component):
             q.d.sync += self.head.eq(Mux(ge2, second.as_value(), pushed.as_value()))
         with q.If(Mux(ge2, pop, ~pop)):
             q.d.sync += second.eq(Mux(ge3, mem_r.data, pushed.as_value()))
+        if self._tag is not None:
+            # ``tag`` of ``second`` kept beside it, and both moved like the events.
+            second_tag = Signal.like(self.head_tag)
+            in_ram = data.Layout.cast(self._layout)(mem_r.data)
+            with q.If(load):
+                q.d.sync += self.head_tag.eq(Mux(ge2, second_tag, self._tag(pushed)))
+            with q.If(Mux(ge2, pop, ~pop)):
+                q.d.sync += second_tag.eq(Mux(ge3, self._tag(in_ram), self._tag(pushed)))
 
         # The three candidates for the next cycle's head (the pushed event, ``second``, the
         # head itself) are compared in parallel with the next cycle's ``now + fire_lead`` and
@@ -335,19 +351,25 @@ class TimedQueue(wiring.Component):
             q.d.sync += [eq_hi.eq(eq_hi_now), eq_lo.eq(eq_lo_now)]
             return le, eq_hi & eq_lo, le_now, eq_hi_now & eq_lo_now
 
-        le_p, eq_p, _, eq_p_now = compare("pushed", pushed.time)
+        le_p, eq_p, _, _ = compare("pushed", pushed.time)
         le_s, eq_s, _, eq_s_now = compare("second", second.time)
         le_h, _, le_h_now, _ = compare("head", self.head.time, with_eq=False)
         due = Mux(loaded, Mux(from_second, le_s, le_p), le_h)
         past = loaded & Mux(from_second, le_s & ~eq_s, le_p & ~eq_p)
-        # ``on_time`` is a flip-flop of its own: the choice among the candidates' equalities
-        # is made before it, with this cycle's ``load`` and ``ge2`` (what ``loaded`` and
-        # ``from_second`` will hold), so a channel's fire starts at a register.
-        on_time = Signal()
-        q.d.sync += on_time.eq(ge1_next & Mux(load, Mux(ge2, eq_s_now, eq_p_now), le_h_now))
+        # ``on_time``: one LUT of four flip-flops. The head that stays and ``second`` (both
+        # registers here) are chosen in front of a flip-flop of their own, with this cycle's
+        # ``load`` and ``ge2`` (what ``loaded`` and ``from_second`` will hold); the pushed
+        # event, which comes from the core's execute stage with no time to spare, only through
+        # its registered equality and a registered flag that it became the head.
+        on_time_kept = Signal()
+        head_pushed = Signal()
+        q.d.sync += [
+            on_time_kept.eq(ge1_next & Mux(load, ge2 & eq_s_now, le_h_now)),
+            head_pushed.eq(ge1_next & load & ~ge2),
+        ]
         q.d.comb += [
             self.valid.eq(ge1),
-            self.on_time.eq(on_time),
+            self.on_time.eq(on_time_kept | (head_pushed & eq_p)),
             self.past.eq(ge1 & past),
             self.due.eq(ge1 & due),
             self.empty.eq(~ge1),
@@ -542,7 +564,15 @@ class ReadoutChannel(wiring.Component):
 
     def elaborate(self, platform):
         m = Module()
-        m.submodules.queue = q = TimedQueue(self._event, self.LEAD_CYCLES - 1)
+
+        def last_hit(event):
+            # An event whose window is one cycle, and its result's one-hot: its window ends in
+            # the cycle that it opens.
+            one = event.window_cycles == 1
+            return Cat(Mux(one, Const(1, 16) << event.rd, 0), one)
+
+        m.submodules.queue = q = TimedQueue(self._event, self.LEAD_CYCLES - 1, tag=last_hit,
+                                            tag_bits=17)
         wiring.connect(m, wiring.flipped(self.event), q.event)
         head = q.head
         rem = Signal(16)
@@ -570,14 +600,15 @@ class ReadoutChannel(wiring.Component):
         # ``rd``) is loaded from the head in every cycle that a window may start (``free``, from
         # flip-flops): they are unused until ``open_`` is set, and ``fire`` (the last signal to
         # settle) then drives two flip-flops instead of sixty.
-        last_next = Signal()
-        rd_next = Signal(4)
-        m.d.comb += [
-            last_next.eq(Mux(fire, head.window_cycles == 1, open_ & (rem == 2))),
-            rd_next.eq(Mux(free, head.rd, rd)),
-        ]
-        m.d.sync += [last.eq(last_next),
-                     self.result_hit.eq(Mux(last_next, Const(1, 16) << rd_next, 0))]
+        # The window that starts now (``fire``) and an open one with two cycles left never
+        # both end next cycle: ``fire`` needs ``free``, and an open window with two cycles
+        # left is not in its last. So each one's result one-hot is ready from flip-flops (the
+        # head's is the queue's ``head_tag``), and ``fire`` meets them in one LUT per bit.
+        head_hit, head_last = q.head_tag[:16], q.head_tag[16]
+        open_last = kept(m, open_ & (rem == 2), "open_last")
+        open_hit = kept(m, Mux(open_last, Const(1, 16) << rd, 0), "open_hit")
+        m.d.sync += [last.eq((fire & head_last) | open_last),
+                     self.result_hit.eq(Mux(fire, head_hit, 0) | open_hit)]
         with m.If(fire):
             m.d.sync += open_.eq(head.window_cycles != 0)
         with m.Elif(open_):
