@@ -19,6 +19,7 @@ cannot be loaded prints one line and exits with status 1.
 
 from __future__ import annotations
 
+import signal
 from pathlib import Path
 
 import click
@@ -281,6 +282,9 @@ def build_command(board: str | None, verilog: bool, out_dir: Path, seed: int, se
     except builder.ToolNotFoundError as exc:
         _fail(f"qlink build: {exc}", 1)
     report = None
+    # A SIGTERM (a CI job's time-out, ``kill``) ends the build like Ctrl-C: the running tools
+    # are stopped, not left behind.
+    previous = signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
         report = _build_with_progress(builder, prof, out_dir, seed=seed, seeds=seeds, jobs=jobs)
     except builder.TimingError as exc:
@@ -288,8 +292,14 @@ def build_command(board: str | None, verilog: bool, out_dir: Path, seed: int, se
         _fail(f"qlink build: {exc}", 1)
     except (builder.BuildError, OSError, ValueError) as exc:
         _fail(f"qlink build: {exc}", 1)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     _print_report(report)
     click.echo(f"{out_dir / (prof.name + '.bit')} ({report.seconds:.0f} s)")
+
+
+def _exit_on_signal(signum, frame) -> None:
+    raise SystemExit(128 + signum)
 
 
 def _build_with_progress(builder, prof, out_dir: Path, **options):

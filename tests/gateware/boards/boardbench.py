@@ -122,6 +122,8 @@ src = os.environ["FAKE_NEXTPNR_LOG"]
 bindir = os.path.dirname(src)
 with open(os.path.join(bindir, "seeds"), "a") as f:
     f.write(seed + "\\n")
+with open(os.path.join(bindir, f"nextpnr.seed{seed}.pid"), "w") as f:
+    f.write(str(os.getpid()))
 if os.path.exists(os.path.join(bindir, f"nextpnr.seed{seed}.log")):
     src = os.path.join(bindir, f"nextpnr.seed{seed}.log")
     time.sleep(float(open(os.path.join(bindir, f"nextpnr.seed{seed}.sleep")).read()))

@@ -137,6 +137,50 @@ def test_seeds_that_all_miss_keep_the_closest_and_leave_no_bitstream(tmp_path, m
     assert not list((tmp_path / "out").rglob("*.bit"))
 
 
+def test_sigterm_stops_the_place_and_route_runs(tmp_path, monkeypatch):
+    """``qlink build`` ended by SIGTERM (a CI job's time-out) stops the nextpnr runs it started
+    instead of leaving them running, and exits with status 128 + 15."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    install_fake_tools(tmp_path, monkeypatch, rti_mhz=131.0, dtd_mhz=131.0,
+                       per_seed={1: (131.0, 131.0, 120.0), 2: (131.0, 131.0, 120.0)})
+    script = (f"import sys; sys.path.insert(0, {str(Path(__file__).parent)!r})\n"
+              "import openqlink.gateware.boards as boards\n"
+              "from boardbench import TinyBoardTop\n"
+              "boards.BoardTop = TinyBoardTop\n"
+              "from openqlink.cli import main\n"
+              f"main(['build', '--board', 'colorlight-5a-75b', '-o', {str(tmp_path / 'out')!r}, "
+              "'--seeds', '2', '--jobs', '2'])\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    pid_files = [tmp_path / "fake-tools" / f"nextpnr.seed{s}.pid" for s in (1, 2)]
+    pids = []
+    try:
+        deadline = time.monotonic() + 120
+        while not all(p.exists() and p.read_text() for p in pid_files):
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() < deadline, "nextpnr never started"
+            time.sleep(0.1)
+        pids = [int(p.read_text()) for p in pid_files]
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+        for pid in pids:
+            with pytest.raises(ProcessLookupError):
+                os.kill(pid, 0)
+    finally:
+        proc.kill()
+        proc.wait()
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 def test_failing_tool_is_a_build_error(tmp_path, monkeypatch):
     install_fake_tools(tmp_path, monkeypatch, rti_mhz=130, dtd_mhz=130)
     bad = tmp_path / "fake-tools" / "bad-nextpnr"
