@@ -12,7 +12,10 @@ MAC), is ``benchmarks/synth_block.py``'s job.
 Needs the YoWASP tools (``pip install 'openqlink[build]'``), found on ``PATH`` or beside the
 running interpreter:
 
-    python benchmarks/synth_ecp5.py [--board colorlight-5a-75b ...] [--seed 1]
+    python benchmarks/synth_ecp5.py [--board colorlight-5a-75b ...] [--seed 1] [--seeds 4]
+
+``--seeds N`` places each netlist with seeds ``SEED .. SEED+N-1`` (``--jobs`` at a time) as
+``qlink build --seeds`` does, and prints every seed's clocks: one netlist's spread.
 
 The first run of each tool compiles its WebAssembly (about 30 s); one board takes several
 minutes on 2 cores.
@@ -42,7 +45,8 @@ def _progress(console: Console):
     return progress
 
 
-def run_boards(names: list[str], work: Path, seed: int, console: Console) -> None:
+def run_boards(names: list[str], work: Path, seed: int, console: Console, *, seeds: int = 1,
+               jobs: int | None = None) -> None:
     summary = Table(title="QSC board builds (nextpnr-ecp5, after routing)")
     for col in ("board", "part", "clock", "target", "achieved", "LUT4", "FF", "DP16KD",
                 "MULT18", "build"):
@@ -52,13 +56,20 @@ def run_boards(names: list[str], work: Path, seed: int, console: Console) -> Non
         prof = PROFILES[name]
         console.print(f"[bold]{prof.title}[/] ({prof.part}): {prof.keeps}")
         try:
-            report = build.build_board(prof, work / name, seed=seed,
+            report = build.build_board(prof, work / name, seed=seed, seeds=seeds, jobs=jobs,
                                        progress=_progress(console))
         except build.TimingError as exc:
             report = exc.report
         except build.BuildError as exc:
             console.print(f"  [red]failed[/]: {exc}")
             continue
+        for row in report.seeds if len(report.seeds) > 1 else ():
+            if "clocks" in row:
+                text = ", ".join(f"{d} {mhz:.2f}" for d, mhz in row["clocks"].items()) + " MHz"
+            else:
+                text = "stopped" if row.get("stopped") else f"failed: {row.get('error')}"
+            kept = " (kept)" if row["seed"] == report.seed else ""
+            console.print(f"  seed {row['seed']}{kept}: {text}")
         first = True
         for domain, clock in report.clocks.items():
             verdict = "" if clock["met"] else " [red](missed)[/]"
@@ -80,12 +91,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--board", action="append", choices=list(PROFILES),
                         help="board to build (repeatable; default: every board)")
-    parser.add_argument("--seed", type=int, default=1, help="nextpnr placer seed")
+    parser.add_argument("--seed", type=int, default=1, help="nextpnr placer seed (the first)")
+    parser.add_argument("--seeds", type=int, default=1,
+                        help="placer seeds per netlist (SEED .. SEED+N-1)")
+    parser.add_argument("--jobs", type=int, default=None,
+                        help="nextpnr runs at once (default: one per CPU)")
     parser.add_argument("--work", type=Path, default=Path("build/bench"))
     args = parser.parse_args()
     console = Console()
     work = args.work.resolve()
-    run_boards(args.board or list(PROFILES), work, args.seed, console)
+    run_boards(args.board or list(PROFILES), work, args.seed, console, seeds=args.seeds,
+               jobs=args.jobs)
 
 
 if __name__ == "__main__":
