@@ -489,7 +489,10 @@ def _place_and_route(argv: list[str], name: str, seeds: list[int], jobs: int, wo
             errors = [ln.strip() for ln in text.splitlines() if "ERROR" in ln or "Error" in ln]
             return {"seed": seed, "error": errors[-1] if errors else
                     f"exit status {returncode}"}
-        clocks = clock_table(parse_nextpnr_log(log.read_text(errors="replace")), profile)
+        try:
+            clocks = clock_table(parse_nextpnr_log(log.read_text(errors="replace")), profile)
+        except (BuildError, OSError) as exc:
+            return {"seed": seed, "error": str(exc)}
         return {"seed": seed, "clocks": {k: c["achieved_mhz"] for k, c in clocks.items()},
                 "timing_met": all(c["met"] for c in clocks.values()), "_clocks": clocks}
 

@@ -137,6 +137,17 @@ def test_seeds_that_all_miss_keep_the_closest_and_leave_no_bitstream(tmp_path, m
     assert not list((tmp_path / "out").rglob("*.bit"))
 
 
+def test_a_seed_whose_log_is_unreadable_is_that_seeds_error(tmp_path, monkeypatch):
+    # Seed 1's nextpnr exits 0 but its log has no utilisation table; seed 2 meets timing.
+    install_fake_tools(tmp_path, monkeypatch, rti_mhz=131.0, dtd_mhz=131.0,
+                       per_seed={2: (131.0, 127.0, 0.0)})
+    (tmp_path / "fake-tools" / "nextpnr.seed1.log").write_text("Info: no table\n")
+    (tmp_path / "fake-tools" / "nextpnr.seed1.sleep").write_text("0")
+    report = build.build_board(COLORLIGHT, tmp_path / "out", seeds=2, jobs=2)
+    assert report.seed == 2 and report.timing_met
+    assert "no utilisation" in report.seeds[0]["error"]
+
+
 def test_sigterm_stops_the_place_and_route_runs(tmp_path, monkeypatch):
     """``qlink build`` ended by SIGTERM (a CI job's time-out) stops the nextpnr runs it started
     instead of leaving them running, and exits with status 128 + 15."""
