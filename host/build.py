@@ -409,6 +409,17 @@ def _last_line(path: Path) -> str:
     return ""
 
 
+def _error_line(paths: list[Path | None]) -> str:
+    """The last line naming an error in the first of ``paths`` that has one, else ""."""
+    for path in paths:
+        if path is not None and path.exists():
+            errors = [ln for ln in path.read_text(errors="replace").splitlines()
+                      if "ERROR" in ln or "Error" in ln]
+            if errors:
+                return errors[-1].strip()
+    return ""
+
+
 def _run(argv: list[str], cwd: Path, env: dict[str, str], stage: str, log: Path | None,
          progress: Progress | None) -> None:
     with open(cwd / f"{argv[0].rsplit('/', 1)[-1]}.out", "w") as out:
@@ -426,14 +437,7 @@ def _run(argv: list[str], cwd: Path, env: dict[str, str], stage: str, log: Path 
             proc.wait()
             raise
     if proc.returncode:
-        tail = ""
-        for path in (log, cwd / f"{argv[0].rsplit('/', 1)[-1]}.out"):
-            if path is not None and path.exists():
-                errors = [ln for ln in path.read_text(errors="replace").splitlines()
-                          if "ERROR" in ln or "Error" in ln]
-                if errors:
-                    tail = errors[-1].strip()
-                    break
+        tail = _error_line([log, cwd / f"{argv[0].rsplit('/', 1)[-1]}.out"])
         raise BuildError(f"{stage} failed (exit status {proc.returncode})"
                          + (f": {tail}" if tail else f"; see {log or cwd}"))
 
@@ -482,13 +486,8 @@ def _place_and_route(argv: list[str], name: str, seeds: list[int], jobs: int, wo
     def finished(seed: int, returncode: int) -> dict[str, object]:
         log = work / f"{name}.seed{seed}.tim"
         if returncode:
-            text = ""
-            for path in (log, work / f"nextpnr.seed{seed}.out"):
-                if path.exists():
-                    text += path.read_text(errors="replace")
-            errors = [ln.strip() for ln in text.splitlines() if "ERROR" in ln or "Error" in ln]
-            return {"seed": seed, "error": errors[-1] if errors else
-                    f"exit status {returncode}"}
+            error = _error_line([log, work / f"nextpnr.seed{seed}.out"])
+            return {"seed": seed, "error": error or f"exit status {returncode}"}
         try:
             clocks = clock_table(parse_nextpnr_log(log.read_text(errors="replace")), profile)
         except (BuildError, OSError) as exc:
@@ -630,8 +629,7 @@ def build_board(profile, out_dir: Path, *, seed: int = 1, seeds: int = 1,
     plan.extract(work)
     commands = json.loads(plan.files[f"build_{name}.json"])["commands"]
     stages = {"elaboration": time.perf_counter() - t_start}
-    logs = {"yosys": work / f"{name}.rpt", "nextpnr-ecp5": work / f"{name}.tim",
-            "ecppack": None}
+    logs = {"yosys": work / f"{name}.rpt", "ecppack": None}
 
     def run(argv: list[str]) -> None:
         tool = argv[0]
