@@ -206,6 +206,10 @@ class TimedQueue(wiring.Component):
         compared.
     fire_lead : int
         Cycles between the fire decision and the event's time.
+    tag : callable, optional
+        ``tag(event) -> Value`` of exactly ``tag_bits`` bits, computed as an event is pushed
+        and kept with it (in the ring too) to ``head_tag``. Elaboration raises ``ValueError``
+        when its width differs (a wider value would move its fields).
 
     Members
     -------
@@ -270,8 +274,17 @@ class TimedQueue(wiring.Component):
         # the oldest event is also in ``head``, the next one in ``second``, and ``rd`` is the
         # entry after ``second``. ``n`` counts the events queued, with flags ``ge[k] = n >= k``
         # kept as flip-flops: the pop of a cycle (the last signal to settle) only picks
-        # between values prepared from flip-flops.
-        mem = q.submodules.mem = Memory(shape=unsigned(width), depth=FIFO_DEPTH, init=[])
+        # between values prepared from flip-flops. With ``tag``, each entry holds the event's
+        # tag too (computed as it is pushed), so that nothing but a multiplexer follows the
+        # RAM's read on the way to ``second``'s tag.
+        tag_bits = len(self.head_tag) if self._tag is not None else 0
+        if tag_bits:
+            pushed_tag = Value.cast(self._tag(self.event.payload))
+            if len(pushed_tag) != tag_bits:
+                # A wider value would put its fields at other bits than the reader expects.
+                raise ValueError(f"tag gives {len(pushed_tag)} bits, not tag_bits={tag_bits}")
+        mem = q.submodules.mem = Memory(shape=unsigned(width + tag_bits), depth=FIFO_DEPTH,
+                                        init=[])
         mem_w = mem.write_port()
         mem_r = mem.read_port(domain="comb")
         wr = Signal(range(FIFO_DEPTH))
@@ -293,7 +306,8 @@ class TimedQueue(wiring.Component):
         q.d.comb += [
             ge1_next.eq(Mux(up, 1, Mux(down, ge2, ge1))),
             self.event.ready.eq(ready),
-            mem_w.addr.eq(wr), mem_w.data.eq(pushed), mem_w.en.eq(push),
+            mem_w.addr.eq(wr), mem_w.en.eq(push),
+            mem_w.data.eq(Cat(pushed, pushed_tag) if tag_bits else pushed),
             mem_r.addr.eq(rd),
         ]
         q.d.sync += [
@@ -311,15 +325,14 @@ class TimedQueue(wiring.Component):
         with q.If(load):
             q.d.sync += self.head.eq(Mux(ge2, second.as_value(), pushed.as_value()))
         with q.If(Mux(ge2, pop, ~pop)):
-            q.d.sync += second.eq(Mux(ge3, mem_r.data, pushed.as_value()))
+            q.d.sync += second.eq(Mux(ge3, mem_r.data[:width], pushed.as_value()))
         if self._tag is not None:
             # ``tag`` of ``second`` kept beside it, and both moved like the events.
             second_tag = Signal.like(self.head_tag)
-            in_ram = data.Layout.cast(self._layout)(mem_r.data)
             with q.If(load):
-                q.d.sync += self.head_tag.eq(Mux(ge2, second_tag, self._tag(pushed)))
+                q.d.sync += self.head_tag.eq(Mux(ge2, second_tag, pushed_tag))
             with q.If(Mux(ge2, pop, ~pop)):
-                q.d.sync += second_tag.eq(Mux(ge3, self._tag(in_ram), self._tag(pushed)))
+                q.d.sync += second_tag.eq(Mux(ge3, mem_r.data[width:], pushed_tag))
 
         # The three candidates for the next cycle's head (the pushed event, ``second``, the
         # head itself) are compared in parallel with the next cycle's ``now + fire_lead`` and
@@ -569,7 +582,7 @@ class ReadoutChannel(wiring.Component):
             # An event whose window is one cycle, and its result's one-hot: its window ends in
             # the cycle that it opens.
             one = event.window_cycles == 1
-            return Cat(Mux(one, Const(1, 16) << event.rd, 0), one)
+            return Cat(Mux(one, (Const(1, 16) << event.rd)[:16], 0), one)
 
         m.submodules.queue = q = TimedQueue(self._event, self.LEAD_CYCLES - 1, tag=last_hit,
                                             tag_bits=17)
@@ -606,7 +619,7 @@ class ReadoutChannel(wiring.Component):
         # head's is the queue's ``head_tag``), and ``fire`` meets them in one LUT per bit.
         head_hit, head_last = q.head_tag[:16], q.head_tag[16]
         open_last = kept(m, open_ & (rem == 2), "open_last")
-        open_hit = kept(m, Mux(open_last, Const(1, 16) << rd, 0), "open_hit")
+        open_hit = kept(m, Mux(open_last, (Const(1, 16) << rd)[:16], 0), "open_hit")
         m.d.sync += [last.eq((fire & head_last) | open_last),
                      self.result_hit.eq(Mux(fire, head_hit, 0) | open_hit)]
         with m.If(fire):

@@ -15,6 +15,8 @@ from openqlink.gateware.ppu.channels import (
     MarkerChannel,
     PTDSignature,
     ReadoutChannel,
+    TimedQueue,
+    readout_event,
 )
 
 
@@ -120,6 +122,43 @@ def test_readout_back_to_back_and_overlap_is_late():
         assert lates == [24]
 
     _run(dut, bench)
+
+
+def test_readout_one_cycle_windows_queued_deep():
+    """Five one-cycle windows pushed at once: the third and later wait in the queue's RAM, and
+    each still ends in the cycle it opens, with its register's one-hot ``result_hit``."""
+    dut = ReadoutChannel()
+    events = [(30 + k, k + 1, (0, 9)[k % 2]) for k in range(5)]   # time, rd, threshold
+
+    async def bench(ctx):
+        ctx.set(dut.adc, 3)
+        for time, rd, threshold in events:
+            await _push(ctx, dut, time=time, window_cycles=1, threshold=threshold, rd=rd)
+        results = []
+        while ctx.get(dut.now) < 45:
+            _, _, now, valid, rd, bit, hit, late = await ctx.tick().sample(
+                dut.now, dut.result_valid, dut.result_rd, dut.result_bit, dut.result_hit,
+                dut.late)
+            assert not late, now
+            if valid:
+                results.append((now, rd, bit, hit))
+        assert results == [(time, rd, int(3 > threshold), 1 << rd)
+                           for time, rd, threshold in events]
+
+    _run(dut, bench)
+
+
+def test_a_tag_of_another_width_is_an_error():
+    """A tag wider than ``tag_bits`` (a shift by a signal grows its width) would move the
+    fields its reader expects: elaboration refuses it."""
+    from amaranth.back import rtlil
+    from amaranth.hdl import Const
+
+    def wide(event):
+        return Const(1, 16) << event.rd                     # 31 bits
+
+    _raises(ValueError, "tag gives 31 bits, not tag_bits=16",
+            lambda: rtlil.convert(TimedQueue(readout_event(48), 1, tag=wide, tag_bits=16)))
 
 
 def test_drive_preemption_and_lead():

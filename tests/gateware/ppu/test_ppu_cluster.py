@@ -313,9 +313,11 @@ def test_scoreboard_stall_branch_uses_measurement():
     assert s + 55 + 20 <= m0 <= s + 55 + 20 + 8
 
 
-def test_scoreboard_add_waits_for_result():
+@pytest.mark.parametrize("window", [20, 1])
+def test_scoreboard_add_waits_for_result(window):
+    """The ADD reads the ACQUIRE's result; a one-cycle window ends in the cycle it opens."""
     async def tb(ctx, dut):
-        prog = [set_(1, 41), acquire(0, 1, 3, 20, 0), add(2, 1, 10), end()]
+        prog = [set_(1, 41), acquire(0, 1, 3, window, 0), add(2, 1, 10), end()]
         await start(ctx, dut, prog)
         await wait_state(ctx, dut, 0, PPUState.DONE)
         assert await read_reg(ctx, dut, 0, "R2") == 11      # 1 + 10, not 41 + 10
