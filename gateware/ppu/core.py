@@ -316,7 +316,9 @@ class PPU(wiring.Component):
         # One-hot: bit i counts an ACQUIRE for register i.
         acq_inc = Signal(NUM_REGISTERS)
         m.d.sync += acq_inc.eq(Mux(acq_issue, 1 << acq_rd, 0))
-        busy_next = Signal(NUM_REGISTERS)  # ``busy`` of the next cycle
+        # ``busy`` of the next cycle, but for an accepted trigger (which clears it): each bit a
+        # function of four flip-flops, one LUT.
+        busy_held = Signal(NUM_REGISTERS)
         for i in range(1, NUM_REGISTERS):
             landed = [res.hit[i] for res in results]
             with m.If(wr_we & (wr_rd == i)):
@@ -330,8 +332,8 @@ class PPU(wiring.Component):
                 # lands only for a pending register).
                 up = inc & ~landed[0]
                 down = landed[0] & ~inc
-                m.d.comb += busy_next[i].eq(Mux(clear_regs, 0, Mux(up, 1, Mux(
-                    down, busy[i] & ~pend_one[i], busy[i]))))
+                m.d.comb += busy_held[i].eq(Mux(up, 1, Mux(down, busy[i] & ~pend_one[i],
+                                                           busy[i])))
                 m.d.sync += [
                     pending[i].eq(Mux(up, pending[i] + 1, Mux(down, pending[i] - 1, pending[i]))),
                     busy[i].eq(Mux(up, 1, Mux(down, busy[i] & ~pend_one[i], busy[i]))),
@@ -340,7 +342,7 @@ class PPU(wiring.Component):
             else:
                 pending_next = Signal.like(pending[i], name=f"pending{i}_next")
                 m.d.comb += [pending_next.eq(pending[i] + inc - sum(landed)),
-                             busy_next[i].eq(~clear_regs & (pending_next != 0))]
+                             busy_held[i].eq(pending_next != 0)]
                 m.d.sync += [pending[i].eq(pending_next), busy[i].eq(pending_next != 0),
                              pend_one[i].eq(pending_next == 1)]
             with m.If(clear_regs):
@@ -606,9 +608,10 @@ class PPU(wiring.Component):
         # Each group's OR for the three candidates (target, fetched, staying), chosen last.
         for j in range(NUM_REGISTERS // 4):
             group = slice(4 * j, 4 * j + 4)
-            tgt_b, f_b, x_b = ((mask[group] & busy_next[group]).any()
+            tgt_b, f_b, x_b = ((mask[group] & busy_held[group]).any()
                                for mask in (tgt_dec.mask, f_dec.mask, xd.mask))
-            m.d.sync += mask_busy[j].eq(Mux(x_load, Mux(use_tgt, tgt_b, f_b), x_b))
+            # The trigger's clear last, beside the choice.
+            m.d.sync += mask_busy[j].eq(~clear_regs & Mux(x_load, Mux(use_tgt, tgt_b, f_b), x_b))
         with m.If(x_load):
             m.d.sync += [
                 x_valid.eq(1),
