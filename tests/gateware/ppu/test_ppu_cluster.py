@@ -123,6 +123,31 @@ def test_sync_before_the_start_time_anchors_to_the_start_time():
     assert rel(mon.cycles("marker", 0), out["s"]) == [10, 11]
 
 
+#: Last ADC sample of an ACQUIRE -> ``now + 1`` of the cycle that a SYNC waiting behind an ADD
+#: of its result executes in (the scoreboard's and the pipeline's cycles).
+SYNC_AFTER_RESULT_CYCLES = 6
+
+
+@pytest.mark.parametrize("window", [5, 9])
+def test_sync_while_running_anchors_to_the_cycle_it_executes(window):
+    """SYNC after the start time: ``t = now + slack``, ``now`` the cycle it executes. The core
+    reaches it once an ACQUIRE's result lands (an ADD waits for it), so a MARKER at offset 0
+    after ``sync 30`` fires a fixed number of cycles after the window's last sample, plus 30,
+    whatever the window."""
+    out = {}
+
+    async def tb(ctx, dut):
+        prog = [acquire(0, 1, 10, window, 0), add(2, 1, 0), sync(30), marker(0, 0, 1), end()]
+        out["s"] = await start(ctx, dut, prog)
+        await wait_state(ctx, dut, 0, PPUState.DONE, limit_cycles=1000)
+
+    mon = run(tb, adc=lambda now: 5)
+    (fired,) = rel(mon.cycles("marker", 0), out["s"])
+    last_sample = 10 + window - 1
+    # The same cycles whatever the window: the anchor follows the cycle the SYNC executes in.
+    assert fired == last_sample + SYNC_AFTER_RESULT_CYCLES + 30
+
+
 def test_determinism_two_runs_identical():
     prog = [marker(0, 3, 2), acquire(0, 2, 4, 8, 0), play(0, 5, 4, 6, -20000),
             wait(9), marker(1, 1, 4), play(0, 0, 0, 3, 12345), end()]
