@@ -254,15 +254,9 @@ class PPU(wiring.Component):
         # SYNC executes (the cycle it enters the execute stage, below). ``sync_anchor`` is that
         # value registered from the cycle before: the two differ only in the cycle that
         # ``run_due`` rises, where ``START_TIME == now + 1``, or right after a trigger, when
-        # no instruction enters the execute stage. The choice is made by ``run_due_r``, the next
-        # cycle's ``run_due`` registered (``run_start <= now + 2``: ``run_due`` or the kept
-        # equality beside its carry chains); it differs from ``run_due`` only in the cycle
-        # after a trigger writes ``run_start``, four cycles before the first instruction can
-        # enter the execute stage. ``now + 2`` is ``now_p2``.
-        run_due_r = Signal()
-        m.d.sync += run_due_r.eq(run_due | equal(m, run_start, now_p2, "run_due_next"))
+        # no instruction enters the execute stage.
         sync_anchor = Signal(tb)
-        m.d.sync += sync_anchor.eq(Mux(run_due_r, now_p2, run_start))
+        m.d.sync += sync_anchor.eq(Mux(run_due, add_small(now, 2), run_start))
         eff_state = Signal(PPUState)
         with m.If((state == PPUState.ARMED) & started):
             m.d.comb += eff_state.eq(PPUState.RUNNING)
