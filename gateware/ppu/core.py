@@ -316,8 +316,8 @@ class PPU(wiring.Component):
         # One-hot: bit i counts an ACQUIRE for register i.
         acq_inc = Signal(NUM_REGISTERS)
         m.d.sync += acq_inc.eq(Mux(acq_issue, 1 << acq_rd, 0))
-        # ``busy`` of the next cycle, but for an accepted trigger (which clears it): each bit a
-        # function of four flip-flops, one LUT.
+        # ``busy`` of the next cycle, but for an accepted trigger (which clears it); with one
+        # readout channel each bit is a function of four flip-flops, one LUT.
         busy_held = Signal(NUM_REGISTERS)
         for i in range(1, NUM_REGISTERS):
             landed = [res.hit[i] for res in results]

@@ -123,8 +123,8 @@ def test_sync_before_the_start_time_anchors_to_the_start_time():
     assert rel(mon.cycles("marker", 0), out["s"]) == [10, 11]
 
 
-#: Last ADC sample of an ACQUIRE -> ``now + 1`` of the cycle that a SYNC waiting behind an ADD
-#: of its result executes in (the scoreboard's and the pipeline's cycles).
+#: Last ADC sample of an ACQUIRE -> the anchor (``now`` of the cycle it executes in) of a SYNC
+#: that waits behind an ADD of the result: the scoreboard's and the pipeline's cycles.
 SYNC_AFTER_RESULT_CYCLES = 6
 
 
