@@ -37,7 +37,7 @@ from .memory_map import QSCParams
 __all__ = [
     "BuildError", "TimingError", "ToolNotFoundError", "ProgramError",
     "ClockResult", "NextpnrReport", "BuildReport", "CriticalPath",
-    "TOOLS", "YOSYS_AFTER_READ", "find_tool", "toolchain_env", "parse_nextpnr_log",
+    "TOOLS", "PLACERS", "YOSYS_AFTER_READ", "find_tool", "toolchain_env", "parse_nextpnr_log",
     "clock_domain", "clock_table",
     "parse_critical_paths", "source_line", "critical_path_table", "clock_names",
     "failing_endpoints",
@@ -377,6 +377,8 @@ class BuildReport:
     params: dict[str, object]
     seed: int
     bitstream: str | None = None
+    #: nextpnr's placer (:data:`PLACERS`).
+    placer: str = "heap"
     #: Each placer seed tried: ``{"seed", "clocks": {name: achieved_mhz}, "timing_met"}``, or
     #: ``{"seed", "error"}`` where nextpnr failed, or ``{"seed", "stopped": true}`` where a lower
     #: seed met timing first. ``seed`` is the one kept.
@@ -574,8 +576,14 @@ def clock_table(pnr: NextpnrReport, profile) -> dict[str, dict[str, float | bool
     return clocks
 
 
+#: nextpnr-ecp5's placers (``--placer``): ``heap`` (analytic, its default), ``static``
+#: (electrostatic), ``sa`` (simulated annealing).
+PLACERS = ("heap", "static", "sa")
+
+
 def build_board(profile, out_dir: Path, *, seed: int = 1, seeds: int = 1,
-                jobs: int | None = None, progress: Progress | None = None,
+                jobs: int | None = None, placer: str = "heap",
+                progress: Progress | None = None,
                 params: QSCParams | None = None) -> BuildReport:
     """Build ``profile``'s bitstream into ``out_dir/<name>.bit`` and ``out_dir/report.json``.
 
@@ -586,7 +594,8 @@ def build_board(profile, out_dir: Path, *, seed: int = 1, seeds: int = 1,
     (default: one per CPU, at most ``seeds``): the lowest seed that meets every clock is kept
     (higher ones still running are stopped), else the one closest to its targets
     (``report.json``'s ``seeds`` lists each). Each nextpnr-ecp5 run is single-threaded and
-    takes about 1 GiB.
+    takes about 1 GiB. ``placer`` is nextpnr's placer, one of :data:`PLACERS` (``report.json``'s
+    ``placer``); which one places a netlist better depends on the netlist (``docs/boards.md``).
 
     Raises
     ------
@@ -601,6 +610,8 @@ def build_board(profile, out_dir: Path, *, seed: int = 1, seeds: int = 1,
 
     if seeds < 1:
         raise ValueError(f"seeds must be at least 1, not {seeds}")
+    if placer not in PLACERS:
+        raise ValueError(f"placer must be one of {', '.join(PLACERS)}, not {placer!r}")
     if params is not None:
         from dataclasses import replace
         profile = replace(profile, params=params, clocks=())
@@ -623,7 +634,7 @@ def build_board(profile, out_dir: Path, *, seed: int = 1, seeds: int = 1,
     platform = profile.make_platform()
     plan = platform.build(BoardTop(profile), name=name, do_build=False,
                           script_after_read=YOSYS_AFTER_READ,
-                          nextpnr_opts=f"--timing-allow-fail --seed {seed} "
+                          nextpnr_opts=f"--timing-allow-fail --seed {seed} --placer {placer} "
                                        f"--report {name}.timing.json --detailed-timing-report")
     work.mkdir(parents=True, exist_ok=True)
     plan.extract(work)
@@ -669,6 +680,7 @@ def build_board(profile, out_dir: Path, *, seed: int = 1, seeds: int = 1,
         board=name, device=profile.device, package=profile.package, speed=profile.speed,
         clocks=clocks, resources=pnr.resources, available=pnr.available, seconds=0.0,
         stages=stages, timing_met=timing_met, params=asdict(profile.params), seed=seed,
+        placer=placer,
         seeds=seed_table, critical_paths=paths, failing_endpoints=failing)
     if timing_met:
         run(commands[2])

@@ -6,7 +6,7 @@ Commands::
     qlink disasm FILE [--base N] [--function NAME ...]
     qlink docs memory-map [-o PATH]
     qlink docs isa-tables [-o PATH]
-    qlink build --board NAME [-o DIR] [--seed N] [--seeds N] [--jobs N]
+    qlink build --board NAME [-o DIR] [--seed N] [--seeds N] [--jobs N] [--placer P]
     qlink build --verilog [-o DIR] [--board NAME]
     qlink program --board NAME FILE.bit
 
@@ -256,8 +256,10 @@ def _board_profile(command: str, name: str):
                    "that meets every clock, else the closest.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="nextpnr runs at once with --seeds (default: one per CPU; about 1 GiB each).")
+@click.option("--placer", type=click.Choice(["heap", "static", "sa"]), default="heap",
+              show_default=True, help="nextpnr's placer.")
 def build_command(board: str | None, verilog: bool, out_dir: Path, seed: int, seeds: int,
-                  jobs: int | None) -> None:
+                  jobs: int | None, placer: str) -> None:
     """Build a board's bitstream (DIR/NAME.bit, DIR/report.json), or export Verilog.
 
     Exit status 1, with no bitstream written, when a clock misses its target (with --seeds:
@@ -286,7 +288,8 @@ def build_command(board: str | None, verilog: bool, out_dir: Path, seed: int, se
     # are stopped, not left behind.
     previous = signal.signal(signal.SIGTERM, _exit_on_signal)
     try:
-        report = _build_with_progress(builder, prof, out_dir, seed=seed, seeds=seeds, jobs=jobs)
+        report = _build_with_progress(builder, prof, out_dir, seed=seed, seeds=seeds, jobs=jobs,
+                                      placer=placer)
     except builder.TimingError as exc:
         _print_report(exc.report)
         _fail(f"qlink build: {exc}", 1)

@@ -169,6 +169,29 @@ def test_build_success_writes_bit_and_report(tmp_path, monkeypatch):
     assert set(report["resources"]) == {"LUT4", "FF", "DP16KD", "MULT18"}
 
 
+def test_build_placer_reaches_nextpnr_and_the_report(tmp_path, monkeypatch):
+    from openqlink import build
+
+    _boardbench().install_fake_tools(tmp_path, monkeypatch, rti_mhz=140.0, dtd_mhz=126.0)
+    out = tmp_path / "out"
+    res = CliRunner().invoke(main, ["build", "--board", "colorlight-5a-75b", "-o", str(out),
+                                    "--placer", "static", "--seeds", "2"])
+    assert res.exit_code == 0, res.output
+    runs = (tmp_path / "fake-tools" / "argv").read_text().splitlines()
+    assert len(runs) in (1, 2)                  # seed 2 may be stopped before it starts
+    assert all(" --placer static " in f" {run} " for run in runs)
+    assert json.loads((out / "report.json").read_text())["placer"] == "static"
+    # The command line offers nextpnr's placers, the build's list.
+    choices = next(p for p in main.commands["build"].params if p.name == "placer").type.choices
+    assert tuple(choices) == build.PLACERS
+
+
+def test_build_unknown_placer_exit_2(tmp_path):
+    res = CliRunner().invoke(main, ["build", "--board", "colorlight-5a-75b", "-o", str(tmp_path),
+                                    "--placer", "fast"])
+    assert res.exit_code == 2 and "'fast' is not one of" in res.output
+
+
 def test_build_verilog_writes_the_stream_top(tmp_path):
     res = CliRunner().invoke(main, ["build", "--verilog", "--board", "ecpix5-85",
                                     "-o", str(tmp_path)])

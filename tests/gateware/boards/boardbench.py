@@ -122,6 +122,8 @@ src = os.environ["FAKE_NEXTPNR_LOG"]
 bindir = os.path.dirname(src)
 with open(os.path.join(bindir, "seeds"), "a") as f:
     f.write(seed + "\\n")
+with open(os.path.join(bindir, "argv"), "a") as f:
+    f.write(" ".join(args) + "\\n")
 with open(os.path.join(bindir, f"nextpnr.seed{seed}.pid"), "w") as f:
     f.write(str(os.getpid()))
 if os.path.exists(os.path.join(bindir, f"nextpnr.seed{seed}.log")):
@@ -144,7 +146,8 @@ def install_fake_tools(tmp_path: Path, monkeypatch, *, rti_mhz: float, dtd_mhz: 
                        per_seed: dict[int, tuple[float, float, float]] | None = None) -> None:
     """Point the build at the stand-in tools and the tiny top; nextpnr reports the given
     post-routing frequencies, or for a seed in ``per_seed`` its ``(rti_mhz, dtd_mhz,
-    seconds)`` after that many seconds. Each run's seed is appended to ``fake-tools/seeds``."""
+    seconds)`` after that many seconds. Each run's seed is appended to ``fake-tools/seeds``, its
+    arguments (one line) to ``fake-tools/argv``."""
     import openqlink.gateware.boards as boards
 
     bindir = tmp_path / "fake-tools"

@@ -92,6 +92,13 @@ def test_build_that_meets_timing_writes_bit_and_report(tmp_path, monkeypatch):
     assert report.timing_met and stages[0] == "elaboration (Amaranth)"
 
 
+def test_unknown_placer_is_refused_before_anything_runs(tmp_path, monkeypatch):
+    install_fake_tools(tmp_path, monkeypatch, rti_mhz=131.0, dtd_mhz=127.5)
+    with pytest.raises(ValueError, match="placer must be one of heap, static, sa, not 'fast'"):
+        build.build_board(COLORLIGHT, tmp_path / "out", placer="fast")
+    assert not (tmp_path / "fake-tools" / "argv").exists()
+
+
 def test_build_that_misses_timing_leaves_no_bitstream(tmp_path, monkeypatch):
     out = tmp_path / "out"
     out.mkdir()
