@@ -24,6 +24,7 @@ from pathlib import Path
 
 import click
 
+from .build import PLACERS
 from .errors import AssemblerError, WireFormatError
 from .isa.asm import assemble, disassemble, render_isa_tables
 from .memory_map import render_markdown
@@ -256,7 +257,7 @@ def _board_profile(command: str, name: str):
                    "that meets every clock, else the closest.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="nextpnr runs at once with --seeds (default: one per CPU; about 1 GiB each).")
-@click.option("--placer", type=click.Choice(["heap", "static", "sa"]), default="heap",
+@click.option("--placer", type=click.Choice(PLACERS), default="heap",
               show_default=True, help="nextpnr's placer.")
 def build_command(board: str | None, verilog: bool, out_dir: Path, seed: int, seeds: int,
                   jobs: int | None, placer: str) -> None:
