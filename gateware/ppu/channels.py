@@ -243,6 +243,8 @@ class TimedQueue(wiring.Component):
         self._layout = layout
         self._fire_lead = fire_lead
         self._time_bits = Shape.cast(data.Layout.cast(layout)["time"].shape).width
+        if tag is not None and tag_bits < 1:
+            raise ValueError(f"a tag needs tag_bits of at least 1, not {tag_bits}")
         self._tag = tag
         members = {
             "event": In(stream.Signature(layout)),
@@ -326,7 +328,7 @@ class TimedQueue(wiring.Component):
             q.d.sync += self.head.eq(Mux(ge2, second.as_value(), pushed.as_value()))
         with q.If(Mux(ge2, pop, ~pop)):
             q.d.sync += second.eq(Mux(ge3, mem_r.data[:width], pushed.as_value()))
-        if self._tag is not None:
+        if tag_bits:
             # ``tag`` of ``second`` kept beside it, and both moved like the events.
             second_tag = Signal.like(self.head_tag)
             with q.If(load):
@@ -578,11 +580,15 @@ class ReadoutChannel(wiring.Component):
     def elaborate(self, platform):
         m = Module()
 
+        def onehot(rd):
+            # 16 bits: a shift by a 4-bit signal is 31 bits wide before the slice.
+            return (Const(1, 16) << rd)[:16]
+
         def last_hit(event):
             # An event whose window is one cycle, and its result's one-hot: its window ends in
             # the cycle that it opens.
             one = event.window_cycles == 1
-            return Cat(Mux(one, (Const(1, 16) << event.rd)[:16], 0), one)
+            return Cat(Mux(one, onehot(event.rd), 0), one)
 
         m.submodules.queue = q = TimedQueue(self._event, self.LEAD_CYCLES - 1, tag=last_hit,
                                             tag_bits=17)
@@ -619,7 +625,7 @@ class ReadoutChannel(wiring.Component):
         # head's is the queue's ``head_tag``), and ``fire`` meets them in one LUT per bit.
         head_hit, head_last = q.head_tag[:16], q.head_tag[16]
         open_last = kept(m, open_ & (rem == 2), "open_last")
-        open_hit = kept(m, Mux(open_last, (Const(1, 16) << rd)[:16], 0), "open_hit")
+        open_hit = kept(m, Mux(open_last, onehot(rd), 0), "open_hit")
         m.d.sync += [last.eq((fire & head_last) | open_last),
                      self.result_hit.eq(Mux(fire, head_hit, 0) | open_hit)]
         with m.If(fire):

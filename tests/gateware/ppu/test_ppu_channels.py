@@ -159,6 +159,8 @@ def test_a_tag_of_another_width_is_an_error():
 
     _raises(ValueError, "tag gives 31 bits, not tag_bits=16",
             lambda: rtlil.convert(TimedQueue(readout_event(48), 1, tag=wide, tag_bits=16)))
+    _raises(ValueError, "a tag needs tag_bits of at least 1, not 0",
+            lambda: TimedQueue(readout_event(48), 1, tag=wide))
 
 
 def test_drive_preemption_and_lead():
