@@ -20,9 +20,17 @@ Each domain's own reset must be synchronous to its clock and last at least one o
 edges (a board top's reset synchronizer guarantees both); the other domain may be stopped.
 """
 
-from amaranth.hdl import Module, ResetSignal, Shape, ShapeCastable, Signal
+from amaranth.hdl import (
+    ClockDomain,
+    ClockSignal,
+    Module,
+    ResetSignal,
+    Shape,
+    ShapeCastable,
+    Signal,
+)
 from amaranth.lib import stream, wiring
-from amaranth.lib.cdc import AsyncFFSynchronizer, FFSynchronizer
+from amaranth.lib.cdc import FFSynchronizer
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
@@ -31,6 +39,27 @@ __all__ = ["CrossingReset", "CrossingFIFO"]
 
 def _gray(value):
     return value ^ (value >> 1)
+
+
+def _reset_sync(m: Module, i, o: Signal, o_domain: str, stages: int, name: str):
+    """``o`` follows ``i`` into ``o_domain``: set at once while ``i`` is high, released
+    ``stages`` edges of ``o_domain`` after ``i`` falls.
+
+    The circuit of ``amaranth.lib.cdc.AsyncFFSynchronizer`` (flip-flops with an asynchronous
+    set, in a local domain on ``o_domain``'s clock), with its flip-flops named ``name__rep*``:
+    every :class:`CrossingReset` synchronizes the same domain resets, and the build keeps each
+    crossing's copy (``openqlink.build.YOSYS_AFTER_READ``) where synthesis would merge them.
+    """
+    domain = f"{name}_async"
+    m.domains += ClockDomain(domain, async_reset=True, local=True)
+    flops = [Signal(init=1, name=f"{name}__rep{k}") for k in range(stages)]
+    for d, q in zip((0, *flops[:-1]), flops, strict=True):
+        m.d[domain] += q.eq(d)
+    m.d.comb += [
+        ResetSignal(domain).eq(i),
+        ClockSignal(domain).eq(ClockSignal(o_domain)),
+        o.eq(flops[-1]),
+    ]
 
 
 class CrossingReset(wiring.Component):
@@ -73,15 +102,19 @@ class CrossingReset(wiring.Component):
     def elaborate(self, platform) -> Module:
         m = Module()
         a, b = self._a, self._b
+        # Every flip-flop here is equal to its twin in the other crossings' CrossingReset (the
+        # same domain resets, registered or synchronized the same way): the ``__rep`` names
+        # keep each crossing's copy, beside that crossing, where synthesis would merge them
+        # into one flip-flop driving every crossing's pointers across the die.
         b_rst_a = Signal()      # b's reset, seen in a
         a_rst_b = Signal()      # a's reset, seen in b
-        m.submodules.b_rst_to_a = AsyncFFSynchronizer(ResetSignal(b), b_rst_a, o_domain=a)
-        m.submodules.a_rst_to_b = AsyncFFSynchronizer(ResetSignal(a), a_rst_b, o_domain=b)
+        _reset_sync(m, ResetSignal(b), b_rst_a, a, 2, "b_rst_a")
+        _reset_sync(m, ResetSignal(a), a_rst_b, b, 2, "a_rst_b")
         # Each domain's own reset, registered (reset-less, set from power-up): the domain resets
         # are global networks and reach logic here only through these flip-flops, so every
         # path from a ``clr`` starts at a register. The other side's reset stays asynchronous.
-        a_rst = Signal(init=1, reset_less=True)
-        b_rst = Signal(init=1, reset_less=True)
+        a_rst = Signal(init=1, reset_less=True, name="a_rst__rep")
+        b_rst = Signal(init=1, reset_less=True, name="b_rst__rep")
         m.d[a] += a_rst.eq(ResetSignal(a))
         m.d[b] += b_rst.eq(ResetSignal(b))
         m.d.comb += [
@@ -90,8 +123,8 @@ class CrossingReset(wiring.Component):
         ]
         clr_b_a = Signal()      # clr_b, seen in a
         clr_a_b = Signal()      # clr_a, seen in b
-        m.submodules.clr_b_to_a = AsyncFFSynchronizer(self.clr_b, clr_b_a, o_domain=a, stages=3)
-        m.submodules.clr_a_to_b = AsyncFFSynchronizer(self.clr_a, clr_a_b, o_domain=b, stages=3)
+        _reset_sync(m, self.clr_b, clr_b_a, a, 3, "clr_b_a")
+        _reset_sync(m, self.clr_a, clr_a_b, b, 3, "clr_a_b")
         m.d.comb += [
             self.hold_a.eq(self.clr_a | clr_b_a),
             self.hold_b.eq(self.clr_b | clr_a_b),
