@@ -20,7 +20,7 @@ from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ...wire.rpc import HEADER_BYTES, RESPONSE_MAGIC, RPCResponse
+from ...wire.rpc import RESPONSE_MAGIC, RPCResponse
 from ..bus import MAX_CALL_ARG_BYTES, CallRequest
 
 __all__ = ["CallUnit", "MAILBOX_WORDS", "CALL_SEQ_BITS"]
@@ -42,15 +42,19 @@ class CallUnit(wiring.Component):
     Members
     -------
     issue : ``In(1)``
-        Start a call this cycle (only when ``busy`` is low; ignored otherwise) with
-        ``function_id : In(32)``, ``arg : In(32)`` (the argument register) and
-        ``arg_len : In(3)`` (0..4 bytes, ``ceil(arg_bits / 8)``; ``arg`` already masked to
-        ``arg_bits`` by the caller, which decodes both from the instruction ahead of time).
+        Start a call with ``function_id : In(32)``, ``arg : In(32)`` (the argument register)
+        and ``arg_len : In(3)`` (0..4 bytes, ``ceil(arg_bits / 8)``; ``arg`` already masked to
+        ``arg_bits`` by the caller, which decodes both from the instruction ahead of time). The
+        call starts in this cycle when the unit is idle; while it is busy (a previous call's
+        request not yet handed over, or its response awaited) the issue is kept and the call
+        starts in the first idle cycle, with the inputs of that cycle: the caller holds them
+        until ``done``, ``failed``, ``timeout`` or ``abort``. One issue per call.
     busy : ``Out(1)``
         A request is waiting to be handed over, or a response is awaited.
     abort : ``In(1)``
-        Stop waiting (the PPU stopped on an error). A request already offered on ``call_req``
-        stays offered until it is taken (stream rule); its response will count as stale.
+        Stop waiting (the PPU stopped on an error) and drop a kept issue. A request already
+        offered on ``call_req`` stays offered until it is taken (stream rule); its response
+        will count as stale.
     done : ``Out(1)``; ``result : Out(32)``
         One-cycle pulse, two cycles after the commit: the awaited response arrived with status
         0; ``result`` is its first 4 result bytes, little-endian, zero-extended when
@@ -67,9 +71,10 @@ class CallUnit(wiring.Component):
         Mailbox word write with byte enables.
     mb_raddr : ``In(3)``; ``mb_rdata : Out(64)``
         Mailbox read (combinational).
-    commit : ``In(1)``; ``commit_bytes : In(16)``; ``commit_room : In(7)``
-        MAILBOX_COMMIT: parse the mailbox now (after all its writes); its byte count, and
-        ``commit_bytes[6:0] - 24`` (mod 128), which the caller computes ahead (registered).
+    commit : ``In(1)``; ``commit_len_ok : In(1)``; ``commit_room : In(7)``
+        MAILBOX_COMMIT: parse the mailbox now (after all its writes); whether its byte count
+        ``n`` is 24..64, and ``n[6:0] - 24`` (mod 128), both computed ahead by the caller
+        (registers).
     last_status : ``Out(32)``
         ``status`` of the last response taken (LAST_CALL_STATUS).
     call_count : ``Out(32)``
@@ -108,7 +113,7 @@ class CallUnit(wiring.Component):
             "mb_raddr": In(3),
             "mb_rdata": Out(64),
             "commit": In(1),
-            "commit_bytes": In(16),
+            "commit_len_ok": In(1),
             "commit_room": In(7),
             "last_status": Out(32),
             "call_count": Out(32),
@@ -141,7 +146,12 @@ class CallUnit(wiring.Component):
         ]
 
         # Issue. While idle, the request and its counters follow the inputs every cycle, so
-        # ``issue`` itself only starts the call (a few flip-flops).
+        # a start only sets a few flip-flops. ``busy`` does not reach the caller's ``issue``:
+        # an issue while busy is kept in ``kept`` (a CALL after an error stop, while the
+        # stopped call's request is still offered) and starts the call once idle.
+        kept = Signal()
+        start = Signal()
+        m.d.comb += start.eq((self.issue | (kept & ~self.abort)) & ~self.busy)
         with m.If(~self.busy):
             request_id = Cat(seq, Const(self._ppu, 8))
             m.d.sync += [
@@ -153,21 +163,26 @@ class CallUnit(wiring.Component):
                 awaited.eq(request_id),
                 elapsed.eq(2),
             ]
-        with m.If(self.issue & ~self.busy):
+        with m.If(start):
             m.d.sync += [
                 req_valid.eq(1),
                 waiting.eq(1),
                 sent.eq(0),
-                seq.eq(seq + 1),
+                kept.eq(0),
             ]
+        with m.Elif(self.issue):
+            m.d.sync += kept.eq(1)
         assert MAX_CALL_ARG_BYTES == 4
 
-        # Handshake.
+        # Handshake. The sequence number moves on here, not at the start (a start stays a few
+        # flip-flops): a call's request_id was taken from ``seq`` while the unit was idle, and
+        # the unit is idle again only after its request was handed over.
         with m.If(self.call_req.valid & self.call_req.ready):
             m.d.sync += [
                 req_valid.eq(0),
                 sent.eq(1),
                 rtt.eq(1),
+                seq.eq(seq + 1),
                 self.call_count.eq(self.call_count + 1),
             ]
         with m.Elif(sent):
@@ -177,27 +192,36 @@ class CallUnit(wiring.Component):
 
         # Response parsing, in stages. The check stage ``chk_*`` registers, every cycle, the
         # header checks that need no commit (the mailbox is written before its commit); the
-        # commit stage ``commit_r`` registers the MAILBOX_COMMIT and its byte count; in its
+        # commit stage ``commit_r`` registers the MAILBOX_COMMIT and its byte count checks; in its
         # cycle the response is taken (or dropped), and done/failed pulse in the next.
+        # The result's status and first four bytes are registered in the check stage too, so
+        # the response stage only chooses between flip-flops.
         header = RPCResponse(Cat(mailbox[0], mailbox[1], mailbox[2]))
         chk_magic = Signal()
         chk_rid = Signal()
+        chk_status_ok = Signal()   # status == 0
+        chk_result = Signal(32)    # the first result bytes, zero-extended past result_len
         commit_r = Signal()
         length_ok = Signal()       # the byte count fits the header and result_len
-        nbytes = self.commit_bytes
+        # ``result_len > 4`` as an OR of its high bits (LUTs beside the mailbox, not a 32-bit
+        # carry chain).
+        over_4 = header.result_len[3:].any() | (header.result_len[:3] > 4)
+        result_len = Mux(over_4, 4, header.result_len[:3])
+        byte_mask = Array(Const((1 << (8 * i)) - 1, 32) for i in range(5))[result_len]
         m.d.sync += [
             chk_magic.eq(header.magic == RESPONSE_MAGIC),
             chk_rid.eq(header.request_id == awaited),
+            chk_status_ok.eq(header.status == 0),
+            chk_result.eq(mailbox[3][:32] & byte_mask),
             commit_r.eq(self.commit),
             # The mailbox's last write precedes the commit: its header is final in this cycle.
-            length_ok.eq((nbytes >= HEADER_BYTES) & (nbytes <= 8 * MAILBOX_WORDS) &
-                         (header.result_len[6:] == 0) &
+            length_ok.eq(self.commit_len_ok & (header.result_len[6:] == 0) &
                          (header.result_len[:6] <= self.commit_room)),
         ]
         match = waiting & sent & length_ok & chk_magic & chk_rid
-        result_len = Mux(header.result_len > 4, 4, header.result_len[:3])
-        byte_mask = Array(Const((1 << (8 * i)) - 1, 32) for i in range(5))[result_len]
         # Result stage: done/failed/result registered, the cycle after the response is taken.
+        # The mailbox is the same here as in the commit's cycle (the bus stage held the commit
+        # then, not a write), so the header read now is the one the checks saw.
         m.d.sync += [self.done.eq(0), self.failed.eq(0)]
         with m.If(commit_r):
             with m.If(match):
@@ -206,9 +230,9 @@ class CallUnit(wiring.Component):
                     self.last_rtt_cycles.eq(rtt),
                     waiting.eq(0),
                     sent.eq(0),
-                    self.result.eq(mailbox[3][:32] & byte_mask),
+                    self.result.eq(chk_result),
                 ]
-                with m.If(header.status == 0):
+                with m.If(chk_status_ok):
                     m.d.sync += self.done.eq(1)
                 with m.Else():
                     m.d.sync += self.failed.eq(1)
@@ -229,5 +253,5 @@ class CallUnit(wiring.Component):
             m.d.sync += [waiting.eq(0), sent.eq(0)]
 
         with m.If(self.abort):
-            m.d.sync += [waiting.eq(0), sent.eq(0)]
+            m.d.sync += [waiting.eq(0), sent.eq(0), kept.eq(0)]
         return m

@@ -763,7 +763,7 @@ class PPU(wiring.Component):
             with m.If(x_is[Op.CALL]):
                 o = x.operands.call
                 with m.If(~call_issued):
-                    with m.If(~blocked & rs_ok & ~call.busy & ~error_set):
+                    with m.If(~blocked & rs_ok & ~error_set):
                         m.d.comb += call.issue.eq(1)
                         m.d.sync += call_issued.eq(1)
         with m.If(x_done):
@@ -842,8 +842,11 @@ class PPU(wiring.Component):
         is_write = Signal()                # a WRITE to a mapped word
         is_read = Signal()
         b_room = Signal(7)                 # MAILBOX_COMMIT: the byte count less the header
+        b_len_ok = Signal()                # ... and the byte count is a header to a mailbox
         m.d.sync += [
             b_room.eq(self.bus_cmd.data[:7] - HEADER_BYTES),
+            b_len_ok.eq((self.bus_cmd.data[:16] >= HEADER_BYTES) &
+                        (self.bus_cmd.data[:16] <= 8 * MAILBOX_WORDS)),
             b_valid.eq(self.bus_valid),
             cmd.eq(self.bus_cmd),
             region.eq(raw_region),
@@ -874,7 +877,7 @@ class PPU(wiring.Component):
             call.mb_data.eq(cmd.data),
             call.commit.eq(b_valid & (cmd.op == BusOp.MAILBOX_COMMIT) &
                            (region == WindowRegion.MAILBOX)),
-            call.commit_bytes.eq(cmd.data[:16]),
+            call.commit_len_ok.eq(b_len_ok),
             call.commit_room.eq(b_room),
         ]
 

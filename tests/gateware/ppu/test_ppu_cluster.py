@@ -14,6 +14,7 @@ from ppu_bench import (
     acquire,
     add,
     branch,
+    bus_commit,
     bus_read,
     bus_write,
     call,
@@ -527,11 +528,16 @@ def test_branch_conditions_signed():
 FID = fnv1a32("decode_syndrome")
 
 
-async def _take_request(ctx, dut):
+async def _take_request(ctx, dut, limit_cycles: int = 2000):
+    """Take the next CALL request; fails when none comes within ``limit_cycles``."""
     ctx.set(dut.call_req.ready, 1)
-    req, now = await ctx.tick().sample(dut.call_req.payload, dut.now).until(dut.call_req.valid)
-    ctx.set(dut.call_req.ready, 0)
-    return req, now
+    for _ in range(limit_cycles):
+        *_, valid, req, now = await ctx.tick().sample(
+            dut.call_req.valid, dut.call_req.payload, dut.now)
+        if valid:
+            ctx.set(dut.call_req.ready, 0)
+            return req, now
+    raise AssertionError(f"no CALL request within {limit_cycles} cycles")
 
 
 def test_call_round_trip_and_stale_responses():
@@ -574,6 +580,30 @@ def test_call_round_trip_and_stale_responses():
     assert len(mon.cycles("marker", 0)) == 1
 
 
+def test_call_response_byte_count_checked():
+    """A MAILBOX_COMMIT whose byte count is not 24..64 or leaves no room for result_len is
+    dropped (stale) and the call keeps waiting; all 16 bits of the count are checked."""
+    async def tb(ctx, dut):
+        await start(ctx, dut, [call(1, 0, 0, FID), end()], lead=20)
+        req, _ = await _take_request(ctx, dut)
+        payload = Response(0, req.request_id, 0, b"\x2a\x00\x00\x00").pack()    # 28 bytes
+        base = ppu_base(0) + MAILBOX_OFFSET
+        for w in range(0, len(payload), 8):
+            chunk = payload[w:w + 8]
+            await bus_write(ctx, dut, base + w, int.from_bytes(chunk, "little"),
+                            (1 << len(chunk)) - 1)
+        for n, stale in ((23, 1), (65, 2), (27, 3), (0x1000 + 28, 4), (0x8000 + 28, 5)):
+            await bus_commit(ctx, dut, base, n)     # too short, too long, result_len > room
+            assert await read_reg(ctx, dut, 0, "STALE_RESPONSES") == stale, n
+            assert (await status(ctx, dut, 0)).state == PPUState.RUNNING
+        await bus_commit(ctx, dut, base, len(payload))
+        await wait_state(ctx, dut, 0, PPUState.DONE)
+        assert await read_reg(ctx, dut, 0, "R1") == 0x2A
+        assert await read_reg(ctx, dut, 0, "STALE_RESPONSES") == 5
+
+    run(tb)
+
+
 def test_call_failed_status():
     async def tb(ctx, dut):
         await start(ctx, dut, [set_(2, 9), call(2, 0, 0, FID), end()], lead=20)
@@ -603,6 +633,33 @@ def test_call_timeout_then_late_response_is_stale():
         await start(ctx, dut, [call(1, 0, 0, FID), end()], lead=20)
         req2, _ = await _take_request(ctx, dut)
         assert req2.request_id == req.request_id + 1
+
+    run(tb)
+
+
+def test_call_waits_for_the_stopped_runs_request_to_be_taken():
+    """A run's CALL issued while the stopped run's request is still offered goes out after it."""
+    async def tb(ctx, dut):
+        await write_reg(ctx, dut, 0, "CALL_TIMEOUT_CYCLES", 40)
+        await start(ctx, dut, [call(1, 0, 0, FID), end()], lead=20)
+        st = await wait_state(ctx, dut, 0, PPUState.ERROR)      # nobody took the request
+        assert st.call_timeout
+        assert ctx.get(dut.call_req.valid)
+        await start(ctx, dut, [set_(2, 0x55), call(1, 2, 8, FID + 1), end()], lead=20)
+        await wait_state(ctx, dut, 0, PPUState.RUNNING)
+        for _ in range(30):     # the new CALL has issued; the old request is still the one offered
+            await ctx.tick()
+            assert ctx.get(dut.call_req.valid)
+            assert ctx.get(dut.call_req.payload.function_id) == FID
+        assert await read_reg(ctx, dut, 0, "PC") == 1
+        old, _ = await _take_request(ctx, dut)
+        assert (old.function_id, old.request_id) == (FID, 0)
+        new, _ = await _take_request(ctx, dut)
+        assert (new.function_id, new.request_id, new.arg_len, new.args) == (FID + 1, 1, 1, 0x55)
+        await send_response(ctx, dut, 0, Response(0, 1, 0, b"\x07\x00\x00\x00"))
+        await wait_state(ctx, dut, 0, PPUState.DONE)
+        assert await read_reg(ctx, dut, 0, "R1") == 7
+        assert await read_reg(ctx, dut, 0, "CALL_COUNT") == 2
 
     run(tb)
 
