@@ -88,6 +88,12 @@ _FILL_SHIFTS = 4
 #: Cycles from the cycle a request or reply is taken to the cycle its first beat is valid.
 START_LATENCY_CYCLES = _FILL_SHIFTS
 
+#: Copies of the builder's ``idle`` flip-flop: one for its control, one per group of field
+#: registers and one per group of window registers (each copy enables one group).
+_FIELD_GROUPS = 3
+_SHIFT_GROUPS = 3
+_IDLE_COPIES = 1 + _FIELD_GROUPS + _SHIFT_GROUPS
+
 
 class TxBuilder(wiring.Component):
     """Builds RPC request frames and control-reply frames and sends them on ``tx``.
@@ -218,8 +224,11 @@ class TxBuilder(wiring.Component):
         ahead2 = Signal(64)
         ahead3_parts = [Signal(64, name=f"ahead3_{i}") for i in range(2)]
         ahead3 = ahead3_parts[0] | ahead3_parts[1]
-        shift = Signal()
-        idle = Signal(init=1)
+        # ``idle`` enables every field register (about 600 flip-flops) and, with ``fill`` and
+        # the take, the window's shift (about 450): copies of it (``__rep``, kept apart by the
+        # build), each enabling one group, so that no one enable net spans the whole builder.
+        idle_reps = [Signal(init=1, name=f"idle__rep{k}") for k in range(_IDLE_COPIES)]
+        idle = idle_reps[0]
         fill = Signal(3)                            # the cycles after the take, one-hot
         pos = Signal(_FRAME_WORDS)                  # one-hot index of the beat on tx
         phase = Cat(idle, fill, pos)                # bit n is set before shift n
@@ -261,8 +270,7 @@ class TxBuilder(wiring.Component):
         # The fields load in every IDLE cycle (the last one takes the request or reply): their
         # enables do not wait on the valids. A request's own fields hold junk in a reply's frame,
         # where they are not used.
-        with m.If(idle):
-            m.d.sync += [
+        fields = [
                 is_ctrl.eq(cv),
                 bad.eq(~cv & ~req_ok),
                 eth_src.eq(self.config.qsc_mac),
@@ -289,7 +297,11 @@ class TxBuilder(wiring.Component):
                 request_id.eq(rq.request_id),
                 args.eq(Cat(*(Mux(i < rq.arg_len, rq.args[8 * i:8 * i + 8], 0)
                               for i in range(MAX_CALL_ARG_BYTES)))),
-            ]
+        ]
+        field_enables = idle_reps[1:1 + _FIELD_GROUPS]
+        for k, en in enumerate(field_enables):
+            with m.If(en):
+                m.d.sync += fields[k::len(field_enables)]
         with m.If(idle & ~cv & self.call_req.valid & req_ok):
             for n in range(self.num_ppus):
                 with m.If(rq.ppu == n):
@@ -366,7 +378,8 @@ class TxBuilder(wiring.Component):
         kind_words = range(4, (CONTROL_FRAME_BYTES - 1) // 8 + 1)
         kind_sel = {k: (Signal(name=f"req_sel_{k}"), Signal(name=f"ctrl_sel_{k}"))
                     for k in kind_words}
-        terms = [Mux(idle, ETHERNET.build(dst=Mux(cv, cr.dst_mac, self.config.host_mac),
+        window_idle = idle_reps[1 + _FIELD_GROUPS + 1]     # the copy that shifts ``ahead3``
+        terms = [Mux(window_idle, ETHERNET.build(dst=Mux(cv, cr.dst_mac, self.config.host_mac),
                                           src=self.config.qsc_mac, ethertype=0)[:64], 0)]
         for k in range(1, _FRAME_WORDS):
             rw, cw = rpc_frame[64 * k:64 * k + 64], ctrl_frame[64 * k:64 * k + 64]
@@ -379,14 +392,15 @@ class TxBuilder(wiring.Component):
                 terms.append(Mux(phase[k], rw, 0))
 
         take = Signal()
-        m.d.comb += [
-            take.eq(self.tx.valid & self.tx.ready),
-            shift.eq(idle | fill.any() | take),
-        ]
-        with m.If(shift):
+        m.d.comb += take.eq(self.tx.valid & self.tx.ready)
+        # The shift, once per group of window registers, each from its own copy of ``idle``.
+        shifts = [Signal(name=f"shift_{k}") for k in range(_SHIFT_GROUPS)]
+        for k, sh in enumerate(shifts):
+            m.d.comb += sh.eq(idle_reps[1 + _FIELD_GROUPS + k] | fill.any() | take)
+        with m.If(shifts[0]):
+            m.d.sync += [beat.eq(ahead1), ahead1.eq(ahead2)]
+        with m.If(shifts[1]):
             m.d.sync += [
-                beat.eq(ahead1),
-                ahead1.eq(ahead2),
                 ahead2.eq(ahead3),
                 *(part.eq(_or_tree(terms[i::len(ahead3_parts)]))
                   for i, part in enumerate(ahead3_parts)),
@@ -401,9 +415,9 @@ class TxBuilder(wiring.Component):
         with m.Elif(take):
             m.d.sync += pos.eq(Mux(last, 0, pos << 1))
         with m.If(start):
-            m.d.sync += idle.eq(0)
+            m.d.sync += [r.eq(0) for r in idle_reps]
         with m.If(phase[1] & bad):
-            m.d.sync += idle.eq(1)
+            m.d.sync += [r.eq(1) for r in idle_reps]
 
         # --- the beat on tx, the checksum and the ICRC bytes laid over their lanes -------------
         # The ICRC is at byte 98 (beat 12, lanes 2-5) without arguments, else at byte 102
@@ -464,7 +478,7 @@ class TxBuilder(wiring.Component):
                 v_mask = v_mask | Mux(hit, Const(lanes, 64), Const(0, 64))
         v_word = Signal(64)
         v_term = Signal(64)                         # 2 partial terms
-        with m.If(shift):
+        with m.If(shifts[2]):
             m.d.sync += [
                 v_word.eq(Mux(no_args, Cat(ahead2[16:64], ahead3[0:16]),
                               Cat(ahead2[48:64], ahead3[0:48])) | v_mask),
@@ -494,6 +508,6 @@ class TxBuilder(wiring.Component):
                                         pos[last_beat["long"] - 1])))
             with m.If(last):
                 m.d.comb += [self.sent_frame.eq(1), self.sent_rpc.eq(~is_ctrl)]
-                m.d.sync += [idle.eq(1), sending.eq(0), icrc_ready.eq(0)]
+                m.d.sync += [*(r.eq(1) for r in idle_reps), sending.eq(0), icrc_ready.eq(0)]
 
         return m
