@@ -132,6 +132,10 @@ class ControlPlane(wiring.Component):
         status = Signal(8)
         value = Signal(32)
         want_reply = Signal()
+        # ``reply.valid``, a flip-flop of its own (set with the move into REPLY, from what
+        # ``want_reply`` is then), so that the TX builder's many selects on it follow a
+        # register, not this FSM's state decode.
+        reply_valid = Signal()
         have_seq = Signal()
         last_seq = Signal(16)
 
@@ -219,6 +223,7 @@ class ControlPlane(wiring.Component):
             with m.State("DECODE"):
                 m.d.sync += [
                     want_reply.eq(ack | is_read),
+                    reply_valid.eq(ack | is_read),      # to REPLY, unless to BUS (below)
                     value.eq(0),
                 ]
                 with m.If(flags_bad):
@@ -249,6 +254,7 @@ class ControlPlane(wiring.Component):
                         m.d.sync += [w_en.eq(1), value.eq(req.data)]
                 with m.If(access & ~self.regs.hit & in_ppu):
                     m.d.sync += [
+                        reply_valid.eq(0),
                         self.bus_cmd.valid.eq(1),
                         self.bus_cmd.payload.word_addr.eq(req.addr[3:]),
                         self.bus_cmd.payload.op.eq(Mux(is_read, BusOp.READ, BusOp.WRITE)),
@@ -266,15 +272,17 @@ class ControlPlane(wiring.Component):
                 with m.If(self.bus_cmd.ready):
                     m.d.sync += self.bus_cmd.valid.eq(0)
                     with m.If(self.bus_drop):
-                        m.d.sync += status.eq(Status.PPU_TIMEOUT)
+                        m.d.sync += [status.eq(Status.PPU_TIMEOUT), reply_valid.eq(want_reply)]
                         m.next = "REPLY"
                     with m.Elif(is_read):
                         m.next = "READ"
                     with m.Else():
+                        m.d.sync += reply_valid.eq(want_reply)
                         m.next = "REPLY"
                 with m.Elif(timed_out):
                     # Withdrawn untaken: the PPU side never sees it.
-                    m.d.sync += [self.bus_cmd.valid.eq(0), status.eq(Status.PPU_TIMEOUT)]
+                    m.d.sync += [self.bus_cmd.valid.eq(0), status.eq(Status.PPU_TIMEOUT),
+                                 reply_valid.eq(want_reply)]
                     m.next = "REPLY"
 
             with m.State("READ"):
@@ -283,28 +291,33 @@ class ControlPlane(wiring.Component):
                         m.d.sync += status.eq(Status.BAD_ADDRESS)
                     with m.Else():
                         m.d.sync += value.eq(answer.value)
+                    m.d.sync += reply_valid.eq(want_reply)
                     m.next = "REPLY"
                 with m.Elif(timed_out):
-                    m.d.sync += status.eq(Status.PPU_TIMEOUT)
+                    m.d.sync += [status.eq(Status.PPU_TIMEOUT), reply_valid.eq(want_reply)]
                     m.next = "REPLY"
 
             with m.State("REPLY"):
-                reply = self.reply.payload
-                m.d.comb += [
-                    reply.dst_mac.eq(req.src_mac),
-                    reply.dst_ip.eq(req.src_ip),
-                    reply.dst_port.eq(req.src_port),
-                    reply.cmd.eq(req.cmd | RESPONSE_BIT),
-                    reply.flags.eq(req.flags),
-                    reply.seq.eq(req.seq),
-                    reply.status.eq(status),
-                    reply.addr.eq(req.addr),
-                    reply.value.eq(Mux(status == Status.OK, value, 0)),
-                    reply.latched_seq.eq(last_seq),
-                    self.reply.valid.eq(want_reply),
-                ]
                 with m.If(~want_reply | self.reply.ready):
+                    m.d.sync += reply_valid.eq(0)
                     m.next = "IDLE"
+
+        # The reply's fields are the registers they come from in every state (they matter only
+        # while ``reply.valid`` is high, in REPLY).
+        reply = self.reply.payload
+        m.d.comb += [
+            reply.dst_mac.eq(req.src_mac),
+            reply.dst_ip.eq(req.src_ip),
+            reply.dst_port.eq(req.src_port),
+            reply.cmd.eq(req.cmd | RESPONSE_BIT),
+            reply.flags.eq(req.flags),
+            reply.seq.eq(req.seq),
+            reply.status.eq(status),
+            reply.addr.eq(req.addr),
+            reply.value.eq(Mux(status == Status.OK, value, 0)),
+            reply.latched_seq.eq(last_seq),
+            self.reply.valid.eq(reply_valid),
+        ]
 
         m.d.comb += in_read.eq(fsm.ongoing("READ"))
         with m.If(fsm.ongoing("IDLE")):
