@@ -195,6 +195,11 @@ class ControlPlane(wiring.Component):
             answer.value.eq(Mux(req.addr[2], rdata.data[32:], rdata.data[:32])),
         ]
 
+        def to_reply():
+            # The move into REPLY from BUS or READ (``want_reply`` is known there).
+            m.d.sync += reply_valid.eq(want_reply)
+            m.next = "REPLY"
+
         with m.FSM() as fsm:
             with m.State("IDLE"):
                 m.d.comb += self.req.ready.eq(1)
@@ -272,18 +277,16 @@ class ControlPlane(wiring.Component):
                 with m.If(self.bus_cmd.ready):
                     m.d.sync += self.bus_cmd.valid.eq(0)
                     with m.If(self.bus_drop):
-                        m.d.sync += [status.eq(Status.PPU_TIMEOUT), reply_valid.eq(want_reply)]
-                        m.next = "REPLY"
+                        m.d.sync += status.eq(Status.PPU_TIMEOUT)
+                        to_reply()
                     with m.Elif(is_read):
                         m.next = "READ"
                     with m.Else():
-                        m.d.sync += reply_valid.eq(want_reply)
-                        m.next = "REPLY"
+                        to_reply()
                 with m.Elif(timed_out):
                     # Withdrawn untaken: the PPU side never sees it.
-                    m.d.sync += [self.bus_cmd.valid.eq(0), status.eq(Status.PPU_TIMEOUT),
-                                 reply_valid.eq(want_reply)]
-                    m.next = "REPLY"
+                    m.d.sync += [self.bus_cmd.valid.eq(0), status.eq(Status.PPU_TIMEOUT)]
+                    to_reply()
 
             with m.State("READ"):
                 with m.If(answer.valid):
@@ -291,11 +294,10 @@ class ControlPlane(wiring.Component):
                         m.d.sync += status.eq(Status.BAD_ADDRESS)
                     with m.Else():
                         m.d.sync += value.eq(answer.value)
-                    m.d.sync += reply_valid.eq(want_reply)
-                    m.next = "REPLY"
+                    to_reply()
                 with m.Elif(timed_out):
-                    m.d.sync += [status.eq(Status.PPU_TIMEOUT), reply_valid.eq(want_reply)]
-                    m.next = "REPLY"
+                    m.d.sync += status.eq(Status.PPU_TIMEOUT)
+                    to_reply()
 
             with m.State("REPLY"):
                 with m.If(~want_reply | self.reply.ready):

@@ -229,6 +229,8 @@ class TxBuilder(wiring.Component):
         # build), each enabling one group, so that no one enable net spans the whole builder.
         idle_reps = [Signal(init=1, name=f"idle__rep{k}") for k in range(_IDLE_COPIES)]
         idle = idle_reps[0]
+        field_idle = idle_reps[1:1 + _FIELD_GROUPS]     # one per group of field registers
+        shift_idle = idle_reps[1 + _FIELD_GROUPS:]      # one per group of window registers
         fill = Signal(3)                            # the cycles after the take, one-hot
         pos = Signal(_FRAME_WORDS)                  # one-hot index of the beat on tx
         phase = Cat(idle, fill, pos)                # bit n is set before shift n
@@ -271,37 +273,36 @@ class TxBuilder(wiring.Component):
         # enables do not wait on the valids. A request's own fields hold junk in a reply's frame,
         # where they are not used.
         fields = [
-                is_ctrl.eq(cv),
-                bad.eq(~cv & ~req_ok),
-                eth_src.eq(self.config.qsc_mac),
-                ip_src.eq(self.config.qsc_ip),
-                ip_dst.eq(Mux(cv, cr.dst_ip, self.config.host_ip)),
-                port.eq(Mux(cv, cr.dst_port, self.config.udp_src_port)),
-                ctrl_l4.eq(CONTROL_RESPONSE.build(
-                    cmd=cr.cmd, flags=cr.flags, seq=cr.seq, status=cr.status, reserved=0,
-                    addr=cr.addr, value=cr.value, latched_seq=cr.latched_seq)),
-                arg_len.eq(rq.arg_len),
-                no_args.eq(~cv & (rq.arg_len == 0)),
-                ppu.eq(rq.ppu),
-                ts.eq(self.timestamp),
-                p_key.eq(self.config.p_key),
-                dest_qp.eq(qp_sel.host_qpn),
-                ring_va.eq(qp_sel.ring_va),
-                num_slots.eq(qp_sel.num_slots),
-                rkey.eq(qp_sel.host_rkey),
-                psn.eq(sel_psn),
-                slot.eq(sel_slot),
-                slot_off.eq(Mux(in_ring, cur_off, 0)),
-                slot_size.eq(qp_sel.slot_size),
-                function_id.eq(rq.function_id),
-                request_id.eq(rq.request_id),
-                args.eq(Cat(*(Mux(i < rq.arg_len, rq.args[8 * i:8 * i + 8], 0)
-                              for i in range(MAX_CALL_ARG_BYTES)))),
+            is_ctrl.eq(cv),
+            bad.eq(~cv & ~req_ok),
+            eth_src.eq(self.config.qsc_mac),
+            ip_src.eq(self.config.qsc_ip),
+            ip_dst.eq(Mux(cv, cr.dst_ip, self.config.host_ip)),
+            port.eq(Mux(cv, cr.dst_port, self.config.udp_src_port)),
+            ctrl_l4.eq(CONTROL_RESPONSE.build(
+                cmd=cr.cmd, flags=cr.flags, seq=cr.seq, status=cr.status, reserved=0,
+                addr=cr.addr, value=cr.value, latched_seq=cr.latched_seq)),
+            arg_len.eq(rq.arg_len),
+            no_args.eq(~cv & (rq.arg_len == 0)),
+            ppu.eq(rq.ppu),
+            ts.eq(self.timestamp),
+            p_key.eq(self.config.p_key),
+            dest_qp.eq(qp_sel.host_qpn),
+            ring_va.eq(qp_sel.ring_va),
+            num_slots.eq(qp_sel.num_slots),
+            rkey.eq(qp_sel.host_rkey),
+            psn.eq(sel_psn),
+            slot.eq(sel_slot),
+            slot_off.eq(Mux(in_ring, cur_off, 0)),
+            slot_size.eq(qp_sel.slot_size),
+            function_id.eq(rq.function_id),
+            request_id.eq(rq.request_id),
+            args.eq(Cat(*(Mux(i < rq.arg_len, rq.args[8 * i:8 * i + 8], 0)
+                          for i in range(MAX_CALL_ARG_BYTES)))),
         ]
-        field_enables = idle_reps[1:1 + _FIELD_GROUPS]
-        for k, en in enumerate(field_enables):
+        for k, en in enumerate(field_idle):
             with m.If(en):
-                m.d.sync += fields[k::len(field_enables)]
+                m.d.sync += fields[k::len(field_idle)]
         with m.If(idle & ~cv & self.call_req.valid & req_ok):
             for n in range(self.num_ppus):
                 with m.If(rq.ppu == n):
@@ -378,9 +379,10 @@ class TxBuilder(wiring.Component):
         kind_words = range(4, (CONTROL_FRAME_BYTES - 1) // 8 + 1)
         kind_sel = {k: (Signal(name=f"req_sel_{k}"), Signal(name=f"ctrl_sel_{k}"))
                     for k in kind_words}
-        window_idle = idle_reps[1 + _FIELD_GROUPS + 1]     # the copy that shifts ``ahead3``
-        terms = [Mux(window_idle, ETHERNET.build(dst=Mux(cv, cr.dst_mac, self.config.host_mac),
-                                          src=self.config.qsc_mac, ethertype=0)[:64], 0)]
+        # Word 0 in IDLE, chosen by the copy of ``idle`` that shifts ``ahead3`` (below).
+        terms = [Mux(shift_idle[1], ETHERNET.build(dst=Mux(cv, cr.dst_mac, self.config.host_mac),
+                                                   src=self.config.qsc_mac, ethertype=0)[:64],
+                     0)]
         for k in range(1, _FRAME_WORDS):
             rw, cw = rpc_frame[64 * k:64 * k + 64], ctrl_frame[64 * k:64 * k + 64]
             if k in kind_sel:
@@ -395,8 +397,8 @@ class TxBuilder(wiring.Component):
         m.d.comb += take.eq(self.tx.valid & self.tx.ready)
         # The shift, once per group of window registers, each from its own copy of ``idle``.
         shifts = [Signal(name=f"shift_{k}") for k in range(_SHIFT_GROUPS)]
-        for k, sh in enumerate(shifts):
-            m.d.comb += sh.eq(idle_reps[1 + _FIELD_GROUPS + k] | fill.any() | take)
+        for sh, sh_idle in zip(shifts, shift_idle, strict=True):
+            m.d.comb += sh.eq(sh_idle | fill.any() | take)
         with m.If(shifts[0]):
             m.d.sync += [beat.eq(ahead1), ahead1.eq(ahead2)]
         with m.If(shifts[1]):
