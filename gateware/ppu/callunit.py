@@ -16,12 +16,12 @@ timed out can never be taken as a later call's result, because every call has a 
 # openqlink docs/architecture.md (CALL); openqlink.memory_map (CALL registers).
 """
 
-from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal
+from amaranth.hdl import Array, Cat, Const, Module, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ...wire.rpc import RESPONSE_MAGIC, RPCResponse
-from ..bus import MAX_CALL_ARG_BYTES, CallRequest
+from ...wire.rpc import HEADER_BYTES, RESPONSE_MAGIC, RPCResponse
+from ..bus import MAX_CALL_ARG_BYTES, BusCommand, CallRequest
 
 __all__ = ["CallUnit", "MAILBOX_WORDS", "CALL_SEQ_BITS"]
 
@@ -67,14 +67,16 @@ class CallUnit(wiring.Component):
     call_req : ``Out(stream.Signature(CallRequest))``
         The request; valid from the cycle after ``issue`` until taken (while the unit is idle
         its payload follows the inputs, with ``valid`` low).
-    mb_we : ``In(1)``; ``mb_addr : In(3)``; ``mb_be : In(8)``; ``mb_data : In(64)``
-        Mailbox word write with byte enables.
-    mb_raddr : ``In(3)``; ``mb_rdata : Out(64)``
-        Mailbox read (combinational).
-    commit : ``In(1)``; ``commit_len_ok : In(1)``; ``commit_room : In(7)``
-        MAILBOX_COMMIT: parse the mailbox now (after all its writes); whether its byte count
-        ``n`` is 24..64, and ``n[6:0] - 24`` (mod 128), both computed ahead by the caller
-        (registers).
+    bus_cmd : ``In(BusCommand)``; ``mb_write : In(1)``; ``mb_commit : In(1)``
+        The PPU's bus command as it enters the PPU (``word_addr[2:0]`` the mailbox word,
+        ``be``, ``data``), and whether it is a WRITE to a mapped mailbox word or a
+        MAILBOX_COMMIT to the mailbox region (``data[15:0]`` the byte count). The unit
+        registers them in a command stage of its own, in step with the PPU's (its registers
+        sit by the mailbox): a WRITE lands, and a commit parses the mailbox (after all its
+        writes), in the cycle after the command.
+    mb_rdata : ``Out(64)``
+        The mailbox word of the command stage's address (``word_addr[2:0]``), registered: valid
+        two cycles after the command, for a READ of the mailbox region.
     last_status : ``Out(32)``
         ``status`` of the last response taken (LAST_CALL_STATUS).
     call_count : ``Out(32)``
@@ -106,15 +108,10 @@ class CallUnit(wiring.Component):
             "timeout": Out(1),
             "timeout_cycles": In(32),
             "call_req": Out(stream.Signature(CallRequest)),
-            "mb_we": In(1),
-            "mb_addr": In(3),
-            "mb_be": In(8),
-            "mb_data": In(64),
-            "mb_raddr": In(3),
+            "bus_cmd": In(BusCommand),
+            "mb_write": In(1),
+            "mb_commit": In(1),
             "mb_rdata": Out(64),
-            "commit": In(1),
-            "commit_len_ok": In(1),
-            "commit_room": In(7),
             "last_status": Out(32),
             "call_count": Out(32),
             "stale": Out(32),
@@ -124,14 +121,34 @@ class CallUnit(wiring.Component):
     def elaborate(self, platform):
         m = Module()
 
+        # Command stage: the mailbox's WRITE, COMMIT and read address, registered here. A
+        # COMMIT's byte count ``n`` is checked ahead: 24..64, and ``n[6:0] - 24`` (mod 128).
+        mb_we = Signal()
+        mb_addr = Signal(3)
+        mb_be = Signal(8)
+        mb_data = Signal(64)
+        commit = Signal()
+        commit_len_ok = Signal()
+        commit_room = Signal(7)
+        count = self.bus_cmd.data[:16]
+        m.d.sync += [
+            mb_we.eq(self.mb_write),
+            mb_addr.eq(self.bus_cmd.word_addr[:3]),
+            mb_be.eq(self.bus_cmd.be),
+            mb_data.eq(self.bus_cmd.data),
+            commit.eq(self.mb_commit),
+            commit_len_ok.eq((count >= HEADER_BYTES) & (count <= 8 * MAILBOX_WORDS)),
+            commit_room.eq(count[:7] - HEADER_BYTES),
+        ]
+
         # Response mailbox: 8 x 64-bit registers, byte-writable.
         mailbox = Array(Signal(64, name=f"mailbox{i}") for i in range(MAILBOX_WORDS))
-        with m.If(self.mb_we):
-            word = mailbox[self.mb_addr]
+        with m.If(mb_we):
+            word = mailbox[mb_addr]
             for b in range(8):
-                with m.If(self.mb_be[b]):
-                    m.d.sync += word[8 * b:8 * b + 8].eq(self.mb_data[8 * b:8 * b + 8])
-        m.d.comb += self.mb_rdata.eq(mailbox[self.mb_raddr])
+                with m.If(mb_be[b]):
+                    m.d.sync += word[8 * b:8 * b + 8].eq(mb_data[8 * b:8 * b + 8])
+        m.d.sync += self.mb_rdata.eq(mailbox[mb_addr])
 
         seq = Signal(CALL_SEQ_BITS)
         req_valid = Signal()
@@ -200,23 +217,24 @@ class CallUnit(wiring.Component):
         chk_magic = Signal()
         chk_rid = Signal()
         chk_status_ok = Signal()   # status == 0
-        chk_result = Signal(32)    # the first result bytes, zero-extended past result_len
+        chk_word = Signal(32)      # the first four result bytes ...
+        chk_keep = Signal(4)       # ... and which of them result_len keeps (byte b: len > b)
         commit_r = Signal()
         length_ok = Signal()       # the byte count fits the header and result_len
-        # ``result_len > 4`` as an OR of its high bits (LUTs beside the mailbox, not a 32-bit
-        # carry chain).
-        over_4 = header.result_len[3:].any() | (header.result_len[:3] > 4)
-        result_len = Mux(over_4, 4, header.result_len[:3])
-        byte_mask = Array(Const((1 << (8 * i)) - 1, 32) for i in range(5))[result_len]
+        # ``result_len > b`` for each byte b < 4, as an OR of its high bits (LUTs beside the
+        # mailbox, not a 32-bit carry chain); the word and the byte mask are registered apart
+        # and AND'ed in the result stage.
+        len_hi = header.result_len[3:].any()
         m.d.sync += [
             chk_magic.eq(header.magic == RESPONSE_MAGIC),
             chk_rid.eq(header.request_id == awaited),
             chk_status_ok.eq(header.status == 0),
-            chk_result.eq(mailbox[3][:32] & byte_mask),
-            commit_r.eq(self.commit),
+            chk_word.eq(mailbox[3][:32]),
+            chk_keep.eq(Cat(*(len_hi | (header.result_len[:3] > b) for b in range(4)))),
+            commit_r.eq(commit),
             # The mailbox's last write precedes the commit: its header is final in this cycle.
-            length_ok.eq(self.commit_len_ok & (header.result_len[6:] == 0) &
-                         (header.result_len[:6] <= self.commit_room)),
+            length_ok.eq(commit_len_ok & (header.result_len[6:] == 0) &
+                         (header.result_len[:6] <= commit_room)),
         ]
         match = waiting & sent & length_ok & chk_magic & chk_rid
         # Result stage: done/failed/result registered, the cycle after the response is taken.
@@ -230,7 +248,7 @@ class CallUnit(wiring.Component):
                     self.last_rtt_cycles.eq(rtt),
                     waiting.eq(0),
                     sent.eq(0),
-                    self.result.eq(chk_result),
+                    self.result.eq(chk_word & Cat(*(k.replicate(8) for k in chk_keep))),
                 ]
                 with m.If(chk_status_ok):
                     m.d.sync += self.done.eq(1)

@@ -80,7 +80,6 @@ from ...isa.layout import (
     PPUStatus,
 )
 from ...memory_map import PPU_REGISTERS, Access, QSCParams
-from ...wire.rpc import HEADER_BYTES
 from .. import bram
 from ..bus import BusCommand, BusOp, BusReadData, CallRequest
 from .callunit import MAILBOX_WORDS, CallUnit
@@ -109,6 +108,8 @@ REGS_WORDS = max(r.offset for r in PPU_REGISTERS) // 8 + 1
 #: RAM's output. The bus writes a word the core or a channel reads only while it is being
 #: overwritten anyway; a bus READ and WRITE never share a cycle.
 _NO_RW_CHECK = {"no_rw_check": True}
+#: Groups of ``f_insn`` that each have an enable (and a ``m_valid`` copy) of their own.
+_FETCH_GROUPS = 4
 #: Bits of one slice of the instruction and envelope memories (see :class:`_SlicedMemory`).
 _SLICE_BITS = 16
 
@@ -163,8 +164,8 @@ class PPU(wiring.Component):
     """
 
     #: Cycles from a READ on ``bus_valid`` to its answer on ``bus_rdata``: command stage,
-    #: request stage, answer stage.
-    READ_LATENCY = 3
+    #: request stage, part stage, answer stage.
+    READ_LATENCY = 4
 
     def __init__(self, params: QSCParams, index: int = 0, *, n_drive: int = 1,
                  n_readout: int = 1, n_marker: int = 4):
@@ -286,11 +287,11 @@ class PPU(wiring.Component):
         core_wdata = Signal(REGISTER_BITS)
         # Register write stage: the execute stage's write, registered, lands a cycle later
         # (before the next instruction, which enters the execute stage two cycles later at the
-        # earliest, reads it).
-        wr_we = Signal()
-        wr_rd = Signal(4)
+        # earliest, reads it). The register is registered one-hot: each register's enable is
+        # one flip-flop of it, the landing result and the trigger's clear.
+        wr_hot = Signal(NUM_REGISTERS)
         wr_data = Signal(REGISTER_BITS)
-        m.d.sync += [wr_we.eq(core_we), wr_rd.eq(core_wrd), wr_data.eq(core_wdata)]
+        m.d.sync += [wr_hot.eq(Mux(core_we, 1 << core_wrd, 0)), wr_data.eq(core_wdata)]
         # Each channel's ``flush`` is a flip-flop of its own that is high while ``state`` is
         # ERROR: set and cleared in the same statements as ``state`` (no compare, and no one
         # net across the PPU in front of the registers every channel clears).
@@ -321,7 +322,7 @@ class PPU(wiring.Component):
         busy_held = Signal(NUM_REGISTERS)
         for i in range(1, NUM_REGISTERS):
             landed = [res.hit[i] for res in results]
-            with m.If(wr_we & (wr_rd == i)):
+            with m.If(wr_hot[i]):
                 m.d.sync += regs[i].eq(wr_data)
             for res in results:
                 with m.If(res.hit[i]):
@@ -360,10 +361,11 @@ class PPU(wiring.Component):
         def set_mode(value):
             m.d.sync += [mode.eq(value), run.eq(value == _CoreMode.RUN)]
         fetch_pc = Signal(pc_bits)         # next sequential instruction to read
-        # The memory output holds an instruction: three copies of one register (kept apart by
-        # the build), the first for the fetch logic, one for each half of ``f_insn``'s enable,
-        # so that no one enable net reaches all 128 bits.
-        m_valids = [Signal(name=f"m_valid__rep{k}") for k in range(3)]
+        # The memory output holds an instruction: copies of one register (kept apart by the
+        # build), the first for the fetch logic, one for each 32-bit group of ``f_insn``'s
+        # enable, so that no one enable net reaches more than a group (each group's flip-flops
+        # sit by the block RAM that feeds them).
+        m_valids = [Signal(name=f"m_valid__rep{k}") for k in range(1 + _FETCH_GROUPS)]
         m_valid = m_valids[0]
 
         def set_m_valid(value):
@@ -647,11 +649,11 @@ class PPU(wiring.Component):
             m.d.sync += f_valid.eq(1)
         with m.Elif(f_taken):
             m.d.sync += f_valid.eq(0)
-        half = INSTRUCTION_BITS // 2
+        grp_bits = INSTRUCTION_BITS // _FETCH_GROUPS
         for k, valid in enumerate(m_valids[1:]):
             with m.If(valid & f_free):
-                m.d.sync += f_insn[k * half:(k + 1) * half].eq(
-                    imem_core_r.data[k * half:(k + 1) * half])
+                m.d.sync += f_insn[k * grp_bits:(k + 1) * grp_bits].eq(
+                    imem_core_r.data[k * grp_bits:(k + 1) * grp_bits])
         with m.If(m_valid & m_tgt):
             m.d.sync += [tgt_valid.eq(1), tgt_insn.eq(imem_core_r.data)]
         with m.If(seq_read | tgt_read):
@@ -834,20 +836,20 @@ class PPU(wiring.Component):
                 m.d.comb += raw_mapped.eq(raw_off < MAILBOX_WORDS)
             with m.Case(WindowRegion.REGS):
                 m.d.comb += raw_mapped.eq(raw_off < REGS_WORDS)
-        b_valid = Signal()
         cmd = Signal(BusCommand)
         region = Signal(WindowRegion)
         mapped = Signal()
         b_low = Signal()                   # the offset is below 16 (a register-block word)
         is_write = Signal()                # a WRITE to a mapped word
         is_read = Signal()
-        b_room = Signal(7)                 # MAILBOX_COMMIT: the byte count less the header
-        b_len_ok = Signal()                # ... and the byte count is a header to a mailbox
+        # The CALL unit registers the mailbox's commands in a command stage of its own.
+        raw_mb = self.bus_valid & (raw_region == WindowRegion.MAILBOX)
+        m.d.comb += [
+            call.bus_cmd.eq(self.bus_cmd),
+            call.mb_write.eq(raw_mb & (self.bus_cmd.op == BusOp.WRITE) & raw_mapped),
+            call.mb_commit.eq(raw_mb & (self.bus_cmd.op == BusOp.MAILBOX_COMMIT)),
+        ]
         m.d.sync += [
-            b_room.eq(self.bus_cmd.data[:7] - HEADER_BYTES),
-            b_len_ok.eq((self.bus_cmd.data[:16] >= HEADER_BYTES) &
-                        (self.bus_cmd.data[:16] <= 8 * MAILBOX_WORDS)),
-            b_valid.eq(self.bus_valid),
             cmd.eq(self.bus_cmd),
             region.eq(raw_region),
             mapped.eq(raw_mapped),
@@ -871,14 +873,6 @@ class PPU(wiring.Component):
             env_w.en.eq(Mux(is_write & (region == WindowRegion.ENV), cmd.be, 0)),
             imem_bus_r.addr.eq(off[1:]),
             env_bus_r.addr.eq(off),
-            call.mb_we.eq(is_write & (region == WindowRegion.MAILBOX)),
-            call.mb_addr.eq(off),
-            call.mb_be.eq(cmd.be),
-            call.mb_data.eq(cmd.data),
-            call.commit.eq(b_valid & (cmd.op == BusOp.MAILBOX_COMMIT) &
-                           (region == WindowRegion.MAILBOX)),
-            call.commit_len_ok.eq(b_len_ok),
-            call.commit_room.eq(b_room),
         ]
 
         # ---- Register block ------------------------------------------------------------------
@@ -966,19 +960,25 @@ class PPU(wiring.Component):
                     new = _merge_bytes(_u32(rw[r.name]), cmd.data[32 * lane:32 * lane + 32], be, 4)
                     m.d.sync += rw[r.name].eq(new)
 
-        # Reads: the request stage ``rd_*`` registers the decoded READ (the register word as a
-        # one-hot select), the answer stage ``ans_*`` the selected register word and the
-        # memories' outputs (nothing between them); the answer is selected from it, two cycles
-        # after the READ. A TIMELINE_LO read returns, and latches the high half of, ``now`` of
-        # the request stage's cycle. The mailbox word is read in the command stage: only a bus
-        # WRITE, which cannot be in the command stage in the cycle after a READ, changes it.
+        # Reads, in four stages: the command stage (the memories and the CALL unit's mailbox
+        # are read, the mailbox word registered by the mailbox), the request stage ``rd_*``
+        # (the decoded READ registered, the register word as a one-hot select), the part stage
+        # ``pt_*`` (the register words OR'ed in groups of four beside the registers, the
+        # mailbox word and ``now``, each a register; the memories' outputs registered, nothing
+        # between them) and the answer stage ``ans_*`` (the answer: the parts OR'ed, or the
+        # memory word), three cycles after the command stage. A TIMELINE_LO read
+        # returns, and latches the high half of, ``now`` of the request stage's cycle; the
+        # registers are read in that cycle too. The mailbox is read in the command stage: only
+        # a bus WRITE, which cannot be in the command stage in the cycle after a READ, changes
+        # it. While a READ is in flight no other command comes (the cluster holds the bus), so
+        # the memories' outputs hold until the answer.
         rd_valid = Signal()
         rd_region = Signal(WindowRegion)
         rd_half = Signal()
         rd_error = Signal()
         rd_sel = Signal(REGS_WORDS)        # the register word, one-hot (REGS region only)
         rd_tl = Signal()
-        rd_mb = Signal(64)                 # the mailbox word (MAILBOX region), else 0
+        rd_mb = Signal()                   # the MAILBOX region
         is_regs = region == WindowRegion.REGS
         tl_read = is_read & is_regs & at_word(tl_reg.offset >> 3)
         tl_lo_lanes = (cmd.be[:4] != 0) | (cmd.be == 0)
@@ -992,37 +992,42 @@ class PPU(wiring.Component):
                                 ~((k == tl_reg.offset >> 3) & tl_lo_lanes)
                                 for k in range(REGS_WORDS)))),
                 rd_tl.eq(tl_read & tl_lo_lanes),
-                rd_mb.eq(Mux(region == WindowRegion.MAILBOX, call.mb_rdata, 0)),
+                rd_mb.eq(region == WindowRegion.MAILBOX),
             ]
         with m.If(rd_valid & rd_tl):
             m.d.sync += timeline_hi.eq(now[32:])
-        m.d.comb += [imem_bus_r.en.eq(is_read), env_bus_r.en.eq(is_read),
-                     call.mb_raddr.eq(off[:3])]
-        ans_region = Signal(WindowRegion)
-        ans_half = Signal()
-        ans_error = Signal()
-        ans_reg = Signal(64)
-        ans_imem = Signal(INSTRUCTION_BITS)
-        ans_env = Signal(64)
+        m.d.comb += [imem_bus_r.en.eq(is_read), env_bus_r.en.eq(is_read)]
         selected = [Mux(rd_sel[k], Cat(*w), 0) for k, w in enumerate(word_values)]
+        parts = [_or_all(selected[k:k + 4]) for k in range(0, len(selected), 4)]
+        parts += [Mux(rd_mb, call.mb_rdata, 0), Mux(rd_tl, now, 0)]
+        pt_parts = [Signal(64, name=f"pt_part{k}") for k in range(len(parts))]
+        pt_region = Signal(WindowRegion)
+        pt_half = Signal()
+        pt_error = Signal()
+        # The memories' outputs land in registers of their own (nothing else reads them, so
+        # they sit by the block RAMs); the answer stage chooses between them.
+        pt_imem = Signal(INSTRUCTION_BITS)
+        pt_env = Signal(64)
         m.d.sync += [
-            ans_region.eq(rd_region),
-            ans_half.eq(rd_half),
-            ans_error.eq(rd_error),
-            ans_reg.eq(_or_all([rd_mb, Mux(rd_tl, now, 0), *selected])),
-            ans_imem.eq(imem_bus_r.data),
-            ans_env.eq(env_bus_r.data),
+            *(r.eq(v) for r, v in zip(pt_parts, parts, strict=True)),
+            pt_region.eq(rd_region),
+            pt_half.eq(rd_half),
+            pt_error.eq(rd_error),
+            pt_imem.eq(imem_bus_r.data),
+            pt_env.eq(env_bus_r.data),
         ]
-        rdata = Signal(64)
-        with m.Switch(ans_region):
-            with m.Case(WindowRegion.IMEM):
-                m.d.comb += rdata.eq(Mux(ans_half, ans_imem[64:], ans_imem[:64]))
-            with m.Case(WindowRegion.ENV):
-                m.d.comb += rdata.eq(ans_env)
-            with m.Default():
-                m.d.comb += rdata.eq(ans_reg)
+        ans_error = Signal()
+        ans_data = Signal(64)
+        pt_mem = Mux(pt_region == WindowRegion.IMEM,
+                     Mux(pt_half, pt_imem[64:], pt_imem[:64]), pt_env)
+        m.d.sync += [
+            ans_error.eq(pt_error),
+            ans_data.eq(Mux(pt_error, 0,
+                            Mux((pt_region == WindowRegion.IMEM) | (pt_region == WindowRegion.ENV),
+                                pt_mem, _or_all(pt_parts)))),
+        ]
         m.d.comb += [
-            self.bus_rdata.data.eq(Mux(ans_error, 0, rdata)),
+            self.bus_rdata.data.eq(ans_data),
             self.bus_rdata.error.eq(ans_error),
         ]
         return m

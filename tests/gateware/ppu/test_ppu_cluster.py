@@ -439,6 +439,40 @@ def test_timeline_bits_narrows_the_timeline_and_every_time():
     assert rel(mon.cycles("marker", bit=0), out["s"]) == [62]
 
 
+@pytest.mark.parametrize("boundary", [1 << 16, 1 << 32, 1 << 47])
+def test_event_times_carry_across_the_timeline_chunks(boundary):
+    """``t + offset_cycles`` and ``t + cycles`` carry across the 16-bit chunks of the time sums
+    (carry-select in the core): events just before and after 2**16, 2**32 and 2**47 on a 48-bit
+    timeline, a WAIT of more than 2**16 cycles whose low chunk carries. ``now`` is moved ahead
+    by the testbench rather than counted up."""
+    params = QSCParams(num_ppus=1, imem_depth=64, env_depth=64, timeline_bits=48)
+    s = boundary - 0x100
+    out = {}
+
+    async def tb(ctx, dut):
+        await ctx.tick()
+        ctx.set(dut.now, s - 400)
+        await ctx.tick()
+        prog = [marker(0, 0xF0, 1),          # boundary - 0x10
+                marker(1, 0x110, 1),         # boundary + 0x10: the low chunk carries
+                wait(0x1_0200),              # t = boundary + 0x1_0100: both chunks add
+                marker(0, 5, 1),             # boundary + 0x1_0105
+                end()]
+        await upload(ctx, dut, 0, prog)
+        await trigger(ctx, dut, 0, s, len(prog))
+        assert ctx.get(dut.now) < s - 100
+        await ctx.tick().until(dut.now == boundary + 0x20)
+        # Skip the quiet 2**16 cycles: the next event is at boundary + 0x1_0105.
+        ctx.set(dut.now, boundary + 0x1_0100 - 50)
+        await ctx.tick()
+        out["done"] = await wait_state(ctx, dut, 0, PPUState.DONE)
+
+    mon = run(tb, params=params)
+    assert not out["done"].late
+    assert mon.cycles("marker", 0) == [boundary - 0x10, boundary + 0x1_0105]
+    assert mon.cycles("marker", 1) == [boundary + 0x10]
+
+
 def test_markers_per_ppu_sets_the_marker_channels():
     """A build with ``markers_per_ppu = 2`` (the Colorlight's) plays marker 1 and refuses 2."""
     params = QSCParams(num_ppus=1, imem_depth=64, env_depth=64, markers_per_ppu=2)
