@@ -45,12 +45,13 @@ count for a window whose ``ro_window`` rises on cycle ``w`` (the PPU may start a
 cycle after a pulse's last sample). The ADC output is 0 until cycle ``w + ADC_LATENCY``, then
 carries the measured samples up to and including the cycle after the window's last one (as the
 bench's model does, whose ADC answer follows the window by one cycle): a window of ``W`` cycles
-integrates ``W - ADC_LATENCY`` samples. Drive samples played on the first two cycles of a window
-are lost, later ones rotate the collapsed state (a drive during a readout is not a meaningful
-experiment). Pipeline: the DAC sample's product is registered (1 cycle), added to ``phase``
-(1), P(1) is read from the block RAM on cycle ``w + 1`` and registered (2), the outcome is
-drawn on cycle ``w + 3``, the noise takes 4 cycles from the generator to ``adc``. Two windows
-back to back (``ro_window`` never low between them) are one measurement, as in the model.
+integrates ``W - ADC_LATENCY`` samples. Drive samples played on the cycle before a window and on its
+first two cycles are lost, later ones rotate the collapsed state (a drive during a readout is not
+a meaningful experiment). Pipeline: the DAC sample is registered (1 cycle), its product
+registered (1), added to ``phase`` (1), P(1) is read from the block RAM on cycle ``w + 1`` and
+registered (2), the outcome is drawn on cycle ``w + 3``, the noise takes 4 cycles from the
+generator to ``adc``. Two windows back to back (``ro_window`` never low between them) are one
+measurement, as in the model.
 
 Only drive channel 0 and readout channel 0 are used; the other ``adc`` lanes are 0, the other
 drive channels and the markers are ignored.
@@ -237,11 +238,14 @@ class QubitEmulator(wiring.Component):
         read_p1 = rise[1]                               # port A reads P(1) on this cycle
         project = rise[3]                               # the outcome is drawn on this cycle
 
-        # --- rotation: phase += dac * phase_step (the product registered, 0 when idle) -------
+        # --- rotation: phase += dac * phase_step (the sample registered by the multiplier, the
+        # product registered, 0 when idle) ---------------------------------------------------
         pb = self.phase_bits
+        dac_r = Signal(signed(SAMPLE_BITS))
+        active_r = Signal()
+        m.d.sync += [dac_r.eq(dac), active_r.eq(ptd.dac_active[0])]
         step = Signal(signed(SAMPLE_BITS + _STEP_BITS + 1))
-        m.d.sync += step.eq(Mux(ptd.dac_active[0],
-                                dac * Const(self.phase_step, unsigned(_STEP_BITS)), 0))
+        m.d.sync += step.eq(Mux(active_r, dac_r * Const(self.phase_step, unsigned(_STEP_BITS)), 0))
         phase = Signal(pb)
         step_turn = step[:pb] if len(step) >= pb else step.as_signed()   # modulo one turn
 

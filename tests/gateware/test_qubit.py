@@ -218,6 +218,15 @@ def test_pi_pulse_flips_the_qubit():
     assert all((s > 0) == bool(w.outcome) for w in windows for s in w.measured)
 
 
+@pytest.mark.parametrize("gap, flipped", [(1, 1), (0, 0)])
+def test_a_drive_sample_on_the_cycle_before_a_window_is_lost(gap, flipped):
+    # A pi pulse of one sample (pi_area 30000), ``gap`` cycles before the window opens: on the
+    # cycle before it (gap 0) the sample is lost (the emulator's pipeline, in its docstring).
+    dut = QubitEmulator(seed=5, pi_area=30000)
+    windows = _run(dut, [("idle", 2), ("drive", [30000] + [0] * gap), ("window", 12)])
+    assert [w.outcome for w in windows] == [flipped]
+
+
 @pytest.fixture(scope="module")
 def pi_half_shots() -> tuple[list[Window], list[Window]]:
     """1200 shots of: pi/2 pulse, window, gap, second window (gateware, model)."""
