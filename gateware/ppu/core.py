@@ -287,8 +287,8 @@ class PPU(wiring.Component):
         core_wdata = Signal(REGISTER_BITS)
         # Register write stage: the execute stage's write, registered, lands a cycle later
         # (before the next instruction, which enters the execute stage two cycles later at the
-        # earliest, reads it). The register is registered one-hot: each register's enable is
-        # one flip-flop of it, the landing result and the trigger's clear.
+        # earliest, reads it). The destination is registered one-hot: a register's enable is
+        # its bit of ``wr_hot``, its landing result or the trigger's clear.
         wr_hot = Signal(NUM_REGISTERS)
         wr_data = Signal(REGISTER_BITS)
         m.d.sync += [wr_hot.eq(Mux(core_we, 1 << core_wrd, 0)), wr_data.eq(core_wdata)]
