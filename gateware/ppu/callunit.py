@@ -209,8 +209,9 @@ class CallUnit(wiring.Component):
 
         # Response parsing, in stages. The check stage ``chk_*`` registers, every cycle, the
         # header checks that need no commit (the mailbox is written before its commit); the
-        # commit stage ``commit_r`` registers the MAILBOX_COMMIT and its byte count checks; in its
-        # cycle the response is taken (or dropped), and done/failed pulse in the next.
+        # commit stage ``commit_r`` registers the MAILBOX_COMMIT once more (its byte count was
+        # checked in the command stage); in its cycle the response is taken (or dropped), and
+        # done/failed pulse in the next.
         # The result's status and first four bytes are registered in the check stage too, so
         # the response stage only chooses between flip-flops.
         header = RPCResponse(Cat(mailbox[0], mailbox[1], mailbox[2]))
@@ -238,8 +239,8 @@ class CallUnit(wiring.Component):
         ]
         match = waiting & sent & length_ok & chk_magic & chk_rid
         # Result stage: done/failed/result registered, the cycle after the response is taken.
-        # The mailbox is the same here as in the commit's cycle (the bus stage held the commit
-        # then, not a write), so the header read now is the one the checks saw.
+        # The mailbox is the same here as in the commit's cycle (the command stage held the
+        # commit then, not a write), so the header read now is the one the checks saw.
         m.d.sync += [self.done.eq(0), self.failed.eq(0)]
         with m.If(commit_r):
             with m.If(match):

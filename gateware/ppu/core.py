@@ -842,19 +842,21 @@ class PPU(wiring.Component):
         b_low = Signal()                   # the offset is below 16 (a register-block word)
         is_write = Signal()                # a WRITE to a mapped word
         is_read = Signal()
+        raw_write = self.bus_valid & (self.bus_cmd.op == BusOp.WRITE) & raw_mapped
         # The CALL unit registers the mailbox's commands in a command stage of its own.
-        raw_mb = self.bus_valid & (raw_region == WindowRegion.MAILBOX)
+        raw_mb = raw_region == WindowRegion.MAILBOX
         m.d.comb += [
             call.bus_cmd.eq(self.bus_cmd),
-            call.mb_write.eq(raw_mb & (self.bus_cmd.op == BusOp.WRITE) & raw_mapped),
-            call.mb_commit.eq(raw_mb & (self.bus_cmd.op == BusOp.MAILBOX_COMMIT)),
+            call.mb_write.eq(raw_write & raw_mb),
+            call.mb_commit.eq(self.bus_valid & raw_mb &
+                              (self.bus_cmd.op == BusOp.MAILBOX_COMMIT)),
         ]
         m.d.sync += [
             cmd.eq(self.bus_cmd),
             region.eq(raw_region),
             mapped.eq(raw_mapped),
             b_low.eq(raw_off[4:] == 0),
-            is_write.eq(self.bus_valid & (self.bus_cmd.op == BusOp.WRITE) & raw_mapped),
+            is_write.eq(raw_write),
             is_read.eq(self.bus_valid & (self.bus_cmd.op == BusOp.READ)),
         ]
         off = cmd.word_addr[:REGION_WORD_BITS]
