@@ -23,7 +23,8 @@ from openqlink.wire.rpc import Response
 
 __all__ = [
     "PARAMS", "make_sim", "bus_write", "bus_read", "write32", "read32", "read_reg",
-    "write_reg", "upload", "upload_env", "trigger", "status", "wait_state", "send_response",
+    "write_reg", "upload", "upload_env", "trigger", "status", "wait_state", "write_mailbox",
+    "send_response",
     "Monitor", "nop", "end", "wait", "sync", "play", "acquire", "marker", "set_", "add",
     "branch", "call",
 ]
@@ -181,16 +182,21 @@ async def wait_state(ctx, dut, ppu: int, state: PPUState, limit_cycles: int = 20
         assert ctx.get(dut.now) - start < limit_cycles, f"still {st.state} waiting for {state}"
 
 
-async def send_response(ctx, dut, ppu: int, payload: bytes | Response):
-    """Write a SEND payload into the mailbox (64-bit WRITEs) and commit it."""
-    if isinstance(payload, Response):
-        payload = payload.pack()
+async def write_mailbox(ctx, dut, ppu: int, payload: bytes):
+    """Write ``payload`` into the mailbox (64-bit WRITEs, the last one's bytes enabled)."""
     base = ppu_base(ppu) + MAILBOX_OFFSET
     for w in range(0, len(payload), 8):
         chunk = payload[w:w + 8]
         await bus_write(ctx, dut, base + w, int.from_bytes(chunk, "little"),
                         (1 << len(chunk)) - 1)
-    await bus_commit(ctx, dut, base, len(payload))
+
+
+async def send_response(ctx, dut, ppu: int, payload: bytes | Response):
+    """Write a SEND payload into the mailbox and commit it."""
+    if isinstance(payload, Response):
+        payload = payload.pack()
+    await write_mailbox(ctx, dut, ppu, payload)
+    await bus_commit(ctx, dut, ppu_base(ppu) + MAILBOX_OFFSET, len(payload))
 
 
 class Monitor:

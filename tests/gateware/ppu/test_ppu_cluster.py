@@ -33,6 +33,7 @@ from ppu_bench import (
     upload_env,
     wait,
     wait_state,
+    write_mailbox,
     write_reg,
 )
 
@@ -441,10 +442,10 @@ def test_timeline_bits_narrows_the_timeline_and_every_time():
 
 @pytest.mark.parametrize("boundary", [1 << 16, 1 << 32, 1 << 47])
 def test_event_times_carry_across_the_timeline_chunks(boundary):
-    """``t + offset_cycles`` and ``t + cycles`` carry across the 16-bit chunks of the time sums
-    (carry-select in the core): events just before and after 2**16, 2**32 and 2**47 on a 48-bit
-    timeline, a WAIT of more than 2**16 cycles whose low chunk carries. ``now`` is moved ahead
-    by the testbench rather than counted up."""
+    """``t + offset_cycles`` and ``t + cycles`` carry across 2**16, 2**32 (where the core's sums
+    choose the high part or its increment) and 2**47 on a 48-bit timeline: events just before
+    and after each, and a WAIT of more than 2**16 cycles whose low 16 bits carry. ``now`` is
+    moved ahead by the testbench rather than counted up."""
     params = QSCParams(num_ppus=1, imem_depth=64, env_depth=64, timeline_bits=48)
     s = boundary - 0x100
     out = {}
@@ -622,10 +623,7 @@ def test_call_response_byte_count_checked():
         req, _ = await _take_request(ctx, dut)
         payload = Response(0, req.request_id, 0, b"\x2a\x00\x00\x00").pack()    # 28 bytes
         base = ppu_base(0) + MAILBOX_OFFSET
-        for w in range(0, len(payload), 8):
-            chunk = payload[w:w + 8]
-            await bus_write(ctx, dut, base + w, int.from_bytes(chunk, "little"),
-                            (1 << len(chunk)) - 1)
+        await write_mailbox(ctx, dut, 0, payload)
         for n, stale in ((23, 1), (65, 2), (27, 3), (0x1000 + 28, 4), (0x8000 + 28, 5)):
             await bus_commit(ctx, dut, base, n)     # too short, too long, result_len > room
             assert await read_reg(ctx, dut, 0, "STALE_RESPONSES") == stale, n
