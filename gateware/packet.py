@@ -19,7 +19,7 @@ from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-__all__ = ["beat_layout", "packet_signature", "RegisterSlice", "DATA_WIDTH"]
+__all__ = ["beat_layout", "packet_signature", "RegisterSlice", "PingPongSlice", "DATA_WIDTH"]
 
 #: Default data path width in bits (a 10GBASE-R MAC at 156.25 MHz).
 DATA_WIDTH = 64
@@ -78,4 +78,58 @@ class RegisterSlice(wiring.Component):
                          skid_valid.eq(0)]
         with m.Elif(take):
             m.d.sync += [skid.eq(self.i.payload), skid_valid.eq(1)]
+        return m
+
+
+class PingPongSlice(wiring.Component):
+    """A two-entry stream buffer whose consumer's ``ready`` enables no payload register.
+
+    Like :class:`RegisterSlice`, ``i.ready`` and ``o.valid`` are flip-flops, the latency is 1
+    cycle and a stream at one transfer per cycle passes without bubbles; unlike it, a transfer
+    on ``i`` always lands in the entry at the write pointer, and ``o.payload`` is the entry at
+    the read pointer (a 2:1 choice after the registers). ``o.ready`` reaches the read pointer
+    and the two flags alone (three flip-flops), never the enables of the payload registers:
+    use it where the consumer's ``ready`` comes from across the die and the payload is wide.
+
+    Parameters
+    ----------
+    shape : ShapeCastable
+        The payload.
+
+    Members
+    -------
+    i : In(stream.Signature(shape))
+        ``ready`` is "an entry is free" (a flip-flop; it does not depend on ``o.ready``).
+    o : Out(stream.Signature(shape))
+        ``valid`` is "an entry is full" (a flip-flop).
+    """
+
+    def __init__(self, shape):
+        super().__init__({"i": In(stream.Signature(shape)), "o": Out(stream.Signature(shape))})
+
+    def elaborate(self, platform):
+        m = Module()
+        entries = [Signal.like(self.o.payload, name=f"entry{k}") for k in range(2)]
+        wp = Signal()
+        rp = Signal()
+        count = Signal(range(3))
+        full = Signal()
+        put = self.i.valid & ~full
+        get = self.o.valid & self.o.ready
+        m.d.comb += [
+            self.i.ready.eq(~full),
+            self.o.payload.eq(Mux(rp, entries[1], entries[0])),
+        ]
+        for k, entry in enumerate(entries):
+            with m.If(put & (wp == k)):
+                m.d.sync += entry.eq(self.i.payload)
+        count_next = Signal.like(count)
+        m.d.comb += count_next.eq(count + put - get)
+        m.d.sync += [
+            wp.eq(wp ^ put),
+            rp.eq(rp ^ get),
+            count.eq(count_next),
+            full.eq(count_next == 2),
+            self.o.valid.eq(count_next != 0),
+        ]
         return m

@@ -1,15 +1,18 @@
-"""openqlink.gateware.packet.RegisterSlice: every transfer once and in order under random
-valid/ready, no bubbles at full rate, and ``i.ready`` a flip-flop."""
+"""openqlink.gateware.packet.RegisterSlice and PingPongSlice: every transfer once and in order
+under random valid/ready, no bubbles at full rate, and ``i.ready`` a flip-flop."""
 
 import random
 
+import pytest
 from amaranth.sim import Simulator
 
-from openqlink.gateware.packet import RegisterSlice
+from openqlink.gateware.packet import PingPongSlice, RegisterSlice
+
+SLICES = pytest.mark.parametrize("cls", [RegisterSlice, PingPongSlice])
 
 
-def run(valid_prob, ready_prob, n=300, seed=0):
-    dut = RegisterSlice(16)
+def run(cls, valid_prob, ready_prob, n=300, seed=0):
+    dut = cls(16)
     rng = random.Random(seed)
     sent, got, out_cycles = [], [], []
 
@@ -44,13 +47,16 @@ def run(valid_prob, ready_prob, n=300, seed=0):
     return sent, got, out_cycles
 
 
-def test_in_order_under_random_backpressure():
-    sent, got, _ = run(0.7, 0.5, seed=1)
+@SLICES
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_in_order_under_random_backpressure(cls, seed):
+    sent, got, _ = run(cls, 0.7, 0.5, seed=seed)
     assert got == sent == list(range(300))
 
 
-def test_full_rate_without_bubbles():
-    _, got, out_cycles = run(1.0, 1.0)
+@SLICES
+def test_full_rate_without_bubbles(cls):
+    _, got, out_cycles = run(cls, 1.0, 1.0)
     assert got == list(range(300))
     assert out_cycles == list(range(out_cycles[0], out_cycles[0] + 300))
     assert out_cycles[0] == 1            # latency 1 cycle
