@@ -74,7 +74,7 @@ from ...wire.roce import BTH, ICRC_BYTES, IMMDT, RETH, Opcode
 from ...wire.udp import CONTROL_PORT, ROCEV2_PORT, UDP
 from .. import bram
 from ..bus import BusCommand, BusOp
-from ..packet import RegisterSlice, packet_signature
+from ..packet import PingPongSlice, packet_signature
 from .common import COUNTER_INDEX, DropReason, NetConfig, QPContext
 from .control import ControlRequest
 from .icrc import ICRC_WORD_MASKS, ICRCEngine, icrc_terms
@@ -224,15 +224,21 @@ class HeadFIFO(wiring.Component):
         return m
 
 
-def _sum4(words: list[Value], width: int) -> Value:
-    """The sum of four words, ``width`` bits wide: two levels of 3:2 carry-save LUTs and one carry
-    chain (three chains in series when added one after another)."""
+def _csa4(words: list[Value], width: int) -> tuple[Value, Value]:
+    """Four words reduced to two (sum and carry words, ``width`` bits, their sum is the words'
+    sum): two levels of 3:2 carry-save LUTs, no carry chain."""
     def csa(a: Value, b: Value, c: Value) -> tuple[Value, Value]:
         a, b, c = (x.as_unsigned() for x in (a, b, c))
         return (a ^ b ^ c)[:width], Cat(Const(0, 1), (a & b) | (a & c) | (b & c))[:width]
 
     s, k = csa(*words[:3])
-    s, k = csa(s, k, words[3])
+    return csa(s, k, words[3])
+
+
+def _sum4(words: list[Value], width: int) -> Value:
+    """The sum of four words, ``width`` bits wide: :func:`_csa4` and one carry chain (three
+    chains in series when added one after another)."""
+    s, k = _csa4(words, width)
     return (s + k)[:width]
 
 
@@ -264,9 +270,10 @@ class CommitEngine(wiring.Component):
         Buffer words before this pointer (with wrap bit) are no longer needed; advanced to the
         descriptor's ``end`` once the packet's last word has been read.
     bus_cmd : Out(stream.Signature(BusCommand))
-        WRITEs of the payload, then the trailer. ``valid`` and ``payload`` are registers; while
-        ``ready`` is low the engine produces one more command (into a second register) and then
-        stalls, so a packet's commands are contiguous and ``ready`` only enables registers.
+        WRITEs of the payload, then the trailer. ``valid`` is a register and ``payload`` one of
+        two registers (:class:`~openqlink.gateware.packet.PingPongSlice`); while ``ready`` is
+        low the engine produces one more command (into the second register) and then stalls,
+        so a packet's commands are contiguous and ``ready`` only reaches three flip-flops.
     busy : Out(1)
         A packet is in progress or a command is pending: the bus arbiter must not switch.
 
@@ -300,10 +307,11 @@ class CommitEngine(wiring.Component):
         last_word = Signal()                  # the next command is the payload's last
         out = self.bus_cmd
 
-        # Commands leave through a register slice (its output register, or its skid register
-        # while the output stalls); the engine steps while the slice takes (``step`` is then a
-        # flip-flop: the consumer's ``ready`` reaches the slice's registers and nothing else).
-        m.submodules.out_slice = out_slice = RegisterSlice(BusCommand)
+        # Commands leave through a two-entry buffer; the engine steps while the buffer takes
+        # (``step`` is then a flip-flop). The consumer's ``ready`` comes from the crossing into
+        # ``dtd``, through the top's guard and the bus arbiter: it reaches the buffer's read
+        # pointer and flags alone, not the enables of its hundred-odd payload registers.
+        m.submodules.out_slice = out_slice = PingPongSlice(BusCommand)
         wiring.connect(m, out_slice.o, wiring.flipped(out))
         made = out_slice.i.valid                # a command is produced this cycle ...
         made_cmd = out_slice.i.payload          # ... this one
@@ -555,21 +563,27 @@ class RoCEReceiver(wiring.Component):
         # IPv4 header sum (RFC 1071) in parts while the header streams in: words 1-4 are beat 2,
         # words 5-8 beat 3; words 0 and 9 are added after the frame (see ``hdr_chk``).
         ip_words = list(_IPV4_WORDS.view(hbytes(_IP_AT, IPV4)).values())
-        beat_words = [Cat(data_in[16 * i + 8:16 * i + 16], data_in[16 * i:16 * i + 8])
+        # Beats 2 and 3 are full in any frame whose IP check counts (see below), so their
+        # words are taken from the beat unmasked.
+        beat_words = [Cat(beat.data[16 * i + 8:16 * i + 16], beat.data[16 * i:16 * i + 8])
                       for i in range(4)]
-        # Each beat's sum is registered with no enable (``beat_sum``) and kept a cycle later
-        # for beats 2 and 3, so that no handshake term sits behind the adder. ``hdr_chk`` reads
-        # them a cycle after the last beat: in time for any frame that reaches beat 4; shorter
-        # ones (at most 32 bytes) fail the IP check on their length whatever the sum.
-        beat_sum = Signal(18, reset_less=True)
+        # Each beat's words are reduced to two (carry-save, no carry chain) and registered with
+        # no enable (``beat_s``, ``beat_k``); their sum is registered for beats 2 and 3 in the
+        # next cycle, so that neither a handshake term nor the keep mask sits in front of the
+        # carry chain. ``hdr_chk`` reads the sums a cycle after the last beat: in time for any
+        # frame that reaches beat 4; shorter ones (at most 32 bytes, the only frames whose
+        # beat 2 or 3 may be partial) fail the IP check on their length whatever the sum.
+        beat_s = Signal(18, reset_less=True)
+        beat_k = Signal(18, reset_less=True)
         sum_at = Signal(2)
-        m.d.sync += [beat_sum.eq(_sum4(beat_words, 18)), sum_at.eq(Mux(take, at[2:4], 0))]
+        csa_s, csa_k = _csa4(beat_words, 18)
+        m.d.sync += [beat_s.eq(csa_s), beat_k.eq(csa_k), sum_at.eq(Mux(take, at[2:4], 0))]
         ip_sum_b2 = Signal(18)
         ip_sum_b3 = Signal(18)
         with m.If(sum_at[0]):
-            m.d.sync += ip_sum_b2.eq(beat_sum)
+            m.d.sync += ip_sum_b2.eq(beat_s + beat_k)
         with m.If(sum_at[1]):
-            m.d.sync += ip_sum_b3.eq(beat_sum)
+            m.d.sync += ip_sum_b3.eq(beat_s + beat_k)
 
         # ICRC message V: word 0 is all ones, word k >= 1 is frame bytes [8k+6, 8k+14), i.e.
         # lanes 6-7 of beat k and lanes 0-5 of beat k+1; V ends where the ICRC (the last 4 bytes
