@@ -27,6 +27,8 @@ __all__ = ["CallUnit", "MAILBOX_WORDS", "CALL_SEQ_BITS"]
 
 #: 64-bit words in the response mailbox (64 bytes).
 MAILBOX_WORDS = 8
+#: Groups of the mailbox read mux that each have a copy of the word address.
+_READ_GROUPS = 4
 #: Bits of the per-PPU call sequence number in ``request_id = (ppu << 24) | seq``.
 CALL_SEQ_BITS = 24
 
@@ -124,7 +126,11 @@ class CallUnit(wiring.Component):
         # Command stage: the mailbox's WRITE, COMMIT and read address, registered here. A
         # COMMIT's byte count ``n`` is checked ahead: 24..64, and ``n[6:0] - 24`` (mod 128).
         mb_we = Signal()
-        mb_addr = Signal(3)
+        # The mailbox word address, as copies of one register (kept apart by the build): the
+        # first selects the word a WRITE lands in, each other one a 16-bit group of the read
+        # mux (a copy per group, so that no address bit reaches all 64 bits' selections).
+        mb_addrs = [Signal(3, name=f"mb_addr__rep{k}") for k in range(1 + _READ_GROUPS)]
+        mb_addr = mb_addrs[0]
         mb_be = Signal(8)
         mb_data = Signal(64)
         commit = Signal()
@@ -133,7 +139,7 @@ class CallUnit(wiring.Component):
         count = self.bus_cmd.data[:16]
         m.d.sync += [
             mb_we.eq(self.mb_write),
-            mb_addr.eq(self.bus_cmd.word_addr[:3]),
+            *(a.eq(self.bus_cmd.word_addr[:3]) for a in mb_addrs),
             mb_be.eq(self.bus_cmd.be),
             mb_data.eq(self.bus_cmd.data),
             commit.eq(self.mb_commit),
@@ -148,7 +154,10 @@ class CallUnit(wiring.Component):
             for b in range(8):
                 with m.If(mb_be[b]):
                     m.d.sync += word[8 * b:8 * b + 8].eq(mb_data[8 * b:8 * b + 8])
-        m.d.sync += self.mb_rdata.eq(mailbox[mb_addr])
+        grp = 64 // _READ_GROUPS
+        for k, addr in enumerate(mb_addrs[1:]):
+            m.d.sync += self.mb_rdata[k * grp:(k + 1) * grp].eq(
+                Array(w[k * grp:(k + 1) * grp] for w in mailbox)[addr])
 
         seq = Signal(CALL_SEQ_BITS)
         req_valid = Signal()

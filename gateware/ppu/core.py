@@ -605,27 +605,37 @@ class PPU(wiring.Component):
             x_load.eq(run & ((~x_valid & f_dec_valid) |
                              (x_br & br_ready & Mux(br_taken, tgt_dec_valid & ~tgt_none,
                                                     f_dec_valid)))),
-            f_taken.eq(x_load & ~act_taken),
+            # ``x_load & ~act_taken``, written from the flip-flops it depends on: a BRANCH
+            # that resolves taken loads its target, one that resolves not taken the fetched
+            # instruction (``x_br`` implies ``x_valid``: both are set together, and every
+            # clear of ``x_valid`` clears ``x_br``). Synthesis does not see that the target's
+            # terms cancel; here the enable of ``f_insn`` is two LUT levels from flip-flops.
+            f_taken.eq(run & f_dec_valid & (~x_valid | (x_br & br_ready & ~br_taken))),
         ]
+        # ``use_tgt`` where the execute stage loads: a BRANCH resolved taken loads its target
+        # (with ``x_br``, ``x_load`` implies ``br_ready`` and the rest of ``use_tgt``), one
+        # LUT from two flip-flops in front of the choices of the execute stage's hundreds of
+        # bits.
+        load_tgt = kept(m, x_br & br_taken, "load_tgt")
         # Each group's OR for the three candidates (target, fetched, staying), chosen last.
         for j in range(NUM_REGISTERS // 4):
             group = slice(4 * j, 4 * j + 4)
             tgt_b, f_b, x_b = ((mask[group] & busy_held[group]).any()
                                for mask in (tgt_dec.mask, f_dec.mask, xd.mask))
             # The trigger's clear last, beside the choice.
-            m.d.sync += mask_busy[j].eq(~clear_regs & Mux(x_load, Mux(use_tgt, tgt_b, f_b), x_b))
+            m.d.sync += mask_busy[j].eq(~clear_regs & Mux(x_load, Mux(load_tgt, tgt_b, f_b), x_b))
         with m.If(x_load):
             m.d.sync += [
                 x_valid.eq(1),
-                x_ok.eq(~Mux(use_tgt, tgt_dec.illegal, f_dec.illegal)),
-                x_br.eq(Mux(use_tgt, tgt_dec.branch & ~tgt_dec.illegal,
+                x_ok.eq(~Mux(load_tgt, tgt_dec.illegal, f_dec.illegal)),
+                x_br.eq(Mux(load_tgt, tgt_dec.branch & ~tgt_dec.illegal,
                             f_dec.branch & ~f_dec.illegal)),
-                x_raw.eq(Mux(use_tgt, tgt_insn, f_insn)),
+                x_raw.eq(Mux(load_tgt, tgt_insn, f_insn)),
                 # Both sums in parallel, the choice last.
-                x_time.eq(Mux(use_tgt, add_t(Instruction(tgt_insn).operands.play.offset_cycles),
+                x_time.eq(Mux(load_tgt, add_t(Instruction(tgt_insn).operands.play.offset_cycles),
                               add_t(Instruction(f_insn).operands.play.offset_cycles))),
-                xd.eq(Mux(use_tgt, tgt_dec, f_dec)),
-                x_tnext.eq(Mux(use_tgt, t_next(tgt_insn, tgt_dec), t_next(f_insn, f_dec))),
+                xd.eq(Mux(load_tgt, tgt_dec, f_dec)),
+                x_tnext.eq(Mux(load_tgt, t_next(tgt_insn, tgt_dec), t_next(f_insn, f_dec))),
                 br_ready.eq(0),
                 call_issued.eq(0),
                 tgt_issued.eq(0),
