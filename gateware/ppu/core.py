@@ -613,9 +613,8 @@ class PPU(wiring.Component):
             f_taken.eq(run & f_dec_valid & (~x_valid | (x_br & br_ready & ~br_taken))),
         ]
         # ``use_tgt`` where the execute stage loads: a BRANCH resolved taken loads its target
-        # (``x_load`` then implies the rest of ``use_tgt``; with ``x_br`` it implies
-        # ``br_ready`` too), one LUT from three flip-flops in front of the choices of the
-        # execute stage's hundreds of bits.
+        # (``x_load`` then implies the rest of ``use_tgt``, and with ``x_br`` ``br_ready``),
+        # one LUT from three flip-flops in front of the execute stage's hundreds of choices.
         load_tgt = kept(m, x_br & br_ready & br_taken, "load_tgt")
         # Each group's OR for the three candidates (target, fetched, staying), chosen last.
         for j in range(NUM_REGISTERS // 4):
