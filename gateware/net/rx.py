@@ -442,7 +442,8 @@ class RoCEReceiver(wiring.Component):
     ctrl_req : Out(stream.Signature(ControlRequest))
         Accepted control-plane requests, in arrival order.
     epsn : Out(ArrayLayout(24, num_ppus))
-        Next PSN expected on each PPU's QP (RX_EPSN).
+        Next PSN expected on each PPU's QP (RX_EPSN), updated 1 cycle after an accepted
+        packet's decision.
     count : Out(NUM_COUNTERS)
         Counter increment strobes (RX_FRAMES, RX_ROCE_ACCEPTED, RX_RPC_RESPONSES, PSN_GAP and the
         DROP_* counters), at most one frame decided per cycle.
@@ -988,10 +989,15 @@ class RoCEReceiver(wiring.Component):
             ~ovf & ~w3.nofit & desc_fifo.w_rdy)
         m.d.comb += desc_fifo.w_en.eq(roce_write)
         with m.If(roce_write):
-            m.d.sync += [
-                wr_base.eq(desc.end),
-                epsn[s2.ppu].eq(s2.psn_next),
-            ]
+            m.d.sync += wr_base.eq(desc.end)
+        # The expected PSN is written a cycle after the decision, from registers (the QP's
+        # one-hot strobe and the PSN): the next decision that reads it is a frame away.
+        epsn_we = Signal(num_ppus)
+        epsn_next = Signal(24)
+        m.d.sync += [epsn_we.eq(Mux(roce_write, 1 << s2.ppu, 0)), epsn_next.eq(s2.psn_next)]
+        for n in range(num_ppus):
+            with m.If(epsn_we[n]):
+                m.d.sync += epsn[n].eq(epsn_next)
         # A control request is written in the cycle after the decision, from registers: the
         # queue's level logic sits between this stage and the control plane, and no path joins
         # the two through it. ``w_rdy`` read at the decision still holds a cycle later (only a
