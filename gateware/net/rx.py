@@ -210,7 +210,13 @@ class HeadFIFO(wiring.Component):
                 inner_data.eq(rport.data),
                 wport.addr.eq(produce),
                 wport.data.eq(self.w_data),
-                wport.en.eq(to_inner),
+                # Every write lands in the store, whether or not it goes to the head instead
+                # (then ``produce`` stays and the next write overwrites it): a write is only
+                # allowed while fewer than ``depth`` entries are held, and the store holds
+                # entries only while the head does, so the store is not full and the slot at
+                # ``produce`` holds no entry. The write enable is ``w_en`` alone, not the
+                # read side's ``r_en``.
+                wport.en.eq(do_write),
             ]
             with m.If(to_inner):
                 m.d.sync += produce.eq(incr(produce))
