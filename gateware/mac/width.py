@@ -122,10 +122,11 @@ class PacketDownsizer(_WidthConverter):
     being sent, chosen by a multiplexer, while the other buffer takes the next wide beat. A beat
     taken at one edge is offered from the next (1 cycle of latency), and a packet streams
     without bubbles while ``i`` keeps up. No register of the wide side has an enable that
-    depends on ``o``: a buffer loads when it is empty and ``i`` offers a beat, and empties when
-    its final narrow beat leaves; ``o``'s back-pressure reaches only the lane counter and the
-    two buffers' full flags. ``i.ready`` is a flip-flop (the next buffer to fill is empty), so
-    back-pressure reaches ``i`` a cycle late and never combinationally.
+    depends on ``o``: an empty buffer copies ``i``'s payload every cycle and counts as full
+    from the edge at which ``i`` offers a beat, and empties when its final narrow beat leaves;
+    ``o``'s back-pressure reaches only the lane counter and the two buffers' full flags.
+    ``i.ready`` is a flip-flop (the next buffer to fill is empty), so back-pressure reaches
+    ``i`` a cycle late and never combinationally.
 
     Parameters
     ----------
@@ -186,7 +187,9 @@ class PacketDownsizer(_WidthConverter):
         for k in range(2):
             m.d.comb += full_next[k].eq((full[k] & ~(done & (rsel == k))) |
                                         (take & (wsel == k)))
-            with m.If(take & (wsel == k)):
+            # An empty buffer copies whatever ``i`` offers, every cycle (its contents count only
+            # once ``full`` is set): its enable is its own ``full`` flag, not ``i.valid``.
+            with m.If(~full[k]):
                 m.d.sync += [buf[k].eq(self.i.payload), ends[k].eq(end_in)]
         wsel_next = wsel ^ take
         m.d.sync += [
