@@ -310,27 +310,34 @@ class TxBuilder(wiring.Component):
 
         # --- the three cycles after the take ---------------------------------------------------
         # 1: IPv4 checksum stage 1 (the checksum is ready in cycle 3, long before beat 3 is due);
-        # the slot counter and offset of the request's PPU advance, or a malformed request is
-        # dropped. 2 and 3: the VA of the slot (words 6-7, loaded from shift 6 on), a half in
-        # each.
+        # the next slot's wrap and offset are computed, or a malformed request is dropped. 2:
+        # the slot counter and offset of the request's PPU advance to them (the next take is a
+        # frame away) unless its slot size changed since the take. 2 and 3: the VA of the slot
+        # (words 6-7, loaded from shift 6 on), a half in each.
         m.d.comb += csum.valid.eq(phase[1])
+        next_wrap = Signal()
+        next_off = Signal(28)
+        advance = Signal()
         with m.If(phase[1]):
-            with m.If(~is_ctrl & ~bad):
-                wrap = slot + 1 >= num_slots
-                for n in range(self.num_ppus):
-                    with m.If(ppu == n):
-                        m.d.sync += [slot_ctr[n].eq(Mux(wrap, 0, slot + 1)),
-                                     off_ctr[n].eq(Mux(wrap, 0, slot_off + slot_size))]
+            m.d.sync += [next_wrap.eq(slot + 1 >= num_slots), next_off.eq(slot_off + slot_size),
+                         advance.eq(~is_ctrl & ~bad)]
+        with m.If(phase[2] & advance):
+            for n in range(self.num_ppus):
+                with m.If(ppu == n):
+                    m.d.sync += [slot_ctr[n].eq(Mux(next_wrap, 0, slot + 1)),
+                                 off_ctr[n].eq(Mux(next_wrap, 0, next_off))]
         with m.If(phase[2]):
             m.d.sync += Cat(va[:32], va_carry).eq(ring_va[:32] + slot_off)
         with m.If(phase[3]):
             m.d.sync += [va[32:].eq(ring_va[32:] + va_carry), sending.eq(1)]
         # A QP whose slot size changed starts again from slot 0 (its offsets were counted in the
-        # old size); this wins over an advance in the same cycle.
+        # old size); this wins over an advance in the same cycle and cancels one to come.
         for n in range(self.num_ppus):
             with m.If(self.qp[n].slot_size != size_seen[n]):
                 m.d.sync += [slot_ctr[n].eq(0), off_ctr[n].eq(0),
                              size_seen[n].eq(self.qp[n].slot_size)]
+                with m.If(ppu == n):
+                    m.d.sync += advance.eq(0)
 
         # --- the frame words, from the latched fields (combinational) --------------------------
         def ip_total(ctrl: bool) -> Value:
