@@ -558,6 +558,36 @@ def test_branch_conditions_signed():
     run(tb)
 
 
+#: ``(rs, imm)`` pairs whose signed order is decided in each byte, with the bytes above equal
+#: or not, both signs, and the extremes.
+LT_CASES = [(0x100, 0xFF), (0xFF, 0x100), (0x12345678, 0x12345679), (0x12345679, 0x12345678),
+            (0x12340078, 0x12330079), (0x12330079, 0x12340078), (0x00FF0000, 0x01000000),
+            (-0x80000000, 0x7FFFFFFF), (0x7FFFFFFF, -0x80000000), (0x80, 0x7F), (-1, 0),
+            (0, -1), (-0x100, -0xFF), (-0xFF, -0x100), (0x7F000000, -0x01000000), (5, 5)]
+
+
+@pytest.mark.parametrize("cond", [Cond.LT, Cond.GE])
+def test_branch_compare_decided_in_each_byte(cond):
+    """Signed LT / GE against the immediate, decided in the top byte or a lower one."""
+    def lt(a, b):
+        return a < b
+
+    async def tb(ctx, dut):
+        prog = []
+        # Bit i of r3 is set when case i's BRANCH is not taken (it skips the ADD when taken).
+        for i, (rs, imm) in enumerate(LT_CASES):
+            here = len(prog)
+            prog += [set_(1, rs), branch(cond, 1, imm, here + 3), add(3, 3, 1 << i)]
+        prog += [end()]
+        await start(ctx, dut, prog)
+        await wait_state(ctx, dut, 0, PPUState.DONE)
+        taken = [lt(rs, imm) == (cond == Cond.LT) for rs, imm in LT_CASES]
+        assert await read_reg(ctx, dut, 0, "R3") == sum(
+            1 << i for i, t in enumerate(taken) if not t)
+
+    run(tb)
+
+
 # ---- CALL ------------------------------------------------------------------------------
 
 FID = fnv1a32("decode_syndrome")
