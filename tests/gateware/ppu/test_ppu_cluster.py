@@ -365,6 +365,32 @@ def test_underflow():
     assert mon.cycles("marker") == []
 
 
+@pytest.mark.parametrize("way", ["sequential", "taken_branch", "empty_trigger"])
+def test_nothing_at_or_past_tail_runs(way):
+    """A slot at TAIL holds an instruction written but not committed: the fetch reaching TAIL
+    (by falling through, by a taken branch whose successor is TAIL, or from a TRIGGER whose
+    TAIL is 0) stops there, and the run ends in UNDERFLOW without it."""
+    stale = set_(2, 77)
+    progs = {
+        "sequential": [set_(1, 1), set_(3, 3)],
+        "taken_branch": [branch(Cond.ALWAYS, 0, 0, 2), set_(2, 66), set_(1, 1)],
+        "empty_trigger": [],
+    }
+
+    async def tb(ctx, dut):
+        prog = progs[way]
+        await upload(ctx, dut, 0, [stale, stale], first=len(prog))
+        await start(ctx, dut, prog)
+        st = await wait_state(ctx, dut, 0, PPUState.ERROR)
+        assert st.underflow and not st.illegal_instruction
+        assert await read_reg(ctx, dut, 0, "PC") == len(prog)
+        assert await read_reg(ctx, dut, 0, "R2") == 0
+        if prog:
+            assert await read_reg(ctx, dut, 0, "R1") == 1
+
+    run(tb)
+
+
 def test_late_event_quiets_outputs_at_once():
     out = {}
 
