@@ -367,9 +367,9 @@ def test_underflow():
 
 @pytest.mark.parametrize("way", ["sequential", "taken_branch", "empty_trigger"])
 def test_nothing_at_or_past_tail_runs(way):
-    """A slot at TAIL holds an instruction written but not committed: the fetch reaching TAIL
+    """A slot at TAIL holds an instruction written but not committed: a run that reaches TAIL
     (by falling through, by a taken branch whose successor is TAIL, or from a TRIGGER whose
-    TAIL is 0) stops there, and the run ends in UNDERFLOW without it."""
+    TAIL is 0) ends in UNDERFLOW, and that instruction never runs."""
     stale = set_(2, 77)
     progs = {
         "sequential": [set_(1, 1), set_(3, 3)],
@@ -595,9 +595,6 @@ LT_CASES = [(0x100, 0xFF), (0xFF, 0x100), (0x12345678, 0x12345679), (0x12345679,
 @pytest.mark.parametrize("cond", [Cond.LT, Cond.GE])
 def test_branch_compare_decided_in_each_byte(cond):
     """Signed LT / GE against the immediate, decided in the top byte or a lower one."""
-    def lt(a, b):
-        return a < b
-
     async def tb(ctx, dut):
         prog = []
         # Bit i of r3 is set when case i's BRANCH is not taken (it skips the ADD when taken).
@@ -607,7 +604,7 @@ def test_branch_compare_decided_in_each_byte(cond):
         prog += [end()]
         await start(ctx, dut, prog)
         await wait_state(ctx, dut, 0, PPUState.DONE)
-        taken = [lt(rs, imm) == (cond == Cond.LT) for rs, imm in LT_CASES]
+        taken = [(rs < imm) == (cond == Cond.LT) for rs, imm in LT_CASES]
         assert await read_reg(ctx, dut, 0, "R3") == sum(
             1 << i for i, t in enumerate(taken) if not t)
 
