@@ -246,6 +246,31 @@ def test_trigger_partial_write_ignored():
     run(tb)
 
 
+def test_trigger_clears_every_register():
+    """r1..r15 read 0 after an accepted trigger, whatever the run before wrote into them (SET,
+    ADD, an ACQUIRE result): through the bus, in BRANCH compares and as ADD's source."""
+    async def tb(ctx, dut):
+        first = [set_(i, 0x1000 * i + 3) for i in range(1, 14)]
+        first += [add(14, 13, 1), acquire(0, 15, 5, 4, 0), add(1, 15, 0), end()]
+        await start(ctx, dut, first)
+        await wait_state(ctx, dut, 0, PPUState.DONE)
+        assert await read_reg(ctx, dut, 0, "R14") == 0xD004
+        assert await read_reg(ctx, dut, 0, "R15") == 1          # the measurement
+        # The second run: r15 counts the registers that do not compare equal to 0, then r13
+        # takes r13 + 7.
+        second = []
+        for i in range(1, 15):
+            here = len(second)
+            second += [branch(Cond.EQ, i, 0, here + 2), add(15, 15, 1)]
+        second += [add(13, 13, 7), end()]
+        await start(ctx, dut, second)
+        await wait_state(ctx, dut, 0, PPUState.DONE)
+        values = [await read_reg(ctx, dut, 0, f"R{i}") for i in range(16)]
+        assert values == [0] * 13 + [7, 0, 0]
+
+    run(tb, adc=lambda now: 1)
+
+
 # ---- Channels -----------------------------------------------------------------------------
 
 def _dac_model(env: int, amp: int) -> int:
