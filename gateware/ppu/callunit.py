@@ -234,7 +234,10 @@ class CallUnit(wiring.Component):
         # ``result_len > b`` for each byte b < 4, as an OR of its high bits (LUTs beside the
         # mailbox, not a 32-bit carry chain); the word and the byte mask are registered apart
         # and AND'ed in the result stage.
-        len_hi = header.result_len[3:].any()
+        # A response is taken only with ``result_len`` <= 40 (``length_ok``), so its bits
+        # 3..7 decide "at least 8" for every response taken.
+        len_lo = header.result_len[:8]
+        len_hi = len_lo[3:].any()
         m.d.sync += [
             chk_magic.eq(header.magic == RESPONSE_MAGIC),
             chk_rid.eq(header.request_id == awaited),

@@ -320,6 +320,10 @@ class PPU(wiring.Component):
         # ``busy`` of the next cycle, but for an accepted trigger (which clears it); with one
         # readout channel each bit is a function of four flip-flops, one LUT.
         busy_held = Signal(NUM_REGISTERS)
+        # ``land_last``: bit i is set in the cycle that the last pending result of register i
+        # lands (``pend_one[i]`` and a result for i), registered from the cycle before's next
+        # values, so that a BRANCH waiting on ``rs`` sees it through one selection by ``rs``.
+        land_last = Signal(NUM_REGISTERS)
         for i in range(1, NUM_REGISTERS):
             landed = [res.hit[i] for res in results]
             with m.If(wr_hot[i]):
@@ -335,17 +339,23 @@ class PPU(wiring.Component):
                 down = landed[0] & ~inc
                 m.d.comb += busy_held[i].eq(Mux(up, 1, Mux(down, busy[i] & ~pend_one[i],
                                                            busy[i])))
+                pend_one_next = Mux(up, ~busy[i], Mux(down, pending[i] == 2, pend_one[i]))
                 m.d.sync += [
                     pending[i].eq(Mux(up, pending[i] + 1, Mux(down, pending[i] - 1, pending[i]))),
                     busy[i].eq(Mux(up, 1, Mux(down, busy[i] & ~pend_one[i], busy[i]))),
-                    pend_one[i].eq(Mux(up, ~busy[i], Mux(down, pending[i] == 2, pend_one[i]))),
+                    pend_one[i].eq(pend_one_next),
                 ]
             else:
                 pending_next = Signal.like(pending[i], name=f"pending{i}_next")
                 m.d.comb += [pending_next.eq(pending[i] + inc - sum(landed)),
                              busy_held[i].eq(pending_next != 0)]
+                pend_one_next = pending_next == 1
                 m.d.sync += [pending[i].eq(pending_next), busy[i].eq(pending_next != 0),
-                             pend_one[i].eq(pending_next == 1)]
+                             pend_one[i].eq(pend_one_next)]
+            # The results of the next cycle are the channels' (their flush clears them).
+            lands_next = Cat(*(ch.result_hit[i] & ~f for ch, f in
+                               zip(readouts, flush[len(drives):], strict=False))).any()
+            m.d.sync += land_last[i].eq(~clear_regs & pend_one_next & lands_next)
             with m.If(clear_regs):
                 m.d.sync += [regs[i].eq(0), pending[i].eq(0), busy[i].eq(0), pend_one[i].eq(0)]
 
@@ -499,7 +509,8 @@ class PPU(wiring.Component):
         call_issued = Signal()
         x_rd = x_raw[8:12]
         x_rs = x_raw[12:16]
-        x_target = x.operands.branch.target[:pc_bits]
+        # BRANCH's target: a register of its own, loaded with the control (below).
+        x_target = Signal(pc_bits)
 
         ex = Signal()                      # the execute stage acts this cycle
         x_done = Signal()                  # ... and its instruction retires
@@ -520,11 +531,13 @@ class PPU(wiring.Component):
         # (two landing at once take the slow way).
         settle = Signal()
         land_bit = Signal()
-        hits = [res.valid & (res.rd == x_rs) for res in results]
-        for hit, res in zip(hits, results, strict=True):
-            with m.If(hit):
-                m.d.comb += land_bit.eq(res.bit)
-        m.d.comb += settle.eq(pend_one.bit_select(x_rs, 1) & Cat(*hits).any())
+        if len(results) == 1:
+            m.d.comb += land_bit.eq(results[0].bit)
+        else:
+            for res in results:
+                with m.If(res.valid & (res.rd == x_rs)):
+                    m.d.comb += land_bit.eq(res.bit)
+        m.d.comb += settle.eq(land_last.bit_select(x_rs, 1))
 
         # Register read of ``rs`` in two stages, every cycle: four 4:1 selections
         # (``rs_part``), then one (``rs_value``). ``rs_ok``: ``rs_value`` is the register's
@@ -612,29 +625,47 @@ class PPU(wiring.Component):
             # terms cancel; here the enable of ``f_insn`` is two LUT levels from flip-flops.
             f_taken.eq(run & f_dec_valid & (~x_valid | (x_br & br_ready & ~br_taken))),
         ]
-        # ``use_tgt`` where the execute stage loads: a BRANCH resolved taken loads its target
-        # (``x_load`` then implies the rest of ``use_tgt``, and with ``x_br`` ``br_ready``),
-        # one LUT from three flip-flops in front of the execute stage's hundreds of choices.
+        # The execute stage's wide fields (the instruction word, ``x_time``, ``x_tnext``,
+        # CALL's argument mask) load whenever the stage is open: empty, or holding a resolved
+        # BRANCH. Their enable is one LUT of three flip-flops and their source ``load_tgt``
+        # one more, not ``x_load``: what they take in a cycle that no instruction enters is
+        # never used (``x_valid`` stays low, or the resolved BRANCH, whose target is in
+        # ``x_target``, reads none of them). A BRANCH resolved taken loads its target.
+        x_open = kept(m, ~x_valid | (x_br & br_ready), "x_open")
         load_tgt = kept(m, x_br & br_ready & br_taken, "load_tgt")
+        # The control (``x_valid``, the decoded flags, ``x_target``) loads with ``x_load``,
+        # which implies ``x_br & br_ready`` when the stage is full: its source is the target
+        # iff ``x_valid & br_taken`` (two flip-flops, where ``load_tgt`` is a net across the
+        # stage's hundreds of multiplexers).
+        ctl_tgt = x_valid & br_taken
+        wide = {"arg_mask", "arg_len"}
+        with m.If(x_open):
+            m.d.sync += [
+                x_raw.eq(Mux(load_tgt, tgt_insn, f_insn)),
+                # Both sums in parallel, the choice last.
+                x_time.eq(Mux(load_tgt, add_t(Instruction(tgt_insn).operands.play.offset_cycles),
+                              add_t(Instruction(f_insn).operands.play.offset_cycles))),
+                x_tnext.eq(Mux(load_tgt, t_next(tgt_insn, tgt_dec), t_next(f_insn, f_dec))),
+                *(getattr(xd, k).eq(Mux(load_tgt, getattr(tgt_dec, k), getattr(f_dec, k)))
+                  for k in wide),
+            ]
         # Each group's OR for the three candidates (target, fetched, staying), chosen last.
         for j in range(NUM_REGISTERS // 4):
             group = slice(4 * j, 4 * j + 4)
             tgt_b, f_b, x_b = ((mask[group] & busy_held[group]).any()
                                for mask in (tgt_dec.mask, f_dec.mask, xd.mask))
             # The trigger's clear last, beside the choice.
-            m.d.sync += mask_busy[j].eq(~clear_regs & Mux(x_load, Mux(load_tgt, tgt_b, f_b), x_b))
+            m.d.sync += mask_busy[j].eq(~clear_regs & Mux(x_load, Mux(ctl_tgt, tgt_b, f_b), x_b))
         with m.If(x_load):
             m.d.sync += [
                 x_valid.eq(1),
-                x_ok.eq(~Mux(load_tgt, tgt_dec.illegal, f_dec.illegal)),
-                x_br.eq(Mux(load_tgt, tgt_dec.branch & ~tgt_dec.illegal,
+                x_ok.eq(~Mux(ctl_tgt, tgt_dec.illegal, f_dec.illegal)),
+                x_br.eq(Mux(ctl_tgt, tgt_dec.branch & ~tgt_dec.illegal,
                             f_dec.branch & ~f_dec.illegal)),
-                x_raw.eq(Mux(load_tgt, tgt_insn, f_insn)),
-                # Both sums in parallel, the choice last.
-                x_time.eq(Mux(load_tgt, add_t(Instruction(tgt_insn).operands.play.offset_cycles),
-                              add_t(Instruction(f_insn).operands.play.offset_cycles))),
-                xd.eq(Mux(load_tgt, tgt_dec, f_dec)),
-                x_tnext.eq(Mux(load_tgt, t_next(tgt_insn, tgt_dec), t_next(f_insn, f_dec))),
+                x_target.eq(Mux(ctl_tgt, Instruction(tgt_insn).operands.branch.target[:pc_bits],
+                                Instruction(f_insn).operands.branch.target[:pc_bits])),
+                *(getattr(xd, k).eq(Mux(ctl_tgt, getattr(tgt_dec, k), getattr(f_dec, k)))
+                  for k in decoded.members if k not in wide),
                 br_ready.eq(0),
                 call_issued.eq(0),
                 tgt_issued.eq(0),

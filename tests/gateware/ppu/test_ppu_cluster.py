@@ -365,6 +365,42 @@ def test_scoreboard_stall_branch_uses_measurement():
     assert s + 55 + 20 <= m0 <= s + 55 + 20 + 8
 
 
+@pytest.mark.parametrize("first, second", [(0, 1), (1, 0)])
+def test_scoreboard_branch_waits_for_the_last_of_two_results(first, second):
+    """Two ACQUIREs into r1: the BRANCH waits for both and decides on the second's bit, not on
+    the first's, even when the second lands right after the first."""
+    out = {}
+
+    def adc(now):
+        s = out.get("s")
+        if s is None:
+            return 0
+        return 1 if (first if now < s + 12 else second) else -1
+
+    async def tb(ctx, dut):
+        prog = [
+            acquire(0, 1, 10, 2, 0),          # 0: r1 <- first at s + 12
+            acquire(0, 1, 12, 2, 0),          # 1: r1 <- second at s + 14
+            branch(Cond.EQ, 1, 1, 6),         # 2: stalls until both land
+            sync(10),                         # 3: r1 is 0
+            marker(1, 0, 1),                  # 4
+            end(),                            # 5
+            sync(10),                         # 6: r1 is 1
+            marker(0, 0, 1),                  # 7
+            end(),                            # 8
+        ]
+        await upload(ctx, dut, 0, prog)
+        s = out["s"] = ctx.get(dut.now) + LEAD
+        await trigger(ctx, dut, 0, s, len(prog))
+        st = await wait_state(ctx, dut, 0, PPUState.DONE)
+        assert not st.late
+        assert await read_reg(ctx, dut, 0, "R1") == second
+
+    mon = run(tb, adc=adc)
+    assert len(mon.cycles("marker", 0 if second else 1)) == 1
+    assert mon.cycles("marker", 1 if second else 0) == []
+
+
 @pytest.mark.parametrize("window", [20, 1])
 def test_scoreboard_add_waits_for_result(window):
     """The ADD reads the ACQUIRE's result; a one-cycle window ends in the cycle it opens."""
@@ -695,7 +731,8 @@ def test_call_round_trip_and_stale_responses():
 
 def test_call_response_byte_count_checked():
     """A MAILBOX_COMMIT whose byte count is not 24..64 or leaves no room for result_len is
-    dropped (stale) and the call keeps waiting; all 16 bits of the count are checked."""
+    dropped (stale) and the call keeps waiting; all 16 bits of the count and all 32 of
+    result_len are checked."""
     async def tb(ctx, dut):
         await start(ctx, dut, [call(1, 0, 0, FID), end()], lead=20)
         req, _ = await _take_request(ctx, dut)
@@ -706,10 +743,19 @@ def test_call_response_byte_count_checked():
             await bus_commit(ctx, dut, base, n)     # too short, too long, result_len > room
             assert await read_reg(ctx, dut, 0, "STALE_RESPONSES") == stale, n
             assert (await status(ctx, dut, 0)).state == PPUState.RUNNING
+        # result_len (header bytes 8..11) with a high byte set exceeds the room: stale.
+        for k, stale in ((1, 6), (2, 7), (3, 8)):
+            bad = bytearray(payload)
+            bad[8 + k] = 1 << (k + 2)
+            await write_mailbox(ctx, dut, 0, bytes(bad))
+            await bus_commit(ctx, dut, base, len(payload))
+            assert await read_reg(ctx, dut, 0, "STALE_RESPONSES") == stale, k
+        # The header rewritten with result_len 4 is taken (nothing of the bad ones stays).
+        await write_mailbox(ctx, dut, 0, payload)
         await bus_commit(ctx, dut, base, len(payload))
         await wait_state(ctx, dut, 0, PPUState.DONE)
         assert await read_reg(ctx, dut, 0, "R1") == 0x2A
-        assert await read_reg(ctx, dut, 0, "STALE_RESPONSES") == 5
+        assert await read_reg(ctx, dut, 0, "STALE_RESPONSES") == 8
 
     run(tb)
 
