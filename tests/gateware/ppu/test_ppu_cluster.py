@@ -452,6 +452,28 @@ def test_nothing_at_or_past_tail_runs(way):
     run(tb)
 
 
+def test_run_wraps_the_ring_and_stops_at_tail_0():
+    """A run through the ring's last slot wraps to slot 0, and stops there when TAIL is 0 (the
+    ring committed up to its end by an append): UNDERFLOW, slot 0 is not run again."""
+    depth = PARAMS.imem_depth
+
+    async def tb(ctx, dut):
+        await upload(ctx, dut, 0, [set_(5, 5), set_(6, 6)], first=depth - 2)
+        # The ADD stalls ~110 cycles while the host appends up to the ring's end.
+        s = await start(ctx, dut, [acquire(0, 1, 10, 100, 0), add(2, 1, 0),
+                                   branch(Cond.ALWAYS, 0, 0, depth - 2)])
+        await ctx.tick().until(dut.now == s + 20)
+        assert await read_reg(ctx, dut, 0, "PC") == 1
+        await write_reg(ctx, dut, 0, "TAIL", 0)
+        st = await wait_state(ctx, dut, 0, PPUState.ERROR)
+        assert st.underflow and not st.illegal_instruction and not st.late
+        assert await read_reg(ctx, dut, 0, "PC") == 0
+        assert [await read_reg(ctx, dut, 0, f"R{i}") for i in (5, 6)] == [5, 6]
+
+    mon = run(tb)
+    assert len(mon.cycles("window")) == 100      # the ACQUIRE in slot 0 ran once
+
+
 def test_late_event_quiets_outputs_at_once():
     out = {}
 
