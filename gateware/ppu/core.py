@@ -29,17 +29,18 @@ Run control (STATUS.state, :class:`~openqlink.isa.PPUState`):
 Core pipeline (DTD cycles): instruction memory read (address ``fetch_pc``) -> memory output
 -> fetched-instruction register ``f_*`` (the block RAM's output registered, nothing between
 them) -> decode (``t + offset_cycles``, channel selects, legality, scoreboard mask) ->
-execute-stage registers ``x_*``. Fetching runs ahead of execution up to two instructions. The
-execute stage takes the next instruction when it is empty, so an instruction takes 2 cycles
-unless it stalls (as an unpipelined fetch-execute core), and the decode stage always sees the
-``t`` its predecessor wrote. A BRANCH takes 3 cycles: the cycle it enters the execute stage it
-reads its target from the instruction memory and evaluates its condition into a register
-(``br_*``); the cycle after, the selected instruction (the fetched one, or the target) enters
-the execute stage directly. While it waits for a pending ``rs``, both paths are thus ready when
-the measurement lands; and its condition is decided on the bit landing in that very cycle
-(``settle``/``land_bit``: ``rs`` is written only by the ACQUIREs it waits for, so it is that
-bit). Measurement -> conditional pulse (last ADC sample of the window to the first DAC sample
-of the PLAY on either path): 8 cycles (the results are registered once in the core).
+execute-stage registers ``x_*`` (the instruction word and its sums load whenever the stage is
+open, the control only with the instruction). Fetching runs ahead of execution up to two
+instructions. The execute stage takes the next instruction when it is empty, so an instruction
+takes 2 cycles unless it stalls (as an unpipelined fetch-execute core), and the decode stage
+always sees the ``t`` its predecessor wrote. A BRANCH takes 3 cycles: the cycle it enters
+the execute stage it reads its target from the instruction memory and evaluates its condition
+into a register (``br_*``); the cycle after, the selected instruction (the fetched one, or the
+target) enters the execute stage directly. While it waits for a pending ``rs``, both paths are
+thus ready when the measurement lands; and its condition is decided on the bit landing in that
+very cycle (``settle``/``land_bit``: ``rs`` is written only by the ACQUIREs it waits for, so it
+is that bit). Measurement -> conditional pulse (last ADC sample of the window to the first DAC
+sample of the PLAY on either path): 8 cycles (the results are registered once in the core).
 
 r0 reads 0; r1..r15 are 32-bit. PLAY/ACQUIRE/MARKER push ``{time = t + offset_cycles, ...}``
 into the channel's FIFO (stall while full); a channel number beyond the build's channels is an
@@ -353,8 +354,9 @@ class PPU(wiring.Component):
                 m.d.sync += [pending[i].eq(pending_next), busy[i].eq(pending_next != 0),
                              pend_one[i].eq(pend_one_next)]
             # The results of the next cycle are the channels' (their flush clears them).
+            ro_flush = flush[len(drives):len(drives) + len(readouts)]
             lands_next = Cat(*(ch.result_hit[i] & ~f for ch, f in
-                               zip(readouts, flush[len(drives):], strict=False))).any()
+                               zip(readouts, ro_flush, strict=True))).any()
             m.d.sync += land_last[i].eq(~clear_regs & pend_one_next & lands_next)
             with m.If(clear_regs):
                 m.d.sync += [regs[i].eq(0), pending[i].eq(0), busy[i].eq(0), pend_one[i].eq(0)]
