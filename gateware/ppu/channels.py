@@ -418,6 +418,12 @@ class DriveChannel(wiring.Component):
         The shared timeline counter.
     flush : ``In(1)``
         Synchronous reset of the channel (FIFO and outputs).
+    flush_next : ``In(1)``
+        High in the cycle before ``flush`` rises (the PPU's error stage). ``dac`` is not among
+        the registers that ``flush`` resets (nothing but a flip-flop follows the multiplier):
+        the product stage takes a zero amplitude while ``flush_next`` is high, so ``dac`` is 0
+        from the cycle after ``flush`` rises, with the outputs that ``flush`` resets. Tie it to
+        0 and ``dac`` is 0 a cycle later.
     env_rd_addr : ``Out(range(env_depth // 4))``
         Word address for a synchronous (1-cycle latency) read port of the envelope memory,
         64-bit words of 4 samples, sample ``i`` at bits ``[16i+15:16i]``.
@@ -444,6 +450,7 @@ class DriveChannel(wiring.Component):
             "event": In(stream.Signature(self._event)),
             "now": In(time_bits),
             "flush": In(1),
+            "flush_next": In(1),
             "env_rd_addr": Out(range(env_depth // _SAMPLES_PER_WORD)),
             "env_rd_data": In(64),
             "dac": Out(signed(SAMPLE_BITS)),
@@ -501,9 +508,10 @@ class DriveChannel(wiring.Component):
         m.d.sync += [s2_valid.eq(s1_valid), s2_lane.eq(s1_lane), s2_amp.eq(s1_amp),
                      s2_word.eq(self.env_rd_data)]
 
-        # Operand stage: the sample selected, and the amplitude made 0 when nothing plays and
-        # -32767 for -1 * -1 (the only product out of range: 2**30 >> 15 = 32768; -32768 *
-        # -32767 >> 15 = 32767, the saturated value), so nothing follows the multiplier.
+        # Operand stage: the sample selected, and the amplitude made 0 when nothing plays (or
+        # the channel is flushed from the next cycle on) and -32767 for -1 * -1 (the only
+        # product out of range: 2**30 >> 15 = 32768; -32768 * -32767 >> 15 = 32767, the
+        # saturated value), so nothing follows the multiplier.
         sample = s2_word.word_select(s2_lane, SAMPLE_BITS).as_signed()
         lo = -(1 << (SAMPLE_BITS - 1))
         s3_valid = Signal()
@@ -512,20 +520,24 @@ class DriveChannel(wiring.Component):
         m.d.sync += [
             s3_valid.eq(s2_valid),
             s3_sample.eq(sample),
-            s3_amp.eq(Mux(~s2_valid, 0,
+            s3_amp.eq(Mux(~s2_valid | self.flush_next, 0,
                           Mux((sample == lo) & (s2_amp == lo), lo + 1, s2_amp))),
         ]
 
-        # Product stage: the multiplier's output, scaled, is the output register.
+        # Product stage: the multiplier's output, scaled, is the output register. ``dac`` is
+        # outside the flush (a synchronous reset would be a LUT between the multiplier and
+        # the flip-flop, whose asynchronous reset is the domain's): the operand stage is zero
+        # from the cycle ``flush_next`` is high, so the product is 0 when ``flush`` acts.
         prod = Signal(signed(2 * SAMPLE_BITS))
-        m.d.comb += prod.eq(s3_sample * s3_amp)
-        m.d.sync += [
-            self.dac.eq(prod[SAMPLE_BITS - 1:2 * SAMPLE_BITS - 1].as_signed()),
-            self.active.eq(s3_valid),
+        m.d.comb += [
+            prod.eq(s3_sample * s3_amp),
+            self.idle.eq(q.empty & ~more & ~s1_valid & ~s2_valid & ~s3_valid),
         ]
-
-        m.d.comb += self.idle.eq(q.empty & ~more & ~s1_valid & ~s2_valid & ~s3_valid)
-        return ResetInserter(self.flush)(m)
+        m.d.sync += self.active.eq(s3_valid)
+        top = Module()
+        top.submodules.flushed = ResetInserter(self.flush)(m)
+        top.d.sync += self.dac.eq(prod[SAMPLE_BITS - 1:2 * SAMPLE_BITS - 1].as_signed())
+        return top
 
 
 class ReadoutChannel(wiring.Component):

@@ -498,7 +498,16 @@ class PPU(wiring.Component):
             m.d.sync += [getattr(dec, k).eq(v) for k, v in decode(raw, name).items()]
 
         # Execute stage: the instruction and its decoded fields.
-        x_valid = Signal()
+        # ``x_valid``, ``x_br``, ``br_ready`` and ``br_taken`` each have a copy (``__rep1``, set
+        # and cleared in the same statements: ``ctl_eq``) that only the wide fields' load below
+        # reads, so that the LUTs placed among those hundreds of flip-flops share nothing with
+        # the core's own next-state logic.
+        ctl = {n: (Signal(name=n), Signal(name=f"{n}__rep1"))
+               for n in ("x_valid", "x_br", "br_ready", "br_taken")}
+        x_valid = ctl["x_valid"][0]
+
+        def ctl_eq(**values):
+            return [s.eq(v) for n, v in values.items() for s in ctl[n]]
         x_raw = Signal(INSTRUCTION_BITS)
         x = Instruction(x_raw)
         xd = Signal(decoded)
@@ -506,8 +515,8 @@ class PPU(wiring.Component):
         x_illegal = xd.illegal
         x_sel = {"drive": xd.sel_drive, "readout": xd.sel_readout, "marker": xd.sel_marker}
         x_time = Signal(tb)                # t + offset_cycles, for PLAY, ACQUIRE, MARKER
-        br_ready = Signal()                # BRANCH condition evaluated ...
-        br_taken = Signal()                # ... and its value
+        br_ready = ctl["br_ready"][0]      # BRANCH condition evaluated ...
+        br_taken = ctl["br_taken"][0]      # ... and its value
         call_issued = Signal()
         x_rd = x_raw[8:12]
         x_rs = x_raw[12:16]
@@ -522,7 +531,7 @@ class PPU(wiring.Component):
         # ``x_ok``: the execute stage holds a legal instruction; ``x_br``: ... a BRANCH. Both are
         # flip-flops, set and cleared with ``x_valid``.
         x_ok = Signal()
-        x_br = Signal()
+        x_br = ctl["x_br"][0]
         m.d.comb += ex.eq(run & x_ok)
         # ``blocked``: the mask of the instruction in the execute stage AND'ed with ``busy``,
         # OR'ed: four ORs of four bits registered from the next cycle's values (below), then
@@ -633,8 +642,9 @@ class PPU(wiring.Component):
         # one more, not ``x_load``: what they take in a cycle that no instruction enters is
         # never used (``x_valid`` stays low, or the resolved BRANCH, whose target is in
         # ``x_target``, reads none of them). A BRANCH resolved taken loads its target.
-        x_open = kept(m, ~x_valid | (x_br & br_ready), "x_open")
-        load_tgt = kept(m, x_br & br_ready & br_taken, "load_tgt")
+        w_valid, w_br, w_ready, w_taken = (ctl[n][1] for n in ctl)
+        x_open = kept(m, ~w_valid | (w_br & w_ready), "x_open")
+        load_tgt = kept(m, w_br & w_ready & w_taken, "load_tgt")
         # The control (``x_valid``, the decoded flags, ``x_target``) loads with ``x_load``,
         # which implies ``x_br & br_ready`` when the stage is full: its source is the target
         # iff ``x_valid & br_taken`` (two flip-flops, where ``load_tgt`` is a net across the
@@ -660,21 +670,20 @@ class PPU(wiring.Component):
             m.d.sync += mask_busy[j].eq(~clear_regs & Mux(x_load, Mux(ctl_tgt, tgt_b, f_b), x_b))
         with m.If(x_load):
             m.d.sync += [
-                x_valid.eq(1),
+                *ctl_eq(x_valid=1, x_br=Mux(ctl_tgt, tgt_dec.branch & ~tgt_dec.illegal,
+                                            f_dec.branch & ~f_dec.illegal),
+                        br_ready=0),
                 x_ok.eq(~Mux(ctl_tgt, tgt_dec.illegal, f_dec.illegal)),
-                x_br.eq(Mux(ctl_tgt, tgt_dec.branch & ~tgt_dec.illegal,
-                            f_dec.branch & ~f_dec.illegal)),
                 x_target.eq(Mux(ctl_tgt, Instruction(tgt_insn).operands.branch.target[:pc_bits],
                                 Instruction(f_insn).operands.branch.target[:pc_bits])),
                 *(getattr(xd, k).eq(Mux(ctl_tgt, getattr(tgt_dec, k), getattr(f_dec, k)))
                   for k in decoded.members if k not in wide),
-                br_ready.eq(0),
                 call_issued.eq(0),
                 tgt_issued.eq(0),
                 tgt_none.eq(0),
             ]
         with m.Elif(x_done):
-            m.d.sync += [x_valid.eq(0), x_ok.eq(0), x_br.eq(0)]
+            m.d.sync += [*ctl_eq(x_valid=0, x_br=0), x_ok.eq(0)]
 
         # Instruction memory read: the branch target once, else the next instruction while
         # the fetched register and the memory output are not both full.
@@ -799,11 +808,11 @@ class PPU(wiring.Component):
                                 m.d.comb += taken.eq(~rs_lt)
                             with m.Default():
                                 m.d.comb += taken.eq(1)
-                        m.d.sync += [br_ready.eq(1), br_taken.eq(taken)]
+                        m.d.sync += ctl_eq(br_ready=1, br_taken=taken)
                     with m.Elif(settle):
                         # The measurement lands now: decide on the bit it writes.
-                        m.d.sync += [br_ready.eq(1), br_taken.eq(
-                            Mux(land_bit, xd.taken_if_1, xd.taken_if_0))]
+                        m.d.sync += ctl_eq(br_ready=1, br_taken=Mux(
+                            land_bit, xd.taken_if_1, xd.taken_if_0))
             with m.If(x_is[Op.CALL]):
                 o = x.operands.call
                 with m.If(~call_issued):
@@ -850,8 +859,8 @@ class PPU(wiring.Component):
                      late_count.eq(sum(late_bits)),
                      late_events.eq(late_events + late_count)]
         with m.If(error_set):
-            m.d.sync += [state.eq(PPUState.ERROR), active.eq(0), x_valid.eq(0), x_ok.eq(0),
-                         x_br.eq(0), *(f.eq(1) for f in flush)]
+            m.d.sync += [state.eq(PPUState.ERROR), active.eq(0), *ctl_eq(x_valid=0, x_br=0),
+                         x_ok.eq(0), *(f.eq(1) for f in flush)]
             set_mode(_CoreMode.HALT)
             kill_fetch()
             for k, name in enumerate(errors):
@@ -861,6 +870,8 @@ class PPU(wiring.Component):
         for ch, f in zip(drives + readouts + markers, flush, strict=True):
             m.d.comb += ch.flush.eq(f)
         m.d.comb += call.abort.eq(error_set)
+        for ch in drives:
+            m.d.comb += ch.flush_next.eq(error_set)
 
         # ---- Bus: command stage and decode --------------------------------------------------
         # The command stage ``b_*`` registers the command with its region decoded; everything
@@ -989,9 +1000,8 @@ class PPU(wiring.Component):
                     state.eq(PPUState.ARMED),
                     *(f.eq(0) for f in flush),
                     active.eq(1),
-                    x_valid.eq(0),
+                    *ctl_eq(x_valid=0, x_br=0),
                     x_ok.eq(0),
-                    x_br.eq(0),
                 ]
                 set_mode(_CoreMode.RUN)
                 kill_fetch(0)
@@ -1048,10 +1058,11 @@ class PPU(wiring.Component):
         pt_region = Signal(WindowRegion)
         pt_half = Signal()
         pt_error = Signal()
-        # The memories' outputs land in registers of their own (nothing else reads them, so
-        # they sit by the block RAMs); the answer stage chooses between them.
-        pt_imem = Signal(INSTRUCTION_BITS)
-        pt_env = Signal(64)
+        # The memories' outputs land in registers of their own, reset-less and read by nothing
+        # else, so that the board build makes them the block RAMs' output registers
+        # (``openqlink.build.bram_output_registers``); the answer stage chooses between them.
+        pt_imem = Signal(INSTRUCTION_BITS, reset_less=True)
+        pt_env = Signal(64, reset_less=True)
         m.d.sync += [
             *(r.eq(v) for r, v in zip(pt_parts, parts, strict=True)),
             pt_region.eq(rd_region),
