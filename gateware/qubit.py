@@ -238,14 +238,13 @@ class QubitEmulator(wiring.Component):
         read_p1 = rise[1]                               # port A reads P(1) on this cycle
         project = rise[3]                               # the outcome is drawn on this cycle
 
-        # --- rotation: phase += dac * phase_step (the sample registered by the multiplier, the
-        # product registered, 0 when idle) ---------------------------------------------------
+        # --- rotation: phase += dac * phase_step (the sample registered, 0 when idle, in front
+        # of the multiplier; the product registered with nothing between) -------------------
         pb = self.phase_bits
         dac_r = Signal(signed(SAMPLE_BITS))
-        active_r = Signal()
-        m.d.sync += [dac_r.eq(dac), active_r.eq(ptd.dac_active[0])]
+        m.d.sync += dac_r.eq(Mux(ptd.dac_active[0], dac, 0))
         step = Signal(signed(SAMPLE_BITS + _STEP_BITS + 1))
-        m.d.sync += step.eq(Mux(active_r, dac_r * Const(self.phase_step, unsigned(_STEP_BITS)), 0))
+        m.d.sync += step.eq(dac_r * Const(self.phase_step, unsigned(_STEP_BITS)))
         phase = Signal(pb)
         step_turn = step[:pb] if len(step) >= pb else step.as_signed()   # modulo one turn
 
@@ -259,9 +258,10 @@ class QubitEmulator(wiring.Component):
             port_a.addr.eq(Mux(read_p1, Cat(folded, Const(0, 1)), Cat(noise_a, Const(1, 1)))),
             port_b.addr.eq(Cat(noise_b, Const(1, 1))),
         ]
-        # The block RAM's outputs are slow (about 6 ns from the clock): registered first.
-        data_a = Signal(_WORD_BITS)
-        data_b = Signal(_WORD_BITS)
+        # The block RAM's outputs are slow (about 6 ns from the clock): registered first, in
+        # reset-less registers that the board build makes the block RAM's output registers.
+        data_a = Signal(_WORD_BITS, reset_less=True)
+        data_b = Signal(_WORD_BITS, reset_less=True)
         m.d.sync += [data_a.eq(port_a.data), data_b.eq(port_b.data)]
 
         # P(1) of the state at the window's start, and the draw kept from that cycle's step.
