@@ -305,7 +305,9 @@ class CommitEngine(wiring.Component):
         m = Module()
         d = Signal(commit_descriptor_layout(self.ptr_bits))
         rd = Signal(self.ptr_bits)            # next buffer word to read
-        rd_word = Signal(64)                  # the buffer's output, registered
+        # The buffer's output, registered (reset-less: the board build makes it the block
+        # RAM's output register).
+        rd_word = Signal(64, reset_less=True)
         lo = Signal(64)                       # the word before rd_word
         dst = Signal(29)                      # bus word of the next command
         left = Signal(self.ptr_bits + 1)      # commands of the payload still to emit

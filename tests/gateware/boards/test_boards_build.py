@@ -381,3 +381,66 @@ def test_replica_flip_flops_survive_synthesis(tmp_path):
 
     assert flip_flops(build.YOSYS_AFTER_READ) == 64 + 4
     assert flip_flops("") == 64 + 1
+
+
+def _synthesize(tmp_path, m, ports) -> dict:
+    """``m`` through the build's Yosys commands and ``synth_ecp5``, as a JSON netlist."""
+    import subprocess
+
+    from amaranth.back import rtlil
+
+    yosys = build.find_tool("yosys")
+    if yosys is None:
+        pytest.skip("no Yosys (pip install 'openqlink[build]')")
+    (tmp_path / "t.il").write_text(rtlil.convert(m, ports=ports))
+    subprocess.run([yosys, "-q", "-p", f"read_rtlil t.il; {build.YOSYS_AFTER_READ}; "
+                    "synth_ecp5 -top top -json t.json"],
+                   cwd=tmp_path, check=True, env=build.toolchain_env())
+    return json.loads((tmp_path / "t.json").read_text())
+
+
+def _cells(netlist: dict, kind: str) -> list[dict]:
+    return [c for c in netlist["modules"]["top"]["cells"].values() if c["type"] == kind]
+
+
+@pytest.mark.parametrize("reset_less, shared", [(True, False), (False, False), (True, True)])
+def test_bram_output_registers_take_only_a_lone_reset_less_register(tmp_path, reset_less,
+                                                                    shared):
+    """A register that a 36-bit read port's data drives alone, reset-less, moves into the
+    DP16KD (``REGMODE`` OUTREG, ``OCE`` its enable, its output net kept); one with a reset, or
+    beside another register on the same data, stays a flip-flop."""
+    from amaranth.hdl import Module, Signal
+    from amaranth.lib.memory import Memory
+
+    from openqlink.gateware import bram
+
+    m = Module()
+    m.submodules.mem = mem = Memory(shape=36, depth=512, init=[],
+                                    attrs={"no_rw_check": True})
+    w = mem.write_port()
+    r = bram.read_port(m, mem, name="rd")
+    wa, wd, we, ra, ce = Signal(9), Signal(36), Signal(), Signal(9), Signal()
+    q = Signal(36, reset_less=reset_less)
+    q2 = Signal(36)
+    m.d.comb += [w.addr.eq(wa), w.data.eq(wd), w.en.eq(we), r.addr.eq(ra)]
+    with m.If(ce):
+        m.d.sync += q.eq(r.data)
+    ports = [wa, wd, we, ra, ce, q]
+    if shared:
+        m.d.sync += q2.eq(r.data)
+        ports.append(q2)
+    netlist = _synthesize(tmp_path, m, ports)
+    before = len(_cells(netlist, "TRELLIS_FF"))
+    moved = build.bram_output_registers(netlist)
+    (ram,) = _cells(netlist, "DP16KD")
+    if reset_less and not shared:
+        assert moved == 36 and len(_cells(netlist, "TRELLIS_FF")) == before - 36
+        assert (ram["parameters"]["REGMODE_A"], ram["parameters"]["REGMODE_B"]) == \
+            ("OUTREG", "OUTREG")
+        assert ram["connections"]["OCEA"] == ram["connections"]["OCEB"] != ["1"]
+        q_bits = netlist["modules"]["top"]["ports"]["q"]["bits"]
+        outs = [ram["connections"][f"DO{p}{i}"][0] for p in "AB" for i in range(18)]
+        assert sorted(outs) == sorted(q_bits)
+    else:
+        assert moved == 0 and len(_cells(netlist, "TRELLIS_FF")) == before
+        assert ram["parameters"]["REGMODE_B"] == "NOREG"
