@@ -18,7 +18,9 @@ before its time (:class:`DriveChannel`: 5, :class:`ReadoutChannel` and :class:`M
 
 All channels are written in ``sync`` (renamed to ``dtd`` by the top). Asserting ``flush`` resets
 a channel synchronously: its queue empties and its outputs are 0 from the next cycle (the PPU
-asserts it while it is in ERROR; a push that is offered in a flushed cycle is discarded).
+asserts it while it is in ERROR; a push that is offered in a flushed cycle is discarded). A
+:class:`DriveChannel`'s ``dac`` needs ``flush_next`` for that (high the cycle before ``flush``
+rises), else it is 0 a cycle later.
 
 # Ref: ARTIQ RTIO (timestamped event FIFOs, LATE/UNDERFLOW, ``artiq/gateware/rtio/sed``);
 # QICK tProcessor timed queues; openqlink docs/architecture.md (PTD interface).
