@@ -473,6 +473,9 @@ class BuildReport:
     #: Every register input that misses its clock, by source line: see
     #: :func:`failing_endpoints`.
     failing_endpoints: list[dict[str, object]] = field(default_factory=list)
+    #: Flip-flops moved into the block RAMs' output registers: see
+    #: :func:`bram_output_registers`.
+    bram_output_registers: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
@@ -772,7 +775,8 @@ def build_board(profile, out_dir: Path, *, seed: int = 1, seeds: int = 1,
         clocks=clocks, resources=pnr.resources, available=pnr.available, seconds=0.0,
         stages=stages, timing_met=timing_met, params=asdict(profile.params), seed=seed,
         placer=placer,
-        seeds=seed_table, critical_paths=paths, failing_endpoints=failing)
+        seeds=seed_table, critical_paths=paths, failing_endpoints=failing,
+        bram_output_registers=moved)
     if timing_met:
         run(commands[2])
         shutil.copyfile(work / f"{name}.bit", bit_out)

@@ -89,7 +89,9 @@ def test_build_that_meets_timing_writes_bit_and_report(tmp_path, monkeypatch):
     assert saved["resources"] == {"LUT4": 17173, "FF": 8011, "DP16KD": 13, "MULT18": 2}
     assert saved["timing_met"] is True and saved["seconds"] >= 0
     assert saved["bitstream"] == "colorlight-5a-75b.bit"
+    assert saved["bram_output_registers"] == 0          # the stand-in's netlist is empty
     assert report.timing_met and stages[0] == "elaboration (Amaranth)"
+    assert "block RAM output registers" in stages
 
 
 def test_unknown_placer_is_refused_before_anything_runs(tmp_path, monkeypatch):
