@@ -741,7 +741,10 @@ def build_board(profile, out_dir: Path, *, seed: int = 1, seeds: int = 1,
         raise BuildError(f"unexpected build commands from the platform: {tools}")
     run(commands[0])
     netlist_path = work / f"{name}.json"
-    netlist = json.loads(netlist_path.read_text())
+    try:
+        netlist = json.loads(netlist_path.read_text())
+    except (OSError, ValueError) as e:
+        raise BuildError(f"Yosys wrote no readable netlist ({netlist_path}): {e}") from None
     moved = bram_output_registers(netlist)
     netlist_path.write_text(json.dumps(netlist))
     if progress is not None:
@@ -756,10 +759,6 @@ def build_board(profile, out_dir: Path, *, seed: int = 1, seeds: int = 1,
     log = (work / f"{name}.tim").read_text(errors="replace")
     pnr = parse_nextpnr_log(log)
     clocks = clock_table(pnr, profile)
-    try:
-        netlist = json.loads((work / f"{name}.json").read_text())
-    except (OSError, ValueError):
-        netlist = {}                        # the paths are still reported, without sources
     names = clock_names(pnr, profile)
     paths = critical_path_table(parse_critical_paths(log), netlist, names)
     try:

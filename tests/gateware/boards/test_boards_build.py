@@ -212,6 +212,19 @@ def test_failing_tool_is_a_build_error(tmp_path, monkeypatch):
     assert not list((tmp_path / "out").rglob("*.bit"))
 
 
+def test_unreadable_netlist_is_a_build_error(tmp_path, monkeypatch):
+    install_fake_tools(tmp_path, monkeypatch, rti_mhz=130, dtd_mhz=130)
+    bad = tmp_path / "fake-tools" / "bad-yosys"
+    bad.write_text("#!/bin/sh\nfor a; do last=$a; done\n"
+                   "echo 'not json' > \"${last%.ys}.json\"\n")
+    bad.chmod(0o755)
+    monkeypatch.setenv("YOSYS", str(bad))
+    with pytest.raises(build.BuildError, match="Yosys wrote no readable netlist"):
+        build.build_board(COLORLIGHT, tmp_path / "out")
+    assert not (tmp_path / "fake-tools" / "seeds").exists()       # nextpnr never ran
+    assert not list((tmp_path / "out").rglob("*.bit"))
+
+
 def test_export_verilog_names_the_stream_ports(tmp_path):
     v_path, j_path = build.export_verilog(tmp_path, COLORLIGHT.params)
     text = v_path.read_text()
