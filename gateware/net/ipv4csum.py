@@ -61,20 +61,27 @@ class IPv4Checksum(wiring.Component):
                 sum_b.eq(sum(words[half:])),
             ]
 
-        # Stage 2: total (< 2**20), the end-around-carry folds, complement. The first fold is
-        # computed with and without the second fold's carry side by side, and its own carry
-        # picks one: two adders in a row, not three. The ``+ 1`` is a carry into the low end
-        # (``2 lo + 1 + 2 hi + 1 = 2 (lo + hi + 1)``), so it is one carry chain, not a chain
-        # behind the fold's.
-        total = Signal(20)
-        fold1 = Signal(17)
-        fold1_p1 = Signal(18)
+        # Stage 2: the one's-complement sum of the partial sums' low and high parts (a sum
+        # mod 0xFFFF is unchanged by moving bit 16 to bit 0): two 3:2 carry-save levels whose
+        # carries out of bit 15 wrap to bit 0, then one end-around-carry adder, computed with
+        # and without the carry in side by side (the ``+ 1`` is a carry into the low end:
+        # ``2 x + 1 + 2 y + 1 = 2 (x + y + 1)``) and its own carry picking one. One carry chain;
+        # the sum is 0 only when every part is (the carry-save words are 0 only then), so the
+        # result is the sum's usual 16-bit form: 0 for an all-zero header, else 1..0xFFFF.
+        def csa(a, b, c):
+            carry = (a & b) | (a & c) | (b & c)
+            return a ^ b ^ c, Cat(carry[15], carry[:15])
+
+        parts = [sum_a[:16], sum_b[:16], sum_a[16:].as_unsigned(), sum_b[16:].as_unsigned()]
+        s1, c1 = csa(parts[0], parts[1], Cat(parts[2], Const(0, 13)))
+        s2, c2 = csa(s1, c1, Cat(parts[3], Const(0, 13)))
+        pair = Signal(17)
+        pair_p1 = Signal(18)
         fold2 = Signal(16)
         m.d.comb += [
-            total.eq(sum_a + sum_b),
-            fold1.eq(total[:16] + total[16:]),
-            fold1_p1.eq(Cat(Const(1, 1), total[:16]) + Cat(Const(1, 1), total[16:])),
-            fold2.eq(Mux(fold1[16], fold1_p1[1:17], fold1[:16])),
+            pair.eq(s2 + c2),
+            pair_p1.eq(Cat(Const(1, 1), s2) + Cat(Const(1, 1), c2)),
+            fold2.eq(Mux(pair[16], pair_p1[1:17], pair[:16])),
         ]
         m.d.sync += self.done.eq(stage1)
         with m.If(stage1):
