@@ -74,6 +74,7 @@ from ...wire.roce import BTH, ICRC_BYTES, IMMDT, RETH, Opcode
 from ...wire.udp import CONTROL_PORT, ROCEV2_PORT, UDP
 from .. import bram
 from ..bus import BusCommand, BusOp
+from ..logic import kept
 from ..packet import PingPongSlice, packet_signature
 from .common import COUNTER_INDEX, DropReason, NetConfig, QPContext
 from .control import ControlRequest
@@ -196,8 +197,12 @@ class HeadFIFO(wiring.Component):
                 m.d.sync += [self.r_data.eq(inner_data), self.r_rdy.eq(1)]
             with m.Else():
                 m.d.sync += [self.r_data.eq(self.w_data), self.r_rdy.eq(do_write)]
+        # ``w_en`` comes last (its strobe is the slowest input): each register the write side
+        # updates takes the value for a write or for none, both ready from the read side's
+        # registers and kept apart, chosen by ``w_en`` in one LUT.
+        head_takes = kept(m, refill & inner_empty, "head_takes")
         to_inner = Signal()
-        m.d.comb += to_inner.eq(do_write & ~(refill & inner_empty))
+        m.d.comb += to_inner.eq(do_write & ~head_takes)
         if inner_depth:
             m.submodules.storage = storage = Memory(shape=self.width, depth=inner_depth,
                                                     init=[])
@@ -222,11 +227,16 @@ class HeadFIFO(wiring.Component):
                 m.d.sync += produce.eq(incr(produce))
             with m.If(inner_read):
                 m.d.sync += consume.eq(incr(consume))
-            m.d.sync += inner_level.eq(inner_level + to_inner - inner_read)
-        with m.If(do_write & ~do_read):
-            m.d.sync += [level.eq(level + 1), full.eq(level == self.depth - 1)]
-        with m.Elif(do_read & ~do_write):
-            m.d.sync += [level.eq(level - 1), full.eq(0)]
+            inner_none = kept(m, inner_level - inner_read, "inner_none")
+            inner_write = kept(m, Mux(head_takes, inner_level - inner_read,
+                                      inner_level + 1 - inner_read), "inner_write")
+            m.d.sync += inner_level.eq(Mux(do_write, inner_write, inner_none))
+        level_write = kept(m, Mux(do_read, level, level + 1), "level_write")
+        level_none = kept(m, Mux(do_read, level - 1, level), "level_none")
+        full_write = kept(m, Mux(do_read, full, level == self.depth - 1), "full_write")
+        full_none = kept(m, ~do_read & full, "full_none")
+        m.d.sync += [level.eq(Mux(do_write, level_write, level_none)),
+                     full.eq(Mux(do_write, full_write, full_none))]
         return m
 
 
