@@ -42,6 +42,8 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
 
+from ..logic import kept
+
 __all__ = [
     "FIFO_DEPTH", "SAMPLE_BITS", "PTDSignature",
     "drive_event", "readout_event", "marker_event",
@@ -54,15 +56,6 @@ FIFO_DEPTH = 16
 SAMPLE_BITS = 16
 #: Envelope samples per 64-bit envelope-memory word.
 _SAMPLES_PER_WORD = 4
-
-
-def kept(m: Module, value, name: str) -> Signal:
-    """``value`` through a signal that synthesis keeps: a LUT boundary, so the logic on either
-    side is mapped on its own (Yosys's abc9 otherwise trades the depth of a cone off the
-    critical path for area, up to the depth of the design's longest path)."""
-    sig = Signal(len(Value.cast(value)), name=name, attrs={"keep": 1})
-    m.d.comb += sig.eq(value)
-    return sig
 
 
 def equal(m: Module, a, b, name: str):
@@ -609,6 +602,7 @@ class ReadoutChannel(wiring.Component):
         wiring.connect(m, wiring.flipped(self.event), q.event)
         head = q.head
         rem = Signal(16)
+        rem_two = Signal()       # rem == 2, from the values ``rem`` is loaded with
         # ``acc`` starts at ``-threshold - 1`` (= ~threshold): ``sum > threshold`` is then
         # ``acc + sum >= 0``, the sign of one adder. 34 bits hold every sum of 65535 samples.
         acc = Signal(signed(34))
@@ -638,7 +632,7 @@ class ReadoutChannel(wiring.Component):
         # left is not in its last. So each one's result one-hot is ready from flip-flops (the
         # head's is the queue's ``head_tag``), and ``fire`` meets them in one LUT per bit.
         head_hit, head_last = q.head_tag[:16], q.head_tag[16]
-        open_last = kept(m, open_ & (rem == 2), "open_last")
+        open_last = kept(m, open_ & rem_two, "open_last")
         open_hit = kept(m, Mux(open_last, onehot(rd), 0), "open_hit")
         m.d.sync += [last.eq((fire & head_last) | open_last),
                      self.result_hit.eq(Mux(fire, head_hit, 0) | open_hit)]
@@ -647,9 +641,10 @@ class ReadoutChannel(wiring.Component):
         with m.Elif(open_):
             m.d.sync += open_.eq(~last)
         with m.If(free):
-            m.d.sync += [rem.eq(head.window_cycles), acc.eq(~head.threshold), rd.eq(head.rd)]
+            m.d.sync += [rem.eq(head.window_cycles), rem_two.eq(head.window_cycles == 2),
+                         acc.eq(~head.threshold), rd.eq(head.rd)]
         with m.Else():
-            m.d.sync += [rem.eq(rem - 1), acc.eq(total)]
+            m.d.sync += [rem.eq(rem - 1), rem_two.eq(rem == 3), acc.eq(total)]
 
         m.d.comb += self.idle.eq(q.empty & ~open_)
         return ResetInserter(self.flush)(m)
