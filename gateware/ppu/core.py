@@ -27,20 +27,23 @@ Run control (STATUS.state, :class:`~openqlink.isa.PPUState`):
   are 0 and the FIFOs empty. A late event never fires.
 
 Core pipeline (DTD cycles): instruction memory read (address ``fetch_pc``) -> memory output
--> fetched-instruction register ``f_*`` (the block RAM's output registered, nothing between
-them) -> decode (``t + offset_cycles``, channel selects, legality, scoreboard mask) ->
-execute-stage registers ``x_*`` (the instruction word and its sums load whenever the stage is
-open, the control only with the instruction). Fetching runs ahead of execution up to two
-instructions. The execute stage takes the next instruction when it is empty, so an instruction
-takes 2 cycles unless it stalls (as an unpipelined fetch-execute core), and the decode stage
-always sees the ``t`` its predecessor wrote. A BRANCH takes 3 cycles: the cycle it enters
-the execute stage it reads its target from the instruction memory and evaluates its condition
-into a register (``br_*``); the cycle after, the selected instruction (the fetched one, or the
-target) enters the execute stage directly. While it waits for a pending ``rs``, both paths are
-thus ready when the measurement lands; and its condition is decided on the bit landing in that
-very cycle (``settle``/``land_bit``: ``rs`` is written only by the ACQUIREs it waits for, so it
-is that bit). Measurement -> conditional pulse (last ADC sample of the window to the first DAC
-sample of the PLAY on either path): 8 cycles (the results are registered once in the core).
+-> ``o_insn`` (the memory output registered, nothing between them: the build moves it into the
+block RAM's output register) -> fetched-instruction register ``f_*`` -> decode (``t +
+offset_cycles``, channel selects, legality, scoreboard mask) -> execute-stage registers ``x_*``
+(the instruction word and its sums load whenever the stage is open, the control only with the
+instruction). Fetching runs ahead of execution up to three instructions. The execute stage
+takes the next instruction when it is empty, so an instruction takes 2 cycles unless it stalls
+(as an unpipelined fetch-execute core), and the decode stage always sees the ``t`` its
+predecessor wrote. A BRANCH takes 4 cycles, 5 when taken: the cycle it enters the execute
+stage it reads its target from the instruction memory, and evaluates its condition into a
+register (``br_*``); once both are ready, the selected instruction (the fetched one, or the
+decoded target) enters the execute stage directly. After a taken BRANCH the fetch restarts
+behind the target, whose successor comes 3 cycles later than an instruction in sequence.
+While a BRANCH waits for a pending ``rs``, both paths are thus ready when the measurement lands;
+and its condition is decided on the bit landing in that very cycle (``settle``/``land_bit``:
+``rs`` is written only by the ACQUIREs it waits for, so it is that bit). Measurement ->
+conditional pulse (last ADC sample of the window to the first DAC sample of the PLAY on either
+path): 8 cycles (the results are registered once in the core).
 
 r0 reads 0; r1..r15 are 32-bit. PLAY/ACQUIRE/MARKER push ``{time = t + offset_cycles, ...}``
 into the channel's FIFO (stall while full); a channel number beyond the build's channels is an
@@ -83,6 +86,7 @@ from ...isa.layout import (
 from ...memory_map import PPU_REGISTERS, Access, QSCParams
 from .. import bram
 from ..bus import BusCommand, BusOp, BusReadData, CallRequest
+from ..logic import kept
 from .callunit import MAILBOX_WORDS, CallUnit
 from .channels import (
     FIFO_DEPTH,
@@ -92,7 +96,6 @@ from .channels import (
     ReadoutChannel,
     add_small,
     equal,
-    kept,
     less,
 )
 
@@ -109,7 +112,7 @@ REGS_WORDS = max(r.offset for r in PPU_REGISTERS) // 8 + 1
 #: RAM's output. The bus writes a word the core or a channel reads only while it is being
 #: overwritten anyway; a bus READ and WRITE never share a cycle.
 _NO_RW_CHECK = {"no_rw_check": True}
-#: Groups of ``f_insn`` that each have an enable (and a ``m_valid`` copy) of their own.
+#: Groups of ``f_insn`` that each have an enable (and a ``o_valid`` copy) of their own.
 _FETCH_GROUPS = 4
 #: Bits of one slice of the instruction and envelope memories (see :class:`_SlicedMemory`).
 _SLICE_BITS = 16
@@ -257,8 +260,14 @@ class PPU(wiring.Component):
         # value registered from the cycle before: the two differ only in the cycle that
         # ``run_due`` rises, where ``START_TIME == now + 1``, or right after a trigger, when
         # no instruction enters the execute stage.
+        # Its choice is ``run_due`` computed a cycle early (``run_start <= now_p2``,
+        # registered), wrong only in the cycle after a trigger writes ``run_start``, two cycles
+        # before the fetch restarted by the trigger can bring an instruction to decode: no
+        # carry chain in front of the choice.
         sync_anchor = Signal(tb)
-        m.d.sync += sync_anchor.eq(Mux(run_due, add_small(now, 2), run_start))
+        run_due_early = Signal()
+        m.d.sync += [run_due_early.eq(~less(m, now_p2, run_start, "run_due_early")),
+                     sync_anchor.eq(Mux(run_due_early, add_small(now, 2), run_start))]
         eff_state = Signal(PPUState)
         with m.If((state == PPUState.ARMED) & started):
             m.d.comb += eff_state.eq(PPUState.RUNNING)
@@ -373,17 +382,24 @@ class PPU(wiring.Component):
         def set_mode(value):
             m.d.sync += [mode.eq(value), run.eq(value == _CoreMode.RUN)]
         fetch_pc = Signal(pc_bits)         # next sequential instruction to read
-        # The memory output holds an instruction: copies of one register (kept apart by the
-        # build), the first for the fetch logic, one for each 32-bit group of ``f_insn``'s
-        # enable, so that no one enable net reaches more than a group (each group's flip-flops
-        # sit by the block RAM that feeds them).
-        m_valids = [Signal(name=f"m_valid__rep{k}") for k in range(1 + _FETCH_GROUPS)]
-        m_valid = m_valids[0]
-
-        def set_m_valid(value):
-            m.d.sync += [v.eq(value) for v in m_valids]
+        # The read port's data (``m_*``, the block RAM's latch) is registered in ``o_insn``
+        # alone, which the build moves into the block RAM's output register (a short
+        # clock-to-output where the latch's is most of a cycle); ``f_insn`` and ``tgt_insn``
+        # load from it.
+        m_valid = Signal()
         m_tgt = Signal()                   # the memory output is a branch target
         m_pc = Signal(pc_bits)
+        o_insn = Signal(INSTRUCTION_BITS, reset_less=True)
+        # ``o_insn`` holds an instruction: copies of one register (kept apart by the build),
+        # the first for the fetch logic, one for each 32-bit group of ``f_insn``'s enable, so
+        # that no one enable net reaches more than a group.
+        o_valids = [Signal(name=f"o_valid__rep{k}") for k in range(1 + _FETCH_GROUPS)]
+        o_valid = o_valids[0]
+
+        def set_o_valid(value):
+            m.d.sync += [v.eq(value) for v in o_valids]
+        o_tgt = Signal()
+        o_pc = Signal(pc_bits)
         f_valid = Signal()
         f_insn = Signal(INSTRUCTION_BITS)
         tgt_valid = Signal()
@@ -686,47 +702,61 @@ class PPU(wiring.Component):
             m.d.sync += [*ctl_eq(x_valid=0, x_br=0), x_ok.eq(0)]
 
         # Instruction memory read: the branch target once, else the next instruction while
-        # the fetched register and the memory output are not both full.
+        # the memory output and ``o_insn`` are not both full.
         tgt_read = run & x_br & ~tgt_issued
-        seq_read = run & ~tgt_read & (fetch_pc != tail) & ~(f_valid & m_valid)
+        seq_read = run & ~tgt_read & (fetch_pc != tail) & ~(m_valid & o_valid)
         m.d.comb += [
             imem_core_r.addr.eq(Mux(tgt_read, x_target, fetch_pc)),
             imem_core_r.en.eq(tgt_read | seq_read),
         ]
-        f_free = ~m_tgt & (~f_valid | f_taken)
-        mf = m_valid & f_free
-        m.d.sync += [f_dec_valid.eq(f_valid & ~mf & ~f_taken), tgt_dec_valid.eq(tgt_valid)]
-        with m.If(mf):
+        # ``o_insn`` -> ``f_insn`` (``of``) when the fetched register is free; a target goes to
+        # ``tgt_insn`` at once. ``o_insn`` takes the memory output whenever its own
+        # instruction leaves (or it holds none): one enable, from flip-flops.
+        f_free = ~o_tgt & (~f_valid | f_taken)
+        of = o_valid & f_free
+        o_take = ~o_valid | o_tgt | ~f_valid | f_taken
+        m.d.sync += [f_dec_valid.eq(f_valid & ~of & ~f_taken), tgt_dec_valid.eq(tgt_valid)]
+        with m.If(of):
             m.d.sync += f_valid.eq(1)
         with m.Elif(f_taken):
             m.d.sync += f_valid.eq(0)
         grp_bits = INSTRUCTION_BITS // _FETCH_GROUPS
-        for k, valid in enumerate(m_valids[1:]):
+        for k, valid in enumerate(o_valids[1:]):
             with m.If(valid & f_free):
                 m.d.sync += f_insn[k * grp_bits:(k + 1) * grp_bits].eq(
-                    imem_core_r.data[k * grp_bits:(k + 1) * grp_bits])
-        with m.If(m_valid & m_tgt):
-            m.d.sync += [tgt_valid.eq(1), tgt_insn.eq(imem_core_r.data)]
+                    o_insn[k * grp_bits:(k + 1) * grp_bits])
+        with m.If(o_valid & o_tgt):
+            m.d.sync += [tgt_valid.eq(1), tgt_insn.eq(o_insn)]
+        with m.If(o_take):
+            set_o_valid(m_valid)
+            m.d.sync += [o_insn.eq(imem_core_r.data), o_tgt.eq(m_tgt), o_pc.eq(m_pc)]
         with m.If(seq_read | tgt_read):
-            set_m_valid(1)
-            m.d.sync += [m_tgt.eq(tgt_read), m_pc.eq(fetch_pc)]
-        with m.Elif(mf | m_tgt):
-            set_m_valid(0)
+            m.d.sync += [m_valid.eq(1), m_tgt.eq(tgt_read), m_pc.eq(fetch_pc)]
+        with m.Elif(o_take):
+            m.d.sync += m_valid.eq(0)
         with m.If(seq_read):
             m.d.sync += fetch_pc.eq(fetch_pc + 1)
         with m.If(tgt_read):
+            # The next instructions that do not reach ``f_insn`` now are read again later
+            # (``f_insn`` is not taken in this cycle: the BRANCH has just entered the execute
+            # stage), so that the target passes them.
             m.d.sync += [tgt_issued.eq(1), tgt_none.eq(x_target == tail)]
-            with m.If(m_valid & f_valid):
-                # The memory output held the next instruction: read it again later.
+            set_o_valid(0)
+            with m.If(o_valid & f_valid):
+                m.d.sync += fetch_pc.eq(o_pc)
+            with m.Elif(m_valid):
                 m.d.sync += fetch_pc.eq(m_pc)
         with m.If(x_load):
             # A target read for the previous instruction is stale.
             m.d.sync += [tgt_valid.eq(0), tgt_dec_valid.eq(0)]
             with m.If(m_tgt):
-                set_m_valid(0)
+                m.d.sync += m_valid.eq(0)
+            with m.If(Mux(o_take, m_tgt, o_tgt)):
+                set_o_valid(0)
 
         def kill_fetch(next_fetch=None):
-            set_m_valid(0)
+            m.d.sync += m_valid.eq(0)
+            set_o_valid(0)
             m.d.sync += [f_valid.eq(0), tgt_valid.eq(0), f_dec_valid.eq(0),
                          tgt_dec_valid.eq(0)]
             if next_fetch is not None:

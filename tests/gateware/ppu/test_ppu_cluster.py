@@ -150,6 +150,38 @@ def test_sync_while_running_anchors_to_the_cycle_it_executes(window):
     assert fired == last_sample + SYNC_AFTER_RESULT_CYCLES + 30
 
 
+#: Cycles an instruction adds between the ADD and the SYNC of the program below: a NOP 2, a
+#: BRANCH 4 (its condition is evaluated into a register), 5 when taken (its target passes
+#: through the instruction memory's output register and is decoded first) and 3 more for the
+#: instruction after a taken BRANCH's target (the fetch restarts there).
+BRANCH_CYCLES = {"nop": 2, "not taken": 4, "taken": 5, "taken, then its target's next": 5 + 2 + 3}
+
+
+@pytest.mark.parametrize("case", list(BRANCH_CYCLES))
+def test_branch_cycles(case):
+    """The core's cycles for a BRANCH, measured like the SYNC anchor above: the instructions
+    between the ADD that waits for a result and the SYNC delay the SYNC's anchor by their
+    cycles. BRANCH targets are absolute: the instructions below start at index 2."""
+    middle = {
+        "nop": [nop()],
+        "not taken": [branch(Cond.EQ, 0, 1, 3)],
+        "taken": [branch(Cond.EQ, 0, 0, 3)],
+        "taken, then its target's next": [branch(Cond.ALWAYS, 0, 0, 3), nop()],
+    }[case]
+    out = {}
+
+    async def tb(ctx, dut):
+        prog = [acquire(0, 1, 10, 5, 0), add(2, 1, 0), *middle, sync(30), marker(0, 0, 1),
+                end()]
+        out["s"] = await start(ctx, dut, prog)
+        await wait_state(ctx, dut, 0, PPUState.DONE, limit_cycles=1000)
+
+    mon = run(tb, adc=lambda now: 5)
+    (fired,) = rel(mon.cycles("marker", 0), out["s"])
+    last_sample = 10 + 5 - 1
+    assert fired - last_sample - SYNC_AFTER_RESULT_CYCLES - 30 == BRANCH_CYCLES[case]
+
+
 def test_determinism_two_runs_identical():
     prog = [marker(0, 3, 2), acquire(0, 2, 4, 8, 0), play(0, 5, 4, 6, -20000),
             wait(9), marker(1, 1, 4), play(0, 0, 0, 3, 12345), end()]
