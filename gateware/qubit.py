@@ -271,9 +271,10 @@ class QubitEmulator(wiring.Component):
         p1 = data_a[:_P_BITS + 1]
         # A window that starts 2 cycles after the previous one projects before that collapse
         # has reached ``phase``: its P(1) is the previous outcome.
+        # ``draw < P(1)`` with P(1) the previous outcome's 0 or 1 is that outcome: the compare's
+        # carry chain starts at the block RAM's output register, the choice after it.
         outcome = Signal()
-        p1_now = Mux(_after_two(m, project), Mux(outcome, 1 << _P_BITS, 0), p1)
-        outcome_now = draw < p1_now
+        outcome_now = Mux(_after_two(m, project), outcome, draw < p1)
 
         # Collapse: ``|1>`` is half a turn, ``|0>`` is 0; the sample arriving now still counts.
         with m.If(project):
