@@ -112,7 +112,7 @@ REGS_WORDS = max(r.offset for r in PPU_REGISTERS) // 8 + 1
 #: RAM's output. The bus writes a word the core or a channel reads only while it is being
 #: overwritten anyway; a bus READ and WRITE never share a cycle.
 _NO_RW_CHECK = {"no_rw_check": True}
-#: Groups of ``f_insn`` that each have an enable (and a ``o_valid`` copy) of their own.
+#: Groups of ``f_insn`` that each have an enable (and an ``o_valid`` copy) of their own.
 _FETCH_GROUPS = 4
 #: Bits of one slice of the instruction and envelope memories (see :class:`_SlicedMemory`).
 _SLICE_BITS = 16
@@ -372,10 +372,11 @@ class PPU(wiring.Component):
 
         # ---- Core: fetch and decode stages -------------------------------------------------
         # imem read (address stage) -> memory output stage ``m_*`` (the read port's data; it
-        # holds while its port is not enabled) -> fetched-instruction register ``f_insn`` (the
-        # memory output registered, nothing between them) -> decoded-instruction register
-        # ``f_dec`` -> execute stage ``x_*``. A BRANCH reads its target into ``tgt_insn`` /
-        # ``tgt_dec`` while it waits for its condition.
+        # holds while its port is not enabled) -> output register ``o_*`` (the memory output
+        # registered, nothing between them) -> fetched-instruction register ``f_insn`` ->
+        # decoded-instruction register ``f_dec`` -> execute stage ``x_*``. A BRANCH reads its
+        # target into ``tgt_insn`` / ``tgt_dec`` (through ``o_*``) while it waits for its
+        # condition.
         # ``run`` (mode is RUN) is a flip-flop of its own, set and cleared with ``mode``.
         run = Signal()
 
