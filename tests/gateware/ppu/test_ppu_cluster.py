@@ -130,24 +130,31 @@ def test_sync_before_the_start_time_anchors_to_the_start_time():
 SYNC_AFTER_RESULT_CYCLES = 6
 
 
+def _sync_after_result(window: int, middle: list[int]) -> int:
+    """Cycles from the last sample of an ACQUIRE's ``window`` (at offset 10) to the anchor of a
+    ``sync 30`` (minus its 30) that follows an ADD of the result and then ``middle``: the
+    cycle a MARKER at offset 0 after the SYNC fires. ``middle`` starts at index 2."""
+    out = {}
+
+    async def tb(ctx, dut):
+        prog = [acquire(0, 1, 10, window, 0), add(2, 1, 0), *middle, sync(30),
+                marker(0, 0, 1), end()]
+        out["s"] = await start(ctx, dut, prog)
+        await wait_state(ctx, dut, 0, PPUState.DONE, limit_cycles=1000)
+
+    mon = run(tb, adc=lambda now: 5)
+    (fired,) = rel(mon.cycles("marker", 0), out["s"])
+    return fired - (10 + window - 1) - 30
+
+
 @pytest.mark.parametrize("window", [5, 9])
 def test_sync_while_running_anchors_to_the_cycle_it_executes(window):
     """SYNC after the start time: ``t = now + slack``, ``now`` the cycle it executes. The core
     reaches it once an ACQUIRE's result lands (an ADD waits for it), so a MARKER at offset 0
     after ``sync 30`` fires a fixed number of cycles after the window's last sample, plus 30,
     whatever the window."""
-    out = {}
-
-    async def tb(ctx, dut):
-        prog = [acquire(0, 1, 10, window, 0), add(2, 1, 0), sync(30), marker(0, 0, 1), end()]
-        out["s"] = await start(ctx, dut, prog)
-        await wait_state(ctx, dut, 0, PPUState.DONE, limit_cycles=1000)
-
-    mon = run(tb, adc=lambda now: 5)
-    (fired,) = rel(mon.cycles("marker", 0), out["s"])
-    last_sample = 10 + window - 1
     # The same cycles whatever the window: the anchor follows the cycle the SYNC executes in.
-    assert fired == last_sample + SYNC_AFTER_RESULT_CYCLES + 30
+    assert _sync_after_result(window, []) == SYNC_AFTER_RESULT_CYCLES
 
 
 #: Cycles an instruction adds between the ADD and the SYNC of the program below: a NOP 2, a
@@ -168,18 +175,7 @@ def test_branch_cycles(case):
         "taken": [branch(Cond.EQ, 0, 0, 3)],
         "taken, then its target's next": [branch(Cond.ALWAYS, 0, 0, 3), nop()],
     }[case]
-    out = {}
-
-    async def tb(ctx, dut):
-        prog = [acquire(0, 1, 10, 5, 0), add(2, 1, 0), *middle, sync(30), marker(0, 0, 1),
-                end()]
-        out["s"] = await start(ctx, dut, prog)
-        await wait_state(ctx, dut, 0, PPUState.DONE, limit_cycles=1000)
-
-    mon = run(tb, adc=lambda now: 5)
-    (fired,) = rel(mon.cycles("marker", 0), out["s"])
-    last_sample = 10 + 5 - 1
-    assert fired - last_sample - SYNC_AFTER_RESULT_CYCLES - 30 == BRANCH_CYCLES[case]
+    assert _sync_after_result(5, middle) - SYNC_AFTER_RESULT_CYCLES == BRANCH_CYCLES[case]
 
 
 def test_determinism_two_runs_identical():
