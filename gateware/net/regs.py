@@ -41,9 +41,10 @@ NUM_COUNTERS = len(COUNTERS)
 #: Most cycles from an increment strobe to the counter value that includes it: a read whose
 #: address is applied this many cycles after the strobe's cycle returns a count including it.
 #: The strobes are summed into a register (1 cycle), added to the counter's pending count
-#: (1 cycle), taken by the update engine at its next visit (up to NUM_COUNTERS cycles apart) and
-#: added to the stored value in the cycle after (1 cycle).
-COUNTER_LAG_CYCLES = NUM_COUNTERS + 3
+#: (1 cycle), taken by the update engine at its next visit (up to NUM_COUNTERS cycles apart),
+#: registered with the stored value in the cycle after (1 cycle) and their sum written back in
+#: the next (1 cycle).
+COUNTER_LAG_CYCLES = NUM_COUNTERS + 4
 
 #: Cycles from ``port.addr`` to its ``port.r_data`` and ``port.hit``: the address is decoded
 #: into one register per 64-byte window (a 16-way choice inside it and the window match), and
@@ -146,7 +147,7 @@ class NetRegisters(wiring.Component):
         (:data:`openqlink.memory_map.COUNTERS` order). Counters are 32 bits and wrap. Every
         strobe counts, however many sources strobe one counter in a cycle and for however
         many cycles: a strobe shows in the counter's value at most
-        :data:`COUNTER_LAG_CYCLES` (NUM_COUNTERS + 3) cycles later (at least 4), i.e. in a
+        :data:`COUNTER_LAG_CYCLES` (NUM_COUNTERS + 4) cycles later (at least 5), i.e. in a
         read whose address is applied that many cycles after the strobe's cycle.
 
     The counters are a bank, not one register and adder each: their values live in a small
@@ -319,8 +320,10 @@ class NetRegisters(wiring.Component):
 
         # Update engine, stage A (cycle v): ``ptr`` names the counter visited, ``visit`` is the
         # same as a one-hot ring; its pending count is taken into ``take`` and restarts from
-        # this cycle's strobes. Stage B (cycle v + 1): the stored value plus ``take`` is
-        # written back. A counter's stage B write lands before its next stage A, n cycles on.
+        # this cycle's strobes. Stage B (cycle v + 1): the stored value is read and registered
+        # beside ``take``. Stage C (cycle v + 2): their sum is written back (a carry chain
+        # between flip-flops and the memory, no read in front of it). A counter's stage C
+        # write lands before its next stage B, n cycles on (n >= 2).
         ptr = Signal(range(n), name="cnt_ptr")
         visit = Signal(n, init=1, name="cnt_visit")
         take = Signal(range(n * s + 1), name="cnt_take")
@@ -361,24 +364,34 @@ class NetRegisters(wiring.Component):
 
         rd = mem.read_port(domain="comb")
         wr = mem.write_port()
+        value = Signal(32, name="cnt_value")
+        take_c = Signal.like(take, name="cnt_take_c")
+        idx_c = Signal.like(idx, name="cnt_idx_c")
+        clear_c = Signal(init=1, name="cnt_clear_c")
+        m.d.sync += [
+            value.eq(Mux(clear_b, 0, rd.data)),
+            take_c.eq(take),
+            idx_c.eq(idx),
+            clear_c.eq(clear_b),
+        ]
         m.d.comb += [
             rd.addr.eq(idx),
-            wr.addr.eq(idx),
+            wr.addr.eq(idx_c),
             wr.en.eq(1),
-            wr.data.eq(Mux(clear_b, 0, rd.data) + take),      # wraps at 32 bits
+            wr.data.eq(value + take_c),                       # wraps at 32 bits
         ]
 
         # Control-plane read: the stored value of the cycle ``addr`` is applied in (the read
-        # port is not transparent: it does not see stage B's write of the same edge).
+        # port is not transparent: it does not see stage C's write of the same edge).
         lo, hi = self._counter_region()
         bits = (hi - lo).bit_length() - 1        # byte address bits inside the region
         cp = mem.read_port(transparent_for=())
         in_region = port.addr[bits:] == lo >> bits
         is_counter = port.addr[2:bits] < n
         hit = Signal(name="cnt_hit")
-        # the values are stale until the clearing pass has written its last (stage B of
-        # counter n - 1, in the last cycle of clear_b)
+        # the values are stale until the clearing pass has written its last (stage C of
+        # counter n - 1, in the last cycle of clear_c)
         ready = Signal(name="cnt_ready")
         m.d.comb += cp.addr.eq(port.addr[2:bits])
-        m.d.sync += [hit.eq(in_region & is_counter), ready.eq(~clear_b)]
+        m.d.sync += [hit.eq(in_region & is_counter), ready.eq(~clear_c)]
         return cp.data, hit & ready, hit
