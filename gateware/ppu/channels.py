@@ -496,27 +496,32 @@ class DriveChannel(wiring.Component):
         # Envelope word stage: the memory's output registered, nothing between them (the word
         # is reset-less, so that neither the domain's reset nor the flush puts a LUT in front
         # of it: it is only used while ``s2_valid``, which both clear).
+        lo = -(1 << (SAMPLE_BITS - 1))
         s2_valid = Signal()
         s2_lane = Signal(2)
         s2_amp = Signal(signed(SAMPLE_BITS))
+        s2_amp_lo = Signal()     # s2_amp == -32768
         s2_word = Signal(64, reset_less=True)
         m.d.sync += [s2_valid.eq(s1_valid), s2_lane.eq(s1_lane), s2_amp.eq(s1_amp),
-                     s2_word.eq(self.env_rd_data)]
+                     s2_amp_lo.eq(s1_amp == lo), s2_word.eq(self.env_rd_data)]
 
         # Operand stage: the sample selected, and the amplitude made 0 when nothing plays (or
         # the channel is flushed from the next cycle on) and -32767 for -1 * -1 (the only
         # product out of range: 2**30 >> 15 = 32768; -32768 * -32767 >> 15 = 32767, the
-        # saturated value), so nothing follows the multiplier.
+        # saturated value), so nothing follows the multiplier. -32767 differs from -32768 in
+        # bit 0 alone, and each lane's "is -32768" is compared beside the lane's selection.
         sample = s2_word.word_select(s2_lane, SAMPLE_BITS).as_signed()
-        lo = -(1 << (SAMPLE_BITS - 1))
+        lane_lo = Cat(*(s2_word.word_select(k, SAMPLE_BITS) == (lo & 0xFFFF)
+                        for k in range(_SAMPLES_PER_WORD)))
+        saturate = lane_lo.bit_select(s2_lane, 1) & s2_amp_lo
         s3_valid = Signal()
         s3_sample = Signal(signed(SAMPLE_BITS))
         s3_amp = Signal(signed(SAMPLE_BITS))
         m.d.sync += [
             s3_valid.eq(s2_valid),
             s3_sample.eq(sample),
-            s3_amp.eq(Mux(~s2_valid | self.flush_next, 0,
-                          Mux((sample == lo) & (s2_amp == lo), lo + 1, s2_amp))),
+            s3_amp.eq(Mux(s2_valid & ~self.flush_next,
+                          Cat(s2_amp[0] | saturate, s2_amp[1:]), 0)),
         ]
 
         # Product stage: the multiplier's output, scaled, is the output register. ``dac`` is
