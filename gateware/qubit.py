@@ -239,11 +239,13 @@ class QubitEmulator(wiring.Component):
         project = rise[3]                               # the outcome is drawn on this cycle
 
         # --- rotation: phase += dac * phase_step (the sample registered, 0 when idle, in front
-        # of the multiplier; the product registered with nothing between) -------------------
+        # of the multiplier; the product registered with nothing between, reset-less, so that
+        # the board build makes it the multiplier's output register: a reset holds ``dac_r``
+        # at 0, and the product is 0 from the reset's second clock edge) -------------------
         pb = self.phase_bits
         dac_r = Signal(signed(SAMPLE_BITS))
         m.d.sync += dac_r.eq(Mux(ptd.dac_active[0], dac, 0))
-        step = Signal(signed(SAMPLE_BITS + _STEP_BITS + 1))
+        step = Signal(signed(SAMPLE_BITS + _STEP_BITS + 1), reset_less=True)
         m.d.sync += step.eq(dac_r * Const(self.phase_step, unsigned(_STEP_BITS)))
         phase = Signal(pb)
         step_turn = step[:pb] if len(step) >= pb else step.as_signed()   # modulo one turn

@@ -256,6 +256,61 @@ def parse_critical_paths(text: str) -> dict[str, CriticalPath]:
     return paths
 
 
+def _strip(value) -> str:
+    return str(value).strip()
+
+
+def _sinks(module: dict) -> dict[object, list[tuple[str, str]]]:
+    """Each net of a Yosys JSON module -> the ``(cell, input pin)`` pairs that it drives."""
+    sinks: dict[object, list[tuple[str, str]]] = {}
+    for name, cell in module.get("cells", {}).items():
+        for pin, bits in cell.get("connections", {}).items():
+            if cell.get("port_directions", {}).get(pin) == "input":
+                for b in bits:
+                    sinks.setdefault(b, []).append((name, pin))
+    return sinks
+
+
+def _lone_registers(module: dict, sinks: dict, outputs: list[tuple[str, object]],
+                    clock: object | None) -> tuple[list[tuple[str, str]], object] | None:
+    """The flip-flops that a hard block's output pins drive, if they can become its output
+    register: ``([(pin, flip-flop)], clock enable)``, or None.
+
+    ``outputs`` are ``(pin, net)``; a constant or unused pin is skipped. Every other pin must
+    drive exactly one ``TRELLIS_FF``, on its ``DI``, and nothing else (no module port); the
+    flip-flops share one clock (``clock`` where given, not inverted) and one clock enable
+    (``"1"`` for none) and have no set or reset (Amaranth's ``reset_less``).
+    """
+    cells = module.get("cells", {})
+    port_bits = {b for port in module.get("ports", {}).values() for b in port["bits"]}
+    regs: list[tuple[str, str]] = []
+    ce = clk = None
+    for pin, bit in outputs:
+        if isinstance(bit, str) or not sinks.get(bit):
+            continue                            # constant or unused
+        users = sinks[bit]
+        if len(users) != 1 or bit in port_bits:
+            return None
+        ff_name, ff_pin = users[0]
+        ff = cells[ff_name]
+        fp = ff.get("parameters", {})
+        ff_ce = ff["connections"].get("CE", ["1"])[0]
+        if _strip(fp.get("CEMUX", "CE")) == "1":
+            ff_ce = "1"
+        ff_clk = ff["connections"].get("CLK")
+        if (ff.get("type") != "TRELLIS_FF" or ff_pin != "DI"
+                or (clock is not None and ff_clk != clock)
+                or (clk is not None and ff_clk != clk)
+                or _strip(fp.get("CLKMUX", "CLK")) != "CLK"
+                or ff["connections"].get("LSR", ["0"])[0] != "0"
+                or _strip(fp.get("CEMUX", "CE")) not in ("CE", "1")
+                or (ce is not None and ff_ce != ce)):
+            return None
+        ce, clk = ff_ce, ff_clk
+        regs.append((pin, ff_name))
+    return (regs, ce) if regs else None
+
+
 def bram_output_registers(netlist: dict) -> int:
     """Move each register that a block RAM's read data drives alone into the RAM's own output
     register (ECP5 DP16KD ``REGMODE = "OUTREG"``), in a Yosys JSON netlist, in place; returns
@@ -274,27 +329,16 @@ def bram_output_registers(netlist: dict) -> int:
     RAM's read clock (not inverted) and one clock enable (``OCE`` takes it), and have no set
     or reset (Amaranth's ``reset_less``: the output register's reset is left unused).
     """
-    modules = netlist.get("modules", {})
     moved = 0
-    for module in modules.values():
+    for module in netlist.get("modules", {}).values():
         cells = module.get("cells", {})
-        port_bits = {b for port in module.get("ports", {}).values() for b in port["bits"]}
-        sinks: dict[object, list[tuple[str, str]]] = {}
-        for name, cell in cells.items():
-            for pin, bits in cell.get("connections", {}).items():
-                if cell.get("port_directions", {}).get(pin) == "input":
-                    for b in bits:
-                        sinks.setdefault(b, []).append((name, pin))
-
-        def strip(value) -> str:
-            return str(value).strip()
-
+        sinks = _sinks(module)
         for cell in list(cells.values()):
             if cell.get("type") != "DP16KD":
                 continue
             conn, params = cell["connections"], cell["parameters"]
             width_b = params.get("DATA_WIDTH_B", 18)
-            width_b = width_b if isinstance(width_b, int) else int(strip(width_b), 2)
+            width_b = width_b if isinstance(width_b, int) else int(_strip(width_b), 2)
             if width_b == 36:
                 if conn.get("CLKA") != conn.get("CLKB"):
                     continue
@@ -303,41 +347,62 @@ def bram_output_registers(netlist: dict) -> int:
                 sides = [("A", "A"), ("B", "B")]
             for outs, ctl in sides:
                 pins = [f"DO{p}{i}" for p in outs for i in range(18) if f"DO{p}{i}" in conn]
-                regs: list[tuple[str, str]] = []
-                ce = None
-                ok = True
-                for pin in pins:
-                    bit = conn[pin][0]
-                    if isinstance(bit, str) or not sinks.get(bit):
-                        continue                # constant or unused
-                    users = sinks[bit]
-                    if len(users) != 1 or bit in port_bits:
-                        ok = False
-                        break
-                    ff_name, ff_pin = users[0]
-                    ff = cells[ff_name]
-                    fp = ff.get("parameters", {})
-                    ff_ce = ff["connections"].get("CE", ["1"])[0]
-                    if strip(fp.get("CEMUX", "CE")) == "1":
-                        ff_ce = "1"
-                    if (ff.get("type") != "TRELLIS_FF" or ff_pin != "DI"
-                            or ff["connections"].get("CLK") != conn.get(f"CLK{ctl}")
-                            or strip(fp.get("CLKMUX", "CLK")) != "CLK"
-                            or ff["connections"].get("LSR", ["0"])[0] != "0"
-                            or strip(fp.get("CEMUX", "CE")) not in ("CE", "1")
-                            or (ce is not None and ff_ce != ce)):
-                        ok = False
-                        break
-                    ce = ff_ce
-                    regs.append((pin, ff_name))
-                if not ok or not regs:
+                found = _lone_registers(module, sinks, [(p, conn[p][0]) for p in pins],
+                                        conn.get(f"CLK{ctl}"))
+                if found is None:
                     continue
+                regs, ce = found
                 for port in dict.fromkeys(outs):
                     params[f"REGMODE_{port}"] = "OUTREG"
                     conn[f"OCE{port}"] = [ce]
                 for pin, ff_name in regs:
                     conn[pin] = cells.pop(ff_name)["connections"]["Q"]
                 moved += len(regs)
+    return moved
+
+
+def dsp_output_registers(netlist: dict) -> int:
+    """Move each register that a multiplier's product drives alone into the multiplier's own
+    output register (ECP5 MULT18X18D ``REG_OUTPUT_CLK = "CLK0"``), in a Yosys JSON netlist,
+    in place; returns the number of flip-flops moved.
+
+    Yosys maps a multiplication to a MULT18X18D without registers: the product then leaves
+    the block about 4 ns after its operands arrive (nextpnr-ecp5's model of a -6 part), and
+    the register it feeds must sit close by to meet an 8 ns period. With the output register
+    the product is registered inside the block and leaves shortly after the clock. The cycle
+    counts do not change: the output register takes the product at each edge with ``CE0``
+    high, as the flip-flops it replaces.
+
+    A multiplier without registers is changed when every product bit that is used drives
+    exactly one ``TRELLIS_FF``, on its ``DI``, and nothing else; those flip-flops share one
+    clock (``CLK0`` takes it) and one clock enable (``CE0``) and have no set or reset
+    (Amaranth's ``reset_less``: ``RST0`` is tied low).
+    """
+    moved = 0
+    for module in netlist.get("modules", {}).values():
+        cells = module.get("cells", {})
+        sinks = _sinks(module)
+        for cell in list(cells.values()):
+            if cell.get("type") != "MULT18X18D":
+                continue
+            conn, params = cell["connections"], cell.setdefault("parameters", {})
+            if any(_strip(params.get(f"REG_{r}_CLK", "NONE")) != "NONE"
+                   for r in ("INPUTA", "INPUTB", "INPUTC", "PIPELINE", "OUTPUT")):
+                continue
+            pins = [f"P{i}" for i in range(36) if f"P{i}" in conn]
+            found = _lone_registers(module, sinks, [(p, conn[p][0]) for p in pins], None)
+            if found is None:
+                continue
+            regs, ce = found
+            params.update(REG_OUTPUT_CLK="CLK0", REG_OUTPUT_CE="CE0", REG_OUTPUT_RST="RST0")
+            conn["CLK0"] = cells[regs[0][1]]["connections"]["CLK"]
+            conn["CE0"] = [ce]
+            conn["RST0"] = ["0"]
+            cell.setdefault("port_directions", {}).update(CLK0="input", CE0="input",
+                                                          RST0="input")
+            for pin, ff_name in regs:
+                conn[pin] = cells.pop(ff_name)["connections"]["Q"]
+            moved += len(regs)
     return moved
 
 
@@ -476,6 +541,9 @@ class BuildReport:
     #: Flip-flops moved into the block RAMs' output registers: see
     #: :func:`bram_output_registers`.
     bram_output_registers: int = 0
+    #: Flip-flops moved into the multipliers' output registers: see
+    #: :func:`dsp_output_registers`.
+    dsp_output_registers: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self), indent=2) + "\n"
@@ -746,9 +814,11 @@ def build_board(profile, out_dir: Path, *, seed: int = 1, seeds: int = 1,
     except (OSError, ValueError) as e:
         raise BuildError(f"Yosys wrote no readable netlist ({netlist_path}): {e}") from None
     moved = bram_output_registers(netlist)
+    moved_dsp = dsp_output_registers(netlist)
     netlist_path.write_text(json.dumps(netlist))
     if progress is not None:
-        progress("block RAM output registers", f"{moved} flip-flops moved")
+        progress("output registers", f"{moved} flip-flops moved into block RAMs, "
+                                     f"{moved_dsp} into multipliers")
     t0 = time.perf_counter()
     seed_list = list(range(seed, seed + seeds))
     jobs = max(1, min(seeds, jobs if jobs is not None else (os.cpu_count() or 1)))
@@ -775,7 +845,7 @@ def build_board(profile, out_dir: Path, *, seed: int = 1, seeds: int = 1,
         stages=stages, timing_met=timing_met, params=asdict(profile.params), seed=seed,
         placer=placer,
         seeds=seed_table, critical_paths=paths, failing_endpoints=failing,
-        bram_output_registers=moved)
+        bram_output_registers=moved, dsp_output_registers=moved_dsp)
     if timing_met:
         run(commands[2])
         shutil.copyfile(work / f"{name}.bit", bit_out)

@@ -89,9 +89,10 @@ def test_build_that_meets_timing_writes_bit_and_report(tmp_path, monkeypatch):
     assert saved["resources"] == {"LUT4": 17173, "FF": 8011, "DP16KD": 13, "MULT18": 2}
     assert saved["timing_met"] is True and saved["seconds"] >= 0
     assert saved["bitstream"] == "colorlight-5a-75b.bit"
-    assert saved["bram_output_registers"] == 0          # the stand-in's netlist is empty
+    # the stand-in's netlist is empty
+    assert saved["bram_output_registers"] == saved["dsp_output_registers"] == 0
     assert report.timing_met and stages[0] == "elaboration (Amaranth)"
-    assert "block RAM output registers" in stages
+    assert "output registers" in stages
 
 
 def test_unknown_placer_is_refused_before_anything_runs(tmp_path, monkeypatch):
@@ -459,3 +460,41 @@ def test_bram_output_registers_take_only_a_lone_reset_less_register(tmp_path, re
     else:
         assert moved == 0 and len(_cells(netlist, "TRELLIS_FF")) == before
         assert ram["parameters"]["REGMODE_B"] == "NOREG"
+
+
+@pytest.mark.parametrize("reset_less, shared", [(True, False), (False, False), (True, True)])
+def test_dsp_output_registers_take_only_a_lone_reset_less_register(tmp_path, reset_less,
+                                                                   shared):
+    """A register that a multiplier's product drives alone, reset-less, with an enable, moves
+    into the MULT18X18D (``REG_OUTPUT_CLK`` CLK0, ``CE0`` its enable, ``RST0`` low, its output
+    net kept); one with a reset, or beside another register on the same product, stays a
+    flip-flop."""
+    from amaranth.hdl import Module, Signal, signed
+
+    m = Module()
+    a, b, ce = Signal(signed(16)), Signal(signed(16)), Signal()
+    a_r, b_r = Signal(signed(16)), Signal(signed(16))
+    q = Signal(signed(32), reset_less=reset_less)
+    q2 = Signal(signed(32))
+    m.d.sync += [a_r.eq(a), b_r.eq(b)]
+    with m.If(ce):
+        m.d.sync += q.eq(a_r * b_r)
+    ports = [a, b, ce, q]
+    if shared:
+        m.d.sync += q2.eq(a_r * b_r)
+        ports.append(q2)
+    netlist = _synthesize(tmp_path, m, ports)
+    before = len(_cells(netlist, "TRELLIS_FF"))
+    moved = build.dsp_output_registers(netlist)
+    (mult,) = _cells(netlist, "MULT18X18D")
+    if reset_less and not shared:
+        assert moved == 32 and len(_cells(netlist, "TRELLIS_FF")) == before - 32
+        assert mult["parameters"]["REG_OUTPUT_CLK"] == "CLK0"
+        assert mult["connections"]["CE0"] != ["1"] and mult["connections"]["RST0"] == ["0"]
+        clocks = {tuple(c["connections"]["CLK"]) for c in _cells(netlist, "TRELLIS_FF")}
+        assert clocks == {tuple(mult["connections"]["CLK0"])}
+        q_bits = netlist["modules"]["top"]["ports"]["q"]["bits"]
+        assert [mult["connections"][f"P{i}"][0] for i in range(32)] == q_bits
+    else:
+        assert moved == 0 and len(_cells(netlist, "TRELLIS_FF")) == before
+        assert mult["parameters"].get("REG_OUTPUT_CLK", "NONE") == "NONE"
