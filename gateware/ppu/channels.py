@@ -370,11 +370,14 @@ class TimedQueue(wiring.Component):
         # registers here) are chosen in front of a flip-flop of their own, with this cycle's
         # ``load`` and ``ge2`` (what ``loaded`` and ``from_second`` will hold); the pushed
         # event, which comes from the core's execute stage with no time to spare, only through
-        # its registered equality and a registered flag that it became the head.
+        # its registered equality and a registered flag that it became the head. Neither of
+        # the first two needs ``ge1_next`` (the push): ``ge2`` implies ``ge1``, so the queue
+        # is not empty after a load from ``second``, nor after a cycle without a load (the
+        # head stays: ``ge1`` and no pop).
         on_time_kept = Signal()
         head_pushed = Signal()
         q.d.sync += [
-            on_time_kept.eq(ge1_next & Mux(load, ge2 & eq_s_now, le_h_now)),
+            on_time_kept.eq(Mux(load, ge2 & eq_s_now, le_h_now)),
             head_pushed.eq(ge1_next & load & ~ge2),
         ]
         q.d.comb += [
@@ -424,6 +427,11 @@ class DriveChannel(wiring.Component):
         64-bit words of 4 samples, sample ``i`` at bits ``[16i+15:16i]``.
     env_rd_data : ``In(64)``
         Data of that read port.
+    env_rd_min : ``In(8)``
+        With the data, one bit per byte: the byte is that of -32768 at its place in a sample
+        (0x00 for bits ``[16i+7:16i]``, 0x80 for ``[16i+15:16i+8]``), so sample ``i`` is -32768
+        iff bits ``2i`` and ``2i+1`` are set. The PPU stores the bit beside each byte in the
+        block RAM (written with it), so that the saturation's compare is not behind the read.
     dac : ``Out(signed(16))``; ``active`` : ``Out(1)``
         The output sample and "a pulse is playing".
     late : ``Out(1)``
@@ -448,6 +456,7 @@ class DriveChannel(wiring.Component):
             "flush_next": In(1),
             "env_rd_addr": Out(range(env_depth // _SAMPLES_PER_WORD)),
             "env_rd_data": In(64),
+            "env_rd_min": In(8),
             "dac": Out(signed(SAMPLE_BITS)),
             "active": Out(1),
             "late": Out(1),
@@ -502,18 +511,18 @@ class DriveChannel(wiring.Component):
         s2_amp = Signal(signed(SAMPLE_BITS))
         s2_amp_lo = Signal()     # s2_amp == -32768
         s2_word = Signal(64, reset_less=True)
+        s2_min = Signal(8, reset_less=True)
         m.d.sync += [s2_valid.eq(s1_valid), s2_lane.eq(s1_lane), s2_amp.eq(s1_amp),
-                     s2_amp_lo.eq(s1_amp == lo), s2_word.eq(self.env_rd_data)]
+                     s2_amp_lo.eq(s1_amp == lo), s2_word.eq(self.env_rd_data),
+                     s2_min.eq(self.env_rd_min)]
 
         # Operand stage: the sample selected, and the amplitude made 0 when nothing plays (or
         # the channel is flushed from the next cycle on) and -32767 for -1 * -1 (the only
         # product out of range: 2**30 >> 15 = 32768; -32768 * -32767 >> 15 = 32767, the
         # saturated value), so nothing follows the multiplier. -32767 differs from -32768 in
-        # bit 0 alone, and each lane's "is -32768" is compared beside the lane's selection.
+        # bit 0 alone, and "the sample is -32768" is the AND of its bytes' flags.
         sample = s2_word.word_select(s2_lane, SAMPLE_BITS).as_signed()
-        lane_lo = Cat(*(s2_word.word_select(k, SAMPLE_BITS) == (lo & 0xFFFF)
-                        for k in range(_SAMPLES_PER_WORD)))
-        saturate = lane_lo.bit_select(s2_lane, 1) & s2_amp_lo
+        saturate = s2_min.word_select(s2_lane, 2).all() & s2_amp_lo
         s3_valid = Signal()
         s3_sample = Signal(signed(SAMPLE_BITS))
         s3_amp = Signal(signed(SAMPLE_BITS))

@@ -205,7 +205,10 @@ class PPU(wiring.Component):
         imem_w = imem.write_port()
         imem_bus_r = imem.read_port()
         imem_core_r = imem.read_port()
-        env = _SlicedMemory(m, "env", 64, env_words)
+        # Each envelope byte is stored with "it is the byte of -32768 at its place in a sample"
+        # (0x00 low, 0x80 high), for the drive channels' saturation (``env_rd_min``).
+        env = _SlicedMemory(m, "env", 64, env_words,
+                            byte_flag=lambda g, byte: byte == (0x80 if g % 2 else 0x00))
         env_w = env.write_port()
         env_bus_r = env.read_port()
 
@@ -226,6 +229,7 @@ class PPU(wiring.Component):
             m.d.comb += [
                 port.addr.eq(ch.env_rd_addr),
                 ch.env_rd_data.eq(port.data),
+                ch.env_rd_min.eq(port.flags),
                 self.ptd.dac[i].eq(ch.dac),
                 self.ptd.dac_active[i].eq(ch.active),
             ]
@@ -610,31 +614,25 @@ class PPU(wiring.Component):
             use_tgt.eq(act_taken & ~tgt_none),
         ]
 
-        # Time sums with a 32-bit addend, carry-select: the low half's carry picks the high
-        # half or its increment, both ready (two carry chains side by side).
-        t_hi_p1 = Signal(tb - 32)
-        anchor_hi_p1 = Signal(tb - 32)
-        m.d.comb += [t_hi_p1.eq(t[32:] + 1), anchor_hi_p1.eq(sync_anchor[32:] + 1)]
+        # ``t + offset_cycles`` (16 bits), carry-select: the low 16 bits' carry picks t's high
+        # part or its increment, ``t_hi_p1``: a register written with t (below).
+        t_hi_p1 = Signal(tb - 16, init=1)
 
-        def add_split(lo, hi, hi_p1, addend):
-            total = lo + addend
-            return Cat(total[:32], Mux(total[32], hi_p1, hi))
+        def add_t(offset_cycles):
+            lo = t[:16] + offset_cycles
+            return Cat(lo[:16], Mux(lo[16], t_hi_p1, t[16:]))
 
-        def add_t(addend):
-            return add_split(t[:32], t[32:], t_hi_p1, addend)
+        # What a WAIT or SYNC in the execute stage adds to t when it executes (in the cycle
+        # after it enters): ``x_base`` (t, or SYNC's anchor) and ``x_cycles`` (WAIT's cycles,
+        # or SYNC's slack_cycles: the same bits), registered as it enters (t cannot change
+        # before it executes: only the instruction in the execute stage writes t).
+        # ``x_cycles_p`` is ``x_cycles + 2**16``, for ``t_hi_p1``.
+        x_base = Signal(tb)
+        x_cycles = Signal(32)
+        x_cycles_p = Signal(33)
 
-        # The t that a WAIT or SYNC entering the execute stage writes when it executes (in the
-        # next cycle): t + cycles, or SYNC's anchor + slack_cycles (the same bits). Summed here
-        # for each source, the choice last, so the execute stage only copies a register.
-        x_tnext = Signal(tb)
-
-        def t_next(insn, dec):
-            # The base (t or the anchor) is chosen in front of the adder, from flip-flops, in
-            # parallel with the operand's way to it; after it only the carry's choice.
-            cycles = Instruction(insn).operands.wait.cycles
-            return add_split(Mux(dec.sync, sync_anchor[:32], t[:32]),
-                             Mux(dec.sync, sync_anchor[32:], t[32:]),
-                             Mux(dec.sync, anchor_hi_p1, t_hi_p1), cycles)
+        def plus_2_16(cycles):
+            return Cat(cycles[:16], cycles[16:] + 1)
 
         # The execute stage takes an instruction when it is empty (so ``x_time`` uses the t
         # that the instruction before wrote), or from a resolving BRANCH.
@@ -653,7 +651,8 @@ class PPU(wiring.Component):
             # terms cancel; here the enable of ``f_insn`` is two LUT levels from flip-flops.
             f_taken.eq(run & f_dec_valid & (~x_valid | (x_br & br_ready & ~br_taken))),
         ]
-        # The execute stage's wide fields (the instruction word, ``x_time``, ``x_tnext``,
+        # The execute stage's wide fields (the instruction word, ``x_time``, ``x_base``,
+        # ``x_cycles``,
         # CALL's argument mask) load whenever the stage is open: empty, or holding a resolved
         # BRANCH. Their enable is one LUT of three flip-flops and their source ``load_tgt``
         # one more, not ``x_load``: what they take in a cycle that no instruction enters is
@@ -674,7 +673,13 @@ class PPU(wiring.Component):
                 # Both sums in parallel, the choice last.
                 x_time.eq(Mux(load_tgt, add_t(Instruction(tgt_insn).operands.play.offset_cycles),
                               add_t(Instruction(f_insn).operands.play.offset_cycles))),
-                x_tnext.eq(Mux(load_tgt, t_next(tgt_insn, tgt_dec), t_next(f_insn, f_dec))),
+                x_base.eq(Mux(load_tgt, Mux(tgt_dec.sync, sync_anchor, t),
+                              Mux(f_dec.sync, sync_anchor, t))),
+                x_cycles.eq(Mux(load_tgt, Instruction(tgt_insn).operands.wait.cycles,
+                                Instruction(f_insn).operands.wait.cycles)),
+                x_cycles_p.eq(Mux(load_tgt,
+                                  plus_2_16(Instruction(tgt_insn).operands.wait.cycles),
+                                  plus_2_16(Instruction(f_insn).operands.wait.cycles))),
                 *(getattr(xd, k).eq(Mux(load_tgt, getattr(tgt_dec, k), getattr(f_dec, k)))
                   for k in wide),
             ]
@@ -822,7 +827,8 @@ class PPU(wiring.Component):
                 set_mode(_CoreMode.DRAIN)
                 kill_fetch()
             with m.If(x_is[Op.WAIT] | x_is[Op.SYNC]):
-                m.d.sync += t.eq(x_tnext)
+                # One carry chain between flip-flops.
+                m.d.sync += [t.eq(x_base + x_cycles), t_hi_p1.eq((x_base + x_cycles_p)[16:])]
             with m.If(x_is[Op.BRANCH]):
                 o = x.operands.branch
                 with m.If(~br_ready):
@@ -1026,6 +1032,7 @@ class PPU(wiring.Component):
                     tail.eq(trig_value[:pc_bits]),
                     pc.eq(0),
                     t.eq(start_time),
+                    t_hi_p1.eq(start_time[16:] + 1),
                     run_start.eq(start_time),
                     sticky.eq(0),
                     state.eq(PPUState.ARMED),
@@ -1040,7 +1047,12 @@ class PPU(wiring.Component):
         for r in PPU_REGISTERS:
             if r.name in rw:
                 lane = (r.offset >> 2) & 1
-                with m.If(regs_write & at_word(r.offset >> 3)):
+                # The word's write, decoded in front of the command stage's register: the
+                # register's enable is a flip-flop.
+                hit = Signal(name=f"w_{r.name.lower()}")
+                m.d.sync += hit.eq(raw_write & (raw_region == WindowRegion.REGS) &
+                                   (raw_off == r.offset >> 3))
+                with m.If(hit):
                     be = cmd.be[4 * lane:4 * lane + 4]
                     new = _merge_bytes(_u32(rw[r.name]), cmd.data[32 * lane:32 * lane + 32], be, 4)
                     m.d.sync += rw[r.name].eq(new)
@@ -1120,12 +1132,14 @@ class PPU(wiring.Component):
 
 
 class _Port:
-    """The signals of a memory port (``en`` of a read port is high unless driven)."""
+    """The signals of a memory port (``en`` of a read port is high unless driven; ``flags`` of
+    a read port of a memory with byte flags: one bit per byte)."""
 
     def __init__(self, name: str, addr_bits: int, width: int, en_bits: int, en_init: int):
         self.addr = Signal(addr_bits, name=f"{name}_addr")
         self.data = Signal(width, name=f"{name}_data")
         self.en = Signal(en_bits, name=f"{name}_en", init=en_init)
+        self.flags = Const(0, width // 8)
 
 
 class _SlicedMemory:
@@ -1136,19 +1150,26 @@ class _SlicedMemory:
     in depth (512 x 36 twice, and a multiplexer). Up to 512 words the memory is one ``Memory``
     (512 x 36 holds the depth). Write ports have 8-bit granularity; read ports are synchronous
     (see :meth:`read_port`).
+
+    With ``byte_flag(index, byte) -> 1-bit Value``, each byte is stored with a flag computed
+    from it as it is written (the block RAM's ninth bit of the byte, written with it, so byte
+    enables keep each flag true), and read ports give the flags beside the data.
     """
 
-    def __init__(self, m: Module, name: str, width: int, depth: int):
+    def __init__(self, m: Module, name: str, width: int, depth: int, *, byte_flag=None):
         # Up to 512 words, a 36-bit wide block RAM holds the whole depth: one memory.
         self._slice = _SLICE_BITS if depth > 512 else width
         assert width % self._slice == 0
         self._m = m
         self._name = name
         self._width = width
+        self._byte_flag = byte_flag
+        self._unit = 9 if byte_flag is not None else 8     # stored bits per byte
         self._addr_bits = max(1, (depth - 1).bit_length())
         self._mems = []
         for k in range(width // self._slice):
-            mem = Memory(shape=unsigned(self._slice), depth=depth, init=[], attrs=_NO_RW_CHECK)
+            mem = Memory(shape=unsigned(self._slice // 8 * self._unit), depth=depth, init=[],
+                         attrs=_NO_RW_CHECK)
             m.submodules[f"{name}{k}"] = mem
             self._mems.append(mem)
         self._ports = 0
@@ -1161,10 +1182,15 @@ class _SlicedMemory:
         port = _Port(self._name_next(), self._addr_bits, self._width, self._width // 8, 0)
         lanes = self._slice // 8
         for k, mem in enumerate(self._mems):
-            w = mem.write_port(granularity=8)
+            w = mem.write_port(granularity=self._unit)
+            stored = []
+            for g in range(k * lanes, (k + 1) * lanes):
+                byte = port.data[8 * g:8 * g + 8]
+                stored.append(byte if self._byte_flag is None
+                              else Cat(byte, self._byte_flag(g, byte)))
             self._m.d.comb += [
                 w.addr.eq(port.addr),
-                w.data.eq(port.data[k * self._slice:(k + 1) * self._slice]),
+                w.data.eq(Cat(*stored)),
                 w.en.eq(port.en[k * lanes:(k + 1) * lanes]),
             ]
         return port
@@ -1173,13 +1199,18 @@ class _SlicedMemory:
         """A synchronous read port (:func:`openqlink.gateware.bram.read_port` for each slice:
         no collision logic after the block RAMs)."""
         port = _Port(self._name_next(), self._addr_bits, self._width, 1, 1)
-        data = []
+        data, flags = [], []
         for k, mem in enumerate(self._mems):
             r = bram.read_port(self._m, mem, name=f"{port.data.name}{k}")
             self._m.d.comb += [r.addr.eq(port.addr), r.en.eq(port.en)]
-            data.append(r.data)
+            for j in range(self._slice // 8):
+                data.append(r.data[self._unit * j:self._unit * j + 8])
+                if self._byte_flag is not None:
+                    flags.append(r.data[self._unit * j + 8])
         # The slices' outputs themselves (no signal between them and their registers).
         port.data = Cat(*data)
+        if flags:
+            port.flags = Cat(*flags)
         return port
 
 

@@ -176,6 +176,8 @@ def test_drive_preemption_and_lead():
             word = sum((env[4 * addr + k] & 0xFFFF) << (16 * k) for k in range(4))
             _, _, now, dac, active = await ctx.tick().sample(dut.now, dut.dac, dut.active)
             ctx.set(dut.env_rd_data, word)        # a 1-cycle-latency read port model
+            ctx.set(dut.env_rd_min, sum(1 << i for i in range(8)
+                                        if (word >> 8 * i) & 0xFF == (0x80 if i % 2 else 0)))
             if active:
                 rows.append((now, dac))
         assert rows == [(20, 500), (21, 1000), (22, 1500), (23, -9000), (24, -10000)]
@@ -200,3 +202,56 @@ def test_parameter_errors():
             lambda: PTDSignature(samples_per_cycle=2))
     _raises(ValueError, "env_depth must be a power of two >= 4, not 12", lambda: DriveChannel(12))
     assert PTDSignature(2, 1, 4) == PTDSignature(2, 1, 4) != PTDSignature(1, 1, 4)
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_timed_queue_against_a_model(seed):
+    """Random pushes (times from past to well ahead), pops of every due head and flushes: the
+    head, ``valid``, ``on_time`` and ``past`` match a list in every cycle."""
+    import random
+
+    rng = random.Random(seed)
+    lead = 4
+    q = TimedQueue(readout_event(48), lead)
+    m = Module()
+    m.submodules.q = q
+    m.d.sync += q.now.eq(q.now + 1)
+    m.d.comb += q.pop.eq(q.due)
+    sim = Simulator(m)
+    sim.add_clock(4e-9)
+    seen = {"on_time": 0, "past": 0, "full": 0}
+
+    async def bench(ctx):
+        model: list[int] = []
+        for _ in range(3000):
+            now = ctx.get(q.now)
+            push = rng.random() < 0.5
+            flush = rng.random() < 0.01
+            time = max(0, now + lead + rng.randrange(-3, 40))
+            ctx.set(q.event.valid, push)
+            ctx.set(q.event.payload.time, time)
+            ctx.set(q.flush, flush)
+            due_time = now + lead
+            assert ctx.get(q.valid) == bool(model)
+            if model:
+                assert ctx.get(q.head.time) == model[0]
+                assert ctx.get(q.on_time) == (model[0] == due_time)
+                assert ctx.get(q.past) == (model[0] < due_time)
+                seen["on_time"] += model[0] == due_time
+                seen["past"] += model[0] < due_time
+            else:
+                assert not ctx.get(q.on_time) and not ctx.get(q.past)
+            seen["full"] += not ctx.get(q.event.ready)
+            accepted = push and ctx.get(q.event.ready)
+            if flush:
+                model.clear()
+            else:
+                if model and model[0] <= due_time:
+                    model.pop(0)
+                if accepted:
+                    model.append(time)
+            await ctx.tick()
+
+    sim.add_testbench(bench)
+    sim.run()
+    assert all(seen.values()), seen            # every case was reached

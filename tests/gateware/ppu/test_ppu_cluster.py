@@ -333,6 +333,26 @@ def test_envelope_times_amplitude():
     assert _dac_model(-32768, -32768) == 32767 and got[s + 23 + 15] == 32767
 
 
+def test_saturation_follows_byte_writes():
+    """The drive channel's -1 * -1 saturation uses the stored "this byte is -32768's" bits:
+    a sample made -32768 by a write of its low byte alone saturates (32767, not -32768), and
+    one made -32767 from -32768 that way does not (32767 from -32767 * -32768, where a stale
+    bit would give 32766)."""
+    out = {}
+
+    async def tb(ctx, dut):
+        await upload_env(ctx, dut, 0, [0, -32768, -32768 + 0x12, 0])
+        word = ppu_base(0) + ENV_OFFSET
+        await bus_write(ctx, dut, word, 0x01 << 16, be=1 << 2)     # sample 1: 0x8001
+        await bus_write(ctx, dut, word, 0x00 << 32, be=1 << 4)     # sample 2: 0x8000
+        out["s"] = await start(ctx, dut, [play(0, 0, 1, 2, -32768), wait(5), end()])
+        await wait_state(ctx, dut, 0, PPUState.DONE)
+
+    mon = run(tb)
+    got = [r["dac"] for r in mon.rows if r["active"]]
+    assert got == [_dac_model(-32767, -32768), _dac_model(-32768, -32768)] == [32767, 32767]
+
+
 def test_acquire_threshold_with_driven_adc():
     out = {}
 
@@ -581,8 +601,9 @@ def test_timeline_bits_narrows_the_timeline_and_every_time():
 def test_event_times_carry_across_the_timeline_chunks(boundary):
     """``t + offset_cycles`` and ``t + cycles`` carry across 2**16, 2**32 (where the core's sums
     choose the high part or its increment) and 2**47 on a 48-bit timeline: events just before
-    and after each, and a WAIT of more than 2**16 cycles whose low 16 bits carry. ``now`` is
-    moved ahead by the testbench rather than counted up."""
+    and after each, a WAIT of more than 2**16 cycles whose low 16 bits carry, and after it an
+    event whose offset carries (the increment of the t that the WAIT wrote). ``now`` is moved
+    ahead by the testbench rather than counted up."""
     params = QSCParams(num_ppus=1, imem_depth=64, env_depth=64, timeline_bits=48)
     s = boundary - 0x100
     out = {}
@@ -595,6 +616,7 @@ def test_event_times_carry_across_the_timeline_chunks(boundary):
                 marker(1, 0x110, 1),         # boundary + 0x10: the low chunk carries
                 wait(0x1_0200),              # t = boundary + 0x1_0100: both chunks add
                 marker(0, 5, 1),             # boundary + 0x1_0105
+                marker(1, 0xFF10, 1),        # boundary + 0x2_0010: the low chunk carries
                 end()]
         await upload(ctx, dut, 0, prog)
         await trigger(ctx, dut, 0, s, len(prog))
@@ -602,13 +624,15 @@ def test_event_times_carry_across_the_timeline_chunks(boundary):
         await ctx.tick().until(dut.now == boundary + 0x20)
         # Skip the quiet 2**16 cycles: the next event is at boundary + 0x1_0105.
         ctx.set(dut.now, boundary + 0x1_0100 - 50)
+        await ctx.tick().until(dut.now == boundary + 0x1_0110)
+        ctx.set(dut.now, boundary + 0x2_0010 - 50)
         await ctx.tick()
         out["done"] = await wait_state(ctx, dut, 0, PPUState.DONE)
 
     mon = run(tb, params=params)
     assert not out["done"].late
     assert mon.cycles("marker", 0) == [boundary - 0x10, boundary + 0x1_0105]
-    assert mon.cycles("marker", 1) == [boundary + 0x10]
+    assert mon.cycles("marker", 1) == [boundary + 0x10, boundary + 0x2_0010]
 
 
 def test_markers_per_ppu_sets_the_marker_channels():
