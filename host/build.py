@@ -738,7 +738,7 @@ PLACERS = ("heap", "static", "sa")
 
 
 def build_board(profile, out_dir: Path, *, seed: int = 1, seeds: int = 1,
-                jobs: int | None = None, placer: str = "heap",
+                jobs: int | None = None, placer: str | None = None,
                 progress: Progress | None = None,
                 params: QSCParams | None = None) -> BuildReport:
     """Build ``profile``'s bitstream into ``out_dir/<name>.bit`` and ``out_dir/report.json``.
@@ -751,7 +751,8 @@ def build_board(profile, out_dir: Path, *, seed: int = 1, seeds: int = 1,
     (higher ones still running are stopped), else the one closest to its targets
     (``report.json``'s ``seeds`` lists each). Each nextpnr-ecp5 run is single-threaded and
     takes about 1 GiB. ``placer`` is nextpnr's placer, one of :data:`PLACERS` (``report.json``'s
-    ``placer``); which one places a netlist better depends on the netlist (``docs/boards.md``).
+    ``placer``; default: the profile's); which one places a netlist better depends on the
+    netlist (``docs/boards.md``).
 
     Raises
     ------
@@ -766,6 +767,8 @@ def build_board(profile, out_dir: Path, *, seed: int = 1, seeds: int = 1,
 
     if seeds < 1:
         raise ValueError(f"seeds must be at least 1, not {seeds}")
+    if placer is None:
+        placer = profile.placer
     if placer not in PLACERS:
         raise ValueError(f"placer must be one of {', '.join(PLACERS)}, not {placer!r}")
     if params is not None:

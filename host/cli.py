@@ -257,10 +257,11 @@ def _board_profile(command: str, name: str):
                    "that meets every clock, else the closest.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
               help="nextpnr runs at once with --seeds (default: one per CPU; about 1 GiB each).")
-@click.option("--placer", type=click.Choice(PLACERS), default="heap",
-              show_default=True, help="nextpnr's placer.")
+@click.option("--placer", type=click.Choice(PLACERS), default=None,
+              help="nextpnr's placer (default: the board's, static on the Colorlight, heap on "
+                   "the others).")
 def build_command(board: str | None, verilog: bool, out_dir: Path, seed: int, seeds: int,
-                  jobs: int | None, placer: str) -> None:
+                  jobs: int | None, placer: str | None) -> None:
     """Build a board's bitstream (DIR/NAME.bit, DIR/report.json), or export Verilog.
 
     Exit status 1, with no bitstream written, when a clock misses its target (with --seeds:

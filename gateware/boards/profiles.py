@@ -113,6 +113,10 @@ class BoardProfile:
         TXC; 0 where the PHY adds it (see :class:`~openqlink.gateware.mac.rgmii.RGMIIPort`).
     keeps : str
         One line on what this profile keeps of the default :class:`QSCParams` and why.
+    placer : str
+        nextpnr's placer that ``qlink build`` uses for the board unless told otherwise
+        (``heap``, ``static``, ``sa``): the one that places its top best
+        (``docs/benchmarks.md``).
     """
 
     name: str
@@ -128,6 +132,7 @@ class BoardProfile:
     rgmii_rx_delay_ns: float = 2.0
     rgmii_tx_delay_ns: float = 2.0
     clocks: tuple[ClockTarget, ...] = field(default=())
+    placer: str = "heap"
 
     def __post_init__(self):
         if not self.clocks:
@@ -223,6 +228,7 @@ PROFILES: dict[str, BoardProfile] = {p.name: p for p in (
               "timeline (wraps after 26 days at 125 MHz): the 25F has 24k LUTs and 56 block RAMs",
         cable="ft232",
         rgmii_tx_delay_ns=0.0,
+        placer="static",
     ),
     BoardProfile(
         name="ecpix5-85",

@@ -175,12 +175,13 @@ def test_build_placer_reaches_nextpnr_and_the_report(tmp_path, monkeypatch):
     _boardbench().install_fake_tools(tmp_path, monkeypatch, rti_mhz=140.0, dtd_mhz=126.0)
     out = tmp_path / "out"
     res = CliRunner().invoke(main, ["build", "--board", "colorlight-5a-75b", "-o", str(out),
-                                    "--placer", "static", "--seeds", "2"])
+                                    "--placer", "heap", "--seeds", "2"])
     assert res.exit_code == 0, res.output
     runs = (tmp_path / "fake-tools" / "argv").read_text().splitlines()
     assert len(runs) in (1, 2)                  # seed 2 may be stopped before it starts
-    assert all(" --placer static " in f" {run} " for run in runs)
-    assert json.loads((out / "report.json").read_text())["placer"] == "static"
+    # --placer overrides the board's own (static on the Colorlight)
+    assert all(" --placer heap " in f" {run} " for run in runs)
+    assert json.loads((out / "report.json").read_text())["placer"] == "heap"
     # The command line offers nextpnr's placers, the build's list.
     choices = next(p for p in main.commands["build"].params if p.name == "placer").type.choices
     assert tuple(choices) == build.PLACERS

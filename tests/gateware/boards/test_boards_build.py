@@ -93,6 +93,9 @@ def test_build_that_meets_timing_writes_bit_and_report(tmp_path, monkeypatch):
     assert saved["bram_output_registers"] == saved["dsp_output_registers"] == 0
     assert report.timing_met and stages[0] == "elaboration (Amaranth)"
     assert "output registers" in stages
+    # the profile's placer unless told otherwise
+    assert saved["placer"] == COLORLIGHT.placer == "static"
+    assert "--placer static" in (tmp_path / "fake-tools" / "argv").read_text()
 
 
 def test_unknown_placer_is_refused_before_anything_runs(tmp_path, monkeypatch):
