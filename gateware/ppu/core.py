@@ -652,12 +652,12 @@ class PPU(wiring.Component):
             f_taken.eq(run & f_dec_valid & (~x_valid | (x_br & br_ready & ~br_taken))),
         ]
         # The execute stage's wide fields (the instruction word, ``x_time``, ``x_base``,
-        # ``x_cycles``,
-        # CALL's argument mask) load whenever the stage is open: empty, or holding a resolved
-        # BRANCH. Their enable is one LUT of three flip-flops and their source ``load_tgt``
-        # one more, not ``x_load``: what they take in a cycle that no instruction enters is
-        # never used (``x_valid`` stays low, or the resolved BRANCH, whose target is in
-        # ``x_target``, reads none of them). A BRANCH resolved taken loads its target.
+        # ``x_cycles``, CALL's argument mask) load whenever the stage is open: empty, or
+        # holding a resolved BRANCH. Their enable is one LUT of three flip-flops and their
+        # source ``load_tgt`` one more, not ``x_load``: what they take in a cycle that no
+        # instruction enters is never used (``x_valid`` stays low, or the resolved BRANCH,
+        # whose target is in ``x_target``, reads none of them). A BRANCH resolved taken loads
+        # its target.
         w_valid, w_br, w_ready, w_taken = (ctl[n][1] for n in ctl)
         x_open = kept(m, ~w_valid | (w_br & w_ready), "x_open")
         load_tgt = kept(m, w_br & w_ready & w_taken, "load_tgt")
