@@ -271,6 +271,18 @@ def _sinks(module: dict) -> dict[object, list[tuple[str, str]]]:
     return sinks
 
 
+def _blocks(netlist: dict, kind: str):
+    """Each cell of type ``kind`` in a Yosys JSON netlist: ``(module, sinks of the module's
+    nets (see :func:`_sinks`), cell)``."""
+    for module in netlist.get("modules", {}).values():
+        cells = module.get("cells", {})
+        sinks = None
+        for cell in list(cells.values()):
+            if cell.get("type") == kind:
+                sinks = _sinks(module) if sinks is None else sinks
+                yield module, sinks, cell
+
+
 def _lone_registers(module: dict, sinks: dict, outputs: list[tuple[str, object]],
                     clock: object | None) -> tuple[list[tuple[str, str]], object] | None:
     """The flip-flops that a hard block's output pins drive, if they can become its output
@@ -330,34 +342,30 @@ def bram_output_registers(netlist: dict) -> int:
     or reset (Amaranth's ``reset_less``: the output register's reset is left unused).
     """
     moved = 0
-    for module in netlist.get("modules", {}).values():
-        cells = module.get("cells", {})
-        sinks = _sinks(module)
-        for cell in list(cells.values()):
-            if cell.get("type") != "DP16KD":
+    for module, sinks, cell in _blocks(netlist, "DP16KD"):
+        cells = module["cells"]
+        conn, params = cell["connections"], cell["parameters"]
+        width_b = params.get("DATA_WIDTH_B", 18)
+        width_b = width_b if isinstance(width_b, int) else int(_strip(width_b), 2)
+        if width_b == 36:
+            if conn.get("CLKA") != conn.get("CLKB"):
                 continue
-            conn, params = cell["connections"], cell["parameters"]
-            width_b = params.get("DATA_WIDTH_B", 18)
-            width_b = width_b if isinstance(width_b, int) else int(_strip(width_b), 2)
-            if width_b == 36:
-                if conn.get("CLKA") != conn.get("CLKB"):
-                    continue
-                sides = [("AB", "B")]          # one 36-bit read, on port B's clock and enable
-            else:
-                sides = [("A", "A"), ("B", "B")]
-            for outs, ctl in sides:
-                pins = [f"DO{p}{i}" for p in outs for i in range(18) if f"DO{p}{i}" in conn]
-                found = _lone_registers(module, sinks, [(p, conn[p][0]) for p in pins],
-                                        conn.get(f"CLK{ctl}"))
-                if found is None:
-                    continue
-                regs, ce = found
-                for port in dict.fromkeys(outs):
-                    params[f"REGMODE_{port}"] = "OUTREG"
-                    conn[f"OCE{port}"] = [ce]
-                for pin, ff_name in regs:
-                    conn[pin] = cells.pop(ff_name)["connections"]["Q"]
-                moved += len(regs)
+            sides = [("AB", "B")]              # one 36-bit read, on port B's clock and enable
+        else:
+            sides = [("A", "A"), ("B", "B")]
+        for outs, ctl in sides:
+            pins = [f"DO{p}{i}" for p in outs for i in range(18) if f"DO{p}{i}" in conn]
+            found = _lone_registers(module, sinks, [(p, conn[p][0]) for p in pins],
+                                    conn.get(f"CLK{ctl}"))
+            if found is None:
+                continue
+            regs, ce = found
+            for port in dict.fromkeys(outs):
+                params[f"REGMODE_{port}"] = "OUTREG"
+                conn[f"OCE{port}"] = [ce]
+            for pin, ff_name in regs:
+                conn[pin] = cells.pop(ff_name)["connections"]["Q"]
+            moved += len(regs)
     return moved
 
 
@@ -379,30 +387,25 @@ def dsp_output_registers(netlist: dict) -> int:
     (Amaranth's ``reset_less``: ``RST0`` is tied low).
     """
     moved = 0
-    for module in netlist.get("modules", {}).values():
-        cells = module.get("cells", {})
-        sinks = _sinks(module)
-        for cell in list(cells.values()):
-            if cell.get("type") != "MULT18X18D":
-                continue
-            conn, params = cell["connections"], cell.setdefault("parameters", {})
-            if any(_strip(params.get(f"REG_{r}_CLK", "NONE")) != "NONE"
-                   for r in ("INPUTA", "INPUTB", "INPUTC", "PIPELINE", "OUTPUT")):
-                continue
-            pins = [f"P{i}" for i in range(36) if f"P{i}" in conn]
-            found = _lone_registers(module, sinks, [(p, conn[p][0]) for p in pins], None)
-            if found is None:
-                continue
-            regs, ce = found
-            params.update(REG_OUTPUT_CLK="CLK0", REG_OUTPUT_CE="CE0", REG_OUTPUT_RST="RST0")
-            conn["CLK0"] = cells[regs[0][1]]["connections"]["CLK"]
-            conn["CE0"] = [ce]
-            conn["RST0"] = ["0"]
-            cell.setdefault("port_directions", {}).update(CLK0="input", CE0="input",
-                                                          RST0="input")
-            for pin, ff_name in regs:
-                conn[pin] = cells.pop(ff_name)["connections"]["Q"]
-            moved += len(regs)
+    for module, sinks, cell in _blocks(netlist, "MULT18X18D"):
+        cells = module["cells"]
+        conn, params = cell["connections"], cell.setdefault("parameters", {})
+        if any(_strip(params.get(f"REG_{r}_CLK", "NONE")) != "NONE"
+               for r in ("INPUTA", "INPUTB", "INPUTC", "PIPELINE", "OUTPUT")):
+            continue
+        pins = [f"P{i}" for i in range(36) if f"P{i}" in conn]
+        found = _lone_registers(module, sinks, [(p, conn[p][0]) for p in pins], None)
+        if found is None:
+            continue
+        regs, ce = found
+        params.update(REG_OUTPUT_CLK="CLK0", REG_OUTPUT_CE="CE0", REG_OUTPUT_RST="RST0")
+        conn["CLK0"] = cells[regs[0][1]]["connections"]["CLK"]
+        conn["CE0"] = [ce]
+        conn["RST0"] = ["0"]
+        cell.setdefault("port_directions", {}).update(CLK0="input", CE0="input", RST0="input")
+        for pin, ff_name in regs:
+            conn[pin] = cells.pop(ff_name)["connections"]["Q"]
+        moved += len(regs)
     return moved
 
 

@@ -422,6 +422,27 @@ def _cells(netlist: dict, kind: str) -> list[dict]:
     return [c for c in netlist["modules"]["top"]["cells"].values() if c["type"] == kind]
 
 
+def _move_into_block(tmp_path, m, value, inputs: list, reset_less: bool, shared: bool,
+                     move) -> tuple[dict, int, int]:
+    """``value`` registered in ``q`` under an enable (and, with ``shared``, in ``q2`` beside
+    it), ``m`` synthesized and ``move`` (a build pass) run on its netlist: ``(netlist, flip-flops
+    moved, flip-flops before)``."""
+    from amaranth.hdl import Signal
+
+    ce = Signal()
+    q = Signal(len(value), reset_less=reset_less)
+    q2 = Signal(len(value))
+    with m.If(ce):
+        m.d.sync += q.eq(value)
+    ports = [*inputs, ce, q]
+    if shared:
+        m.d.sync += q2.eq(value)
+        ports.append(q2)
+    netlist = _synthesize(tmp_path, m, ports)
+    before = len(_cells(netlist, "TRELLIS_FF"))
+    return netlist, move(netlist), before
+
+
 @pytest.mark.parametrize("reset_less, shared", [(True, False), (False, False), (True, True)])
 def test_bram_output_registers_take_only_a_lone_reset_less_register(tmp_path, reset_less,
                                                                     shared):
@@ -438,19 +459,10 @@ def test_bram_output_registers_take_only_a_lone_reset_less_register(tmp_path, re
                                     attrs={"no_rw_check": True})
     w = mem.write_port()
     r = bram.read_port(m, mem, name="rd")
-    wa, wd, we, ra, ce = Signal(9), Signal(36), Signal(), Signal(9), Signal()
-    q = Signal(36, reset_less=reset_less)
-    q2 = Signal(36)
+    wa, wd, we, ra = Signal(9), Signal(36), Signal(), Signal(9)
     m.d.comb += [w.addr.eq(wa), w.data.eq(wd), w.en.eq(we), r.addr.eq(ra)]
-    with m.If(ce):
-        m.d.sync += q.eq(r.data)
-    ports = [wa, wd, we, ra, ce, q]
-    if shared:
-        m.d.sync += q2.eq(r.data)
-        ports.append(q2)
-    netlist = _synthesize(tmp_path, m, ports)
-    before = len(_cells(netlist, "TRELLIS_FF"))
-    moved = build.bram_output_registers(netlist)
+    netlist, moved, before = _move_into_block(tmp_path, m, r.data, [wa, wd, we, ra], reset_less,
+                                              shared, build.bram_output_registers)
     (ram,) = _cells(netlist, "DP16KD")
     if reset_less and not shared:
         assert moved == 36 and len(_cells(netlist, "TRELLIS_FF")) == before - 36
@@ -475,20 +487,11 @@ def test_dsp_output_registers_take_only_a_lone_reset_less_register(tmp_path, res
     from amaranth.hdl import Module, Signal, signed
 
     m = Module()
-    a, b, ce = Signal(signed(16)), Signal(signed(16)), Signal()
+    a, b = Signal(signed(16)), Signal(signed(16))
     a_r, b_r = Signal(signed(16)), Signal(signed(16))
-    q = Signal(signed(32), reset_less=reset_less)
-    q2 = Signal(signed(32))
     m.d.sync += [a_r.eq(a), b_r.eq(b)]
-    with m.If(ce):
-        m.d.sync += q.eq(a_r * b_r)
-    ports = [a, b, ce, q]
-    if shared:
-        m.d.sync += q2.eq(a_r * b_r)
-        ports.append(q2)
-    netlist = _synthesize(tmp_path, m, ports)
-    before = len(_cells(netlist, "TRELLIS_FF"))
-    moved = build.dsp_output_registers(netlist)
+    netlist, moved, before = _move_into_block(tmp_path, m, a_r * b_r, [a, b], reset_less,
+                                              shared, build.dsp_output_registers)
     (mult,) = _cells(netlist, "MULT18X18D")
     if reset_less and not shared:
         assert moved == 32 and len(_cells(netlist, "TRELLIS_FF")) == before - 32
