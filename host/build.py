@@ -272,18 +272,20 @@ def _sinks(module: dict) -> dict[object, list[tuple[str, str]]]:
 
 
 def _blocks(netlist: dict, kind: str):
-    """Each cell of type ``kind`` in a Yosys JSON netlist: ``(module, sinks of the module's
-    nets (see :func:`_sinks`), cell)``."""
+    """Each cell of type ``kind`` in a Yosys JSON netlist: ``(module, nets, cell)``, ``nets``
+    the module's ``(sinks, port bits)`` (see :func:`_sinks`), computed once per module."""
     for module in netlist.get("modules", {}).values():
         cells = module.get("cells", {})
-        sinks = None
+        nets = None
         for cell in list(cells.values()):
             if cell.get("type") == kind:
-                sinks = _sinks(module) if sinks is None else sinks
-                yield module, sinks, cell
+                if nets is None:
+                    nets = (_sinks(module), {b for port in module.get("ports", {}).values()
+                                             for b in port["bits"]})
+                yield module, nets, cell
 
 
-def _lone_registers(module: dict, sinks: dict, outputs: list[tuple[str, object]],
+def _lone_registers(module: dict, nets: tuple[dict, set], outputs: list[tuple[str, object]],
                     clock: object | None) -> tuple[list[tuple[str, str]], object] | None:
     """The flip-flops that a hard block's output pins drive, if they can become its output
     register: ``([(pin, flip-flop)], clock enable)``, or None.
@@ -294,7 +296,7 @@ def _lone_registers(module: dict, sinks: dict, outputs: list[tuple[str, object]]
     (``"1"`` for none) and have no set or reset (Amaranth's ``reset_less``).
     """
     cells = module.get("cells", {})
-    port_bits = {b for port in module.get("ports", {}).values() for b in port["bits"]}
+    sinks, port_bits = nets
     regs: list[tuple[str, str]] = []
     ce = clk = None
     for pin, bit in outputs:
@@ -342,7 +344,7 @@ def bram_output_registers(netlist: dict) -> int:
     or reset (Amaranth's ``reset_less``: the output register's reset is left unused).
     """
     moved = 0
-    for module, sinks, cell in _blocks(netlist, "DP16KD"):
+    for module, nets, cell in _blocks(netlist, "DP16KD"):
         cells = module["cells"]
         conn, params = cell["connections"], cell["parameters"]
         width_b = params.get("DATA_WIDTH_B", 18)
@@ -355,7 +357,7 @@ def bram_output_registers(netlist: dict) -> int:
             sides = [("A", "A"), ("B", "B")]
         for outs, ctl in sides:
             pins = [f"DO{p}{i}" for p in outs for i in range(18) if f"DO{p}{i}" in conn]
-            found = _lone_registers(module, sinks, [(p, conn[p][0]) for p in pins],
+            found = _lone_registers(module, nets, [(p, conn[p][0]) for p in pins],
                                     conn.get(f"CLK{ctl}"))
             if found is None:
                 continue
@@ -387,14 +389,14 @@ def dsp_output_registers(netlist: dict) -> int:
     (Amaranth's ``reset_less``: ``RST0`` is tied low).
     """
     moved = 0
-    for module, sinks, cell in _blocks(netlist, "MULT18X18D"):
+    for module, nets, cell in _blocks(netlist, "MULT18X18D"):
         cells = module["cells"]
         conn, params = cell["connections"], cell.setdefault("parameters", {})
         if any(_strip(params.get(f"REG_{r}_CLK", "NONE")) != "NONE"
                for r in ("INPUTA", "INPUTB", "INPUTC", "PIPELINE", "OUTPUT")):
             continue
         pins = [f"P{i}" for i in range(36) if f"P{i}" in conn]
-        found = _lone_registers(module, sinks, [(p, conn[p][0]) for p in pins], None)
+        found = _lone_registers(module, nets, [(p, conn[p][0]) for p in pins], None)
         if found is None:
             continue
         regs, ce = found
