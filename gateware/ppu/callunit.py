@@ -65,7 +65,9 @@ class CallUnit(wiring.Component):
         One-cycle pulse, two cycles after the commit: the awaited response had a status != 0.
     timeout : ``Out(1)``
         One-cycle pulse: ``timeout_cycles`` (``In(32)``, 0 = never) cycles have passed since the
-        issue cycle with no response; the unit stops waiting.
+        issue cycle with no response; the unit stops waiting. The time-out covers the whole
+        call: a kept issue (its request never offered, because an earlier request is still
+        not taken) times out too, and is dropped.
     call_req : ``Out(stream.Signature(CallRequest))``
         The request; valid from the cycle after ``issue`` until taken (while the unit is idle
         its payload follows the inputs, with ``valid`` low).
@@ -187,8 +189,17 @@ class CallUnit(wiring.Component):
                 self.call_req.payload.arg_len.eq(self.arg_len),
                 self.call_req.payload.args.eq(self.arg),
                 awaited.eq(request_id),
-                elapsed.eq(2),
             ]
+        # ``elapsed`` counts from the issue cycle, a kept issue's included: the time-out covers
+        # the whole call, from the issue to the response (a request that cannot be handed over
+        # times out like a response that never comes). An issue's restart below wins.
+        # ``restart``: no call counts (idle), or one starts counting now.
+        restart = Signal()
+        m.d.comb += restart.eq(~kept & (~self.busy | self.issue))
+        with m.If(waiting | kept):
+            m.d.sync += elapsed.eq(elapsed + 1)
+        with m.If(restart):
+            m.d.sync += elapsed.eq(2)
         with m.If(start):
             m.d.sync += [
                 req_valid.eq(1),
@@ -213,8 +224,6 @@ class CallUnit(wiring.Component):
             ]
         with m.Elif(sent):
             m.d.sync += rtt.eq(rtt + 1)
-        with m.If(waiting):
-            m.d.sync += elapsed.eq(elapsed + 1)
 
         # Response parsing, in stages. The check stage ``chk_*`` registers, every cycle, the
         # header checks that need no commit (the mailbox is written before its commit); the
@@ -273,15 +282,15 @@ class CallUnit(wiring.Component):
         # Time-out: ``due`` is ``elapsed >= timeout_cycles``, registered; a response being
         # parsed defers it a cycle (the response wins).
         due = Signal()
-        with m.If(~self.busy):
+        with m.If(restart):
             m.d.sync += due.eq(self.timeout_cycles <= 1)
         with m.Else():
             m.d.sync += due.eq(elapsed >= self.timeout_cycles)
         timeout_on = Signal()
         m.d.sync += timeout_on.eq(self.timeout_cycles != 0)
-        with m.If(waiting & ~commit_r & timeout_on & due):
+        with m.If((waiting | kept) & ~commit_r & timeout_on & due):
             m.d.comb += self.timeout.eq(1)
-            m.d.sync += [waiting.eq(0), sent.eq(0)]
+            m.d.sync += [waiting.eq(0), sent.eq(0), kept.eq(0)]
 
         with m.If(self.abort):
             m.d.sync += [waiting.eq(0), sent.eq(0), kept.eq(0)]

@@ -875,6 +875,7 @@ def test_call_waits_for_the_stopped_runs_request_to_be_taken():
         st = await wait_state(ctx, dut, 0, PPUState.ERROR)      # nobody took the request
         assert st.call_timeout
         assert ctx.get(dut.call_req.valid)
+        await write_reg(ctx, dut, 0, "CALL_TIMEOUT_CYCLES", 1000)
         await start(ctx, dut, [set_(2, 0x55), call(1, 2, 8, FID + 1), end()], lead=20)
         await wait_state(ctx, dut, 0, PPUState.RUNNING)
         for _ in range(30):     # the new CALL has issued; the old request is still the one offered
@@ -890,6 +891,30 @@ def test_call_waits_for_the_stopped_runs_request_to_be_taken():
         await wait_state(ctx, dut, 0, PPUState.DONE)
         assert await read_reg(ctx, dut, 0, "R1") == 7
         assert await read_reg(ctx, dut, 0, "CALL_COUNT") == 2
+
+    run(tb)
+
+
+def test_call_timeout_covers_a_request_never_handed_over():
+    """With the network side taking no request at all, every run's CALL times out: the second
+    run's request cannot even be offered (the first run's is still offered), and its time-out
+    counts from the CALL's issue all the same."""
+    async def tb(ctx, dut):
+        await write_reg(ctx, dut, 0, "CALL_TIMEOUT_CYCLES", 40)
+        for run_ in range(3):
+            await start(ctx, dut, [call(1, 0, 0, FID + run_), end()], lead=20)
+            triggered = ctx.get(dut.now)      # the CALL issues a few cycles later
+            st = await wait_state(ctx, dut, 0, PPUState.ERROR)
+            assert st.call_timeout and not st.call_failed, run_
+            assert 40 <= ctx.get(dut.now) - triggered < 70, run_
+            assert ctx.get(dut.call_req.payload.function_id) == FID     # still the first
+        assert await read_reg(ctx, dut, 0, "CALL_COUNT") == 0
+        # Taken at last: the old request leaves, and the dropped calls' requests never do.
+        old, _ = await _take_request(ctx, dut)
+        assert (old.function_id, old.request_id) == (FID, 0)
+        for _ in range(20):
+            await ctx.tick()
+            assert not ctx.get(dut.call_req.valid)
 
     run(tb)
 
