@@ -20,8 +20,9 @@ Run control (STATUS.state, :class:`~openqlink.isa.PPUState`):
   ``pc`` wraps mod ``imem_depth``; BRANCH targets are absolute indices (mod ``imem_depth``).
 * END stops fetching; the state becomes DONE once the PPU is RUNNING and every channel has
   played out its events.
-* Errors (UNDERFLOW, LATE, call time-out, call failed, illegal instruction) stop the core, set
-  their sticky bit and the state ERROR, and flush the channels. Both are registered: an error
+* Errors (UNDERFLOW, LATE, SEQUENCE: a channel's ``order_error``, call time-out, call failed,
+  illegal instruction) stop the core, set their sticky bit and the state ERROR, and flush the
+  channels. Both are registered: an error
   detected in cycle ``c`` is in the error stage in ``c + 1`` (no CALL is issued then),
   STATUS reads ERROR from ``c + 2`` and, from ``c + 3``, dac, dac_active, ro_window and markers
   are 0 and the FIFOs empty. A late event never fires.
@@ -248,7 +249,7 @@ class PPU(wiring.Component):
         start_time = Signal(tb)
         sticky = Signal(data.StructLayout({
             "underflow": 1, "late": 1, "call_timeout": 1, "call_failed": 1,
-            "illegal_instruction": 1, "trigger_busy": 1, "trigger_late": 1,
+            "illegal_instruction": 1, "trigger_busy": 1, "trigger_late": 1, "sequence": 1,
         }))
         started = Signal()                 # now >= START_TIME of the run, registered
         # ``now + 2``, registered (``now`` advances by one every cycle): ``time <= now + 1`` is
@@ -877,6 +878,7 @@ class PPU(wiring.Component):
             "call_timeout": call.timeout,
             "call_failed": call.failed,
             "illegal_instruction": err_illegal,
+            "sequence": Cat(*(ch.order_error for ch in drives + readouts + markers)).any(),
         }
         # Error stage: the errors detected in a cycle are registered; the cycle after, the PPU
         # stops (the core does nothing in that cycle) and STATUS reads ERROR from the next.

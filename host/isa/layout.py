@@ -159,4 +159,5 @@ class PPUStatus(data.Struct):
     illegal_instruction: unsigned(1)
     trigger_busy: unsigned(1)      #: a trigger arrived while ARMED or RUNNING: refused
     trigger_late: unsigned(1)      #: a trigger's start time had passed: refused
-    _rsv1: unsigned(17)
+    sequence: unsigned(1)          #: an event not after its channel's previous event
+    _rsv1: unsigned(16)

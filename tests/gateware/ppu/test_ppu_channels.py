@@ -255,3 +255,108 @@ def test_timed_queue_against_a_model(seed):
     sim.add_testbench(bench)
     sim.run()
     assert all(seen.values()), seen            # every case was reached
+
+
+def _fire_cycles(kind: str, seed: int, *, lead_short: bool = False):
+    """Push events of increasing times into a ``kind`` channel, each exactly its channel's
+    lead ahead or more (random; ``lead_short``: the last one lead - 1 ahead, into an empty
+    queue), at random pushes from every cycle to every fourth; returns (times, fired, late,
+    order) as lists of cycles."""
+    import random
+
+    rng = random.Random(seed)
+    dut = {"marker": MarkerChannel, "drive": lambda: DriveChannel(16),
+           "readout": ReadoutChannel}[kind]()
+    out = {"times": [], "fired": [], "late": [], "order": []}
+    fields = {"marker": {"duration_cycles": 1}, "drive": {"env_addr": 0, "env_len": 1,
+                                                           "amplitude": 0x4000},
+              "readout": {"window_cycles": 1, "threshold": 0, "rd": 1}}[kind]
+    shown = {"marker": dut.marker if kind == "marker" else None,
+             "drive": getattr(dut, "active", None), "readout": getattr(dut, "window", None)}[kind]
+
+    async def watch(ctx):
+        async for *_, now, fired, late, order in ctx.tick().sample(dut.now, shown, dut.late,
+                                                                  dut.order_error):
+            for name, value in (("fired", fired), ("late", late), ("order", order)):
+                if value:
+                    out[name].append(now)
+
+    async def bench(ctx):
+        ctx.set(dut.env_rd_data, 0x1111) if kind == "drive" else None
+        last = 0
+        for k in range(60):
+            await ctx.tick().repeat(rng.choice([1, 1, 2, 3, 4]))
+            now = ctx.get(dut.now)      # the push below is taken in this cycle
+            if not ctx.get(dut.event.ready):
+                continue
+            ahead = dut.LEAD_CYCLES + rng.choice([0, 0, 1, 2, 7])
+            time = max(now + ahead, last + 1)
+            if lead_short and k == 59:
+                await ctx.tick().repeat(40)       # an empty queue
+                now = ctx.get(dut.now)
+                time = now + dut.LEAD_CYCLES - 1
+            ctx.set(dut.event.payload, {"time": time, **fields})
+            ctx.set(dut.event.valid, 1)
+            await ctx.tick()
+            ctx.set(dut.event.valid, 0)
+            out["times"].append(time)
+            last = time
+        await ctx.tick().repeat(60)
+
+    m = Module()
+    m.submodules.dut = dut
+    m.d.sync += dut.now.eq(dut.now + 1)
+    sim = Simulator(m)
+    sim.add_clock(4e-9)
+    sim.add_process(watch)
+    sim.add_testbench(bench)
+    sim.run()
+    return out
+
+
+@pytest.mark.parametrize("kind", ["marker", "drive", "readout"])
+@pytest.mark.parametrize("seed", [1, 2])
+def test_lead_is_a_bound(kind, seed):
+    """LATE only for an event closer than its channel's documented lead: events of increasing
+    times, each pushed LEAD_CYCLES ahead of its time or more, at any pace, all fire on their
+    cycle; one pushed LEAD_CYCLES - 1 ahead is LATE and never fires."""
+    out = _fire_cycles(kind, seed)
+    assert out["late"] == [] and out["order"] == []
+    assert out["fired"] == out["times"]
+    short = _fire_cycles(kind, seed, lead_short=True)
+    assert short["fired"] == short["times"][:-1]
+    assert len(short["late"]) == 1 and short["order"] == []
+
+
+@pytest.mark.parametrize("kind", ["marker", "drive", "readout"])
+def test_an_event_not_after_the_one_before_is_an_order_error(kind):
+    """An event at the time of the one pushed before it (or earlier; for a readout window,
+    before the previous window ends) is an order error the cycle after its push, whatever the
+    lead; a flush forgets the previous event."""
+    dut = {"marker": MarkerChannel, "drive": lambda: DriveChannel(16),
+           "readout": ReadoutChannel}[kind]()
+    fields = {"marker": {"duration_cycles": 1}, "drive": {"env_addr": 0, "env_len": 1},
+              "readout": {"window_cycles": 4, "threshold": 0, "rd": 1}}[kind]
+    step = 4 if kind == "readout" else 1      # the earliest next time after an event at 0
+
+    async def push(ctx, time):
+        ctx.set(dut.event.payload, {"time": time, **fields})
+        ctx.set(dut.event.valid, 1)
+        await ctx.tick()
+        ctx.set(dut.event.valid, 0)
+        return ctx.get(dut.order_error)
+
+    async def bench(ctx):
+        assert not await push(ctx, 1000)
+        assert await push(ctx, 1000 + step - 1)          # too early by one
+        await ctx.tick()
+        assert not ctx.get(dut.order_error)              # one pulse
+        assert not await push(ctx, 2000)
+        assert not await push(ctx, 2000 + step)          # exactly the earliest
+        assert await push(ctx, 1500)                     # out of order
+        ctx.set(dut.flush, 1)
+        await ctx.tick()
+        ctx.set(dut.flush, 0)
+        assert not await push(ctx, 500)                  # nothing before it since the flush
+
+    _run(dut, bench)

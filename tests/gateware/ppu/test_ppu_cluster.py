@@ -550,6 +550,48 @@ def test_late_event_quiets_outputs_at_once():
             assert r["window"] == (r["now"] < s + 30)
 
 
+@pytest.mark.parametrize("pair", ["two_markers", "marker_and_zero_length", "two_plays",
+                                  "overlapping_windows", "out_of_order"])
+def test_events_not_in_order_on_a_channel_are_refused_at_issue(pair):
+    """Two events for one channel at one time (or out of order, or a readout window opening
+    inside the previous one), with ample slack: neither time has passed, so neither is LATE;
+    the PPU stops with ``sequence`` before either plays."""
+    pairs = {
+        "two_markers": [marker(0, 10, 3), marker(0, 10, 3)],
+        "marker_and_zero_length": [marker(1, 10, 3), marker(1, 10, 0)],
+        "two_plays": [play(0, 10, 0, 4, 100), play(0, 10, 0, 2, 200)],
+        "overlapping_windows": [acquire(0, 1, 10, 8, 0), acquire(0, 2, 17, 8, 0)],
+        "out_of_order": [marker(0, 12, 1), marker(0, 11, 1)],
+    }
+
+    async def tb(ctx, dut):
+        await start(ctx, dut, [sync(300), *pairs[pair], end()], lead=20)
+        st = await wait_state(ctx, dut, 0, PPUState.ERROR)
+        assert st.sequence and not st.late and not st.illegal_instruction
+        assert await read_reg(ctx, dut, 0, "LATE_EVENTS") == 0
+
+    mon = run(tb)
+    assert mon.cycles("marker") == [] and mon.cycles("active") == []
+    assert mon.cycles("window") == []
+
+
+def test_events_in_order_back_to_back_run():
+    """The counterparts that are in order: one cycle apart, a window right after the one before."""
+    out = {}
+
+    async def tb(ctx, dut):
+        out["s"] = await start(ctx, dut, [
+            sync(100), marker(0, 10, 1), marker(0, 11, 1), play(0, 10, 0, 1, 100),
+            play(0, 11, 0, 1, 100), acquire(0, 1, 10, 8, 0), acquire(0, 2, 18, 8, 0), end()],
+            lead=20)
+        st = await wait_state(ctx, dut, 0, PPUState.DONE)
+        assert not st.sequence and not st.late
+
+    mon = run(tb)
+    assert len(mon.cycles("marker", 0)) == 2 and len(mon.cycles("active")) == 2
+    assert len(mon.cycles("window")) == 16
+
+
 def test_late_start_time_too_close():
     async def tb(ctx, dut):
         await upload(ctx, dut, 0, [play(0, 0, 0, 4, 100), end()])
