@@ -15,9 +15,14 @@ Run control (STATUS.state, :class:`~openqlink.isa.PPUState`):
   ``t := START_TIME``, r1..r15 := 0, every sticky bit (trigger refusals included) is cleared and
   the state becomes ARMED; the core starts at once and runs ahead of the timeline. STATUS reads
   RUNNING from the cycle ``now == START_TIME``. The trigger is the only way to start.
-* TAIL (taken mod ``imem_depth``) may be written at any time: writing it while running appends.
-  The core fetches only while ``pc != TAIL``; reaching TAIL before an END is an UNDERFLOW error.
-  ``pc`` wraps mod ``imem_depth``; BRANCH targets are absolute indices (mod ``imem_depth``).
+* TAIL and HEAD (taken mod ``imem_depth``) may be written at any time: writing TAIL while
+  running appends, writing HEAD releases slots. The committed range is HEAD .. TAIL - 1 (mod
+  ``imem_depth``; a trigger sets HEAD to 0). The core fetches sequentially only while ``pc !=
+  TAIL``; reaching TAIL before an END, or a BRANCH to a slot outside the range, is an UNDERFLOW
+  error (the slot is read but never executed). ``pc`` wraps mod ``imem_depth``; BRANCH targets
+  are absolute indices (mod ``imem_depth``). While ARMED or RUNNING, a bus WRITE into the
+  range (the range an accepted trigger commits, from the trigger stage's cycle) is refused and
+  counted in IMEM_WRITES_REFUSED.
 * END stops fetching; the state becomes DONE once the PPU is RUNNING and every channel has
   played out its events.
 * Errors (UNDERFLOW, LATE, SEQUENCE: a channel's ``order_error``, call time-out, call failed,
@@ -244,9 +249,17 @@ class PPU(wiring.Component):
         mode = Signal(_CoreMode)
         pc = Signal(pc_bits)               # the instruction in the execute stage, or the next
         tail = Signal(pc_bits)
+        head = Signal(pc_bits)             # the committed range is head .. tail - 1 (mod depth)
         t = Signal(tb)
         run_start = Signal(tb)
         start_time = Signal(tb)
+
+        def committed(index):
+            """``index`` is in the committed range ``head .. tail - 1`` (mod ``imem_depth``):
+            three compares side by side and one LUT; empty when ``head == tail``."""
+            after_head = head <= index
+            before_tail = index < tail
+            return Mux(head <= tail, after_head & before_tail, after_head | before_tail)
         sticky = Signal(data.StructLayout({
             "underflow": 1, "late": 1, "call_timeout": 1, "call_failed": 1,
             "illegal_instruction": 1, "trigger_busy": 1, "trigger_late": 1, "sequence": 1,
@@ -747,7 +760,7 @@ class PPU(wiring.Component):
             # The next instructions that do not reach ``f_insn`` now are read again later
             # (``f_insn`` is not taken in this cycle: the BRANCH has just entered the execute
             # stage), so that the target passes them.
-            m.d.sync += [tgt_issued.eq(1), tgt_none.eq(x_target == tail)]
+            m.d.sync += [tgt_issued.eq(1), tgt_none.eq(~committed(x_target))]
             set_o_valid(0)
             with m.If(o_valid & f_valid):
                 m.d.sync += fetch_pc.eq(o_pc)
@@ -861,7 +874,7 @@ class PPU(wiring.Component):
             m.d.sync += pc.eq(Mux(act_taken, x_target, pc + 1))
         with m.If(act_taken):
             kill_fetch(Mux(use_tgt, x_target + 1, x_target))
-        with m.If(run & ~x_valid & (pc == tail)):
+        with m.If(run & ~x_valid & ~committed(pc)):
             m.d.comb += err_underflow.eq(1)
         with m.If(mode == _CoreMode.DRAIN):
             all_idle = Cat(*(ch.idle for ch in drives + readouts + markers)).all()
@@ -956,12 +969,25 @@ class PPU(wiring.Component):
         def at_word(word: int):
             return b_low & (off[:4] == word)
 
-        # Memory writes.
+        # The trigger stage's registers (below).
+        trig_r = Signal()
+        trig_value = Signal(32)
+        trig_late = Signal()
+
+        # Memory writes. A write into the committed range while the PPU is ARMED or RUNNING
+        # is refused (and counted): the instructions a run may fetch never change under it.
+        imem_refused = Signal(32)
+        imem_write = is_write & (region == WindowRegion.IMEM)
+        # A trigger accepted in this cycle (the trigger stage, below) commits 0 .. v - 1 now.
+        imem_index = off[1:1 + pc_bits]
+        imem_locked = Mux(trig_r & ~active & ~trig_late, imem_index < trig_value[:pc_bits],
+                          active & committed(imem_index))
+        with m.If(imem_write & imem_locked):
+            m.d.sync += imem_refused.eq(imem_refused + 1)
         m.d.comb += [
             imem_w.addr.eq(off[1:]),
             imem_w.data.eq(Cat(cmd.data, cmd.data)),
-            imem_w.en.eq(Mux(is_write & (region == WindowRegion.IMEM),
-                             Mux(off[0], cmd.be << 8, cmd.be), 0)),
+            imem_w.en.eq(Mux(imem_write & ~imem_locked, Mux(off[0], cmd.be << 8, cmd.be), 0)),
             env_w.addr.eq(off),
             env_w.data.eq(cmd.data),
             env_w.en.eq(Mux(is_write & (region == WindowRegion.ENV), cmd.be, 0)),
@@ -975,6 +1001,7 @@ class PPU(wiring.Component):
         timeline_hi = Signal(tb - 32)
         rw = {
             "TAIL": tail,
+            "HEAD": head,
             "START_TIME_LO": start_time[:32],
             "START_TIME_HI": start_time[32:],
             "CALL_TIMEOUT_CYCLES": call_timeout,
@@ -984,6 +1011,7 @@ class PPU(wiring.Component):
             "TRIGGER": Const(0, 32),
             "STATUS": status.as_value(),
             "PC": pc,
+            "IMEM_WRITES_REFUSED": imem_refused,
             "TIMELINE_LO": now[:32],
             "TIMELINE_HI": timeline_hi,
             "LAST_CALL_STATUS": call.last_status,
@@ -1010,9 +1038,6 @@ class PPU(wiring.Component):
         t_lane = (trigger_reg.offset >> 2) & 1
         trig = (regs_write & at_word(trigger_reg.offset >> 3) &
                 (cmd.be[4 * t_lane:4 * t_lane + 4] == 0xF))
-        trig_r = Signal()
-        trig_value = Signal(32)
-        trig_late = Signal()
         trig_soon = Signal()               # START_TIME is the next cycle's ``now + 1``
         m.d.sync += [
             trig_r.eq(trig),
@@ -1032,6 +1057,7 @@ class PPU(wiring.Component):
                     # Not late: START_TIME >= now + 1, so the run starts next cycle iff equal.
                     started.eq(trig_soon),
                     tail.eq(trig_value[:pc_bits]),
+                    head.eq(0),
                     pc.eq(0),
                     t.eq(start_time),
                     t_hi_p1.eq(start_time[16:] + 1),

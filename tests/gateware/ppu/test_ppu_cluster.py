@@ -512,6 +512,8 @@ def test_run_wraps_the_ring_and_stops_at_tail_0():
                                    branch(Cond.ALWAYS, 0, 0, depth - 2)])
         await ctx.tick().until(dut.now == s + 20)
         assert await read_reg(ctx, dut, 0, "PC") == 1
+        # Slot 0 is released (HEAD 1), so the ring up to its end can be committed (TAIL 0).
+        await write_reg(ctx, dut, 0, "HEAD", 1)
         await write_reg(ctx, dut, 0, "TAIL", 0)
         st = await wait_state(ctx, dut, 0, PPUState.ERROR)
         assert st.underflow and not st.illegal_instruction and not st.late
@@ -520,6 +522,79 @@ def test_run_wraps_the_ring_and_stops_at_tail_0():
 
     mon = run(tb)
     assert len(mon.cycles("window")) == 100      # the ACQUIRE in slot 0 ran once
+
+
+@pytest.mark.parametrize("case", ["beyond_tail", "far_beyond_tail", "before_head"])
+def test_a_fetch_outside_the_committed_range_underflows(case):
+    """A branch to a slot outside HEAD .. TAIL - 1 (a stale instruction sits there, written but
+    never committed, or released by the host) stops the PPU with UNDERFLOW; the slot never
+    runs. Loops inside the range run (``test_branch_loop``)."""
+    depth = PARAMS.imem_depth
+    stale = [set_(2, 77), marker(0, 50, 5)]
+    target = {"beyond_tail": 40, "far_beyond_tail": depth - 2, "before_head": 0}[case]
+
+    async def tb(ctx, dut):
+        await upload(ctx, dut, 0, stale, first=depth - 2)
+        await upload(ctx, dut, 0, stale, first=40)
+        prog = [set_(5, 1), acquire(0, 1, 10, 300, 0), add(3, 1, 0), set_(1, 1),
+                branch(Cond.ALWAYS, 0, 0, target), end()]
+        s = await start(ctx, dut, prog)
+        if case == "before_head":
+            await ctx.tick().until(dut.now == s + 20)
+            assert await read_reg(ctx, dut, 0, "PC") == 2    # the ADD waits for r1
+            await write_reg(ctx, dut, 0, "HEAD", 2)      # slots 0 and 1 released
+        st = await wait_state(ctx, dut, 0, PPUState.ERROR)
+        assert st.underflow and not st.illegal_instruction and not st.late
+        assert await read_reg(ctx, dut, 0, "PC") == target
+        assert await read_reg(ctx, dut, 0, "R1") == 1
+        assert await read_reg(ctx, dut, 0, "R2") == 0
+
+    mon = run(tb)
+    assert mon.cycles("marker") == []
+
+
+def test_head_release_and_sequential_fetch():
+    """With HEAD moved past the instructions still to run, the run stops with UNDERFLOW at the
+    latest when it needs one it has not fetched: it never runs released slots."""
+    async def tb(ctx, dut):
+        prog = [acquire(0, 1, 10, 300, 0), add(3, 1, 0)] + [set_(4, k) for k in range(1, 9)]
+        prog.append(end())
+        s = await start(ctx, dut, prog)
+        await ctx.tick().until(dut.now == s + 20)
+        assert await read_reg(ctx, dut, 0, "PC") == 1    # the ADD waits for r1
+        await write_reg(ctx, dut, 0, "HEAD", 9)      # slots 0..8 released
+        st = await wait_state(ctx, dut, 0, PPUState.ERROR)
+        assert st.underflow
+        assert await read_reg(ctx, dut, 0, "R4") < 8
+
+    run(tb)
+
+
+def test_writes_into_the_committed_range_while_running_are_refused():
+    """While ARMED or RUNNING, a bus write into HEAD .. TAIL - 1 is refused and counted
+    (IMEM_WRITES_REFUSED, one per 64-bit word): the run executes what was committed. Appends
+    (slots at and past TAIL) land; once the run is DONE, every slot is writable again."""
+    async def tb(ctx, dut):
+        prog = [acquire(0, 1, 10, 300, 0), add(3, 1, 0), set_(2, 5), end()]
+        await start(ctx, dut, prog)     # the upload below follows the TRIGGER at once
+        await upload(ctx, dut, 0, [set_(2, 99)], first=2)          # committed: refused
+        assert await read_reg(ctx, dut, 0, "IMEM_WRITES_REFUSED") == 2
+        await upload(ctx, dut, 0, [set_(6, 6), end()], first=4)     # past TAIL: lands
+        await write_reg(ctx, dut, 0, "TAIL", 6)
+        await upload(ctx, dut, 0, [set_(2, 98)], first=3)          # END, committed: refused
+        assert await read_reg(ctx, dut, 0, "IMEM_WRITES_REFUSED") == 4
+        await wait_state(ctx, dut, 0, PPUState.DONE)
+        assert await read_reg(ctx, dut, 0, "R2") == 5
+        assert await read_reg(ctx, dut, 0, "R6") == 0               # after the END
+        await upload(ctx, dut, 0, [set_(2, 7), set_(6, 6)], first=2)  # DONE: lands
+        assert await read_reg(ctx, dut, 0, "IMEM_WRITES_REFUSED") == 4
+        await start(ctx, dut, [acquire(0, 1, 10, 2, 0), add(3, 1, 0), set_(2, 7), set_(6, 6),
+                               end()])
+        st = await wait_state(ctx, dut, 0, PPUState.DONE)
+        assert not st.underflow
+        assert [await read_reg(ctx, dut, 0, r) for r in ("R2", "R6")] == [7, 6]
+
+    run(tb)
 
 
 def test_late_event_quiets_outputs_at_once():
