@@ -197,6 +197,9 @@ QP_REGISTERS: tuple[Register, ...] = (
 #: PPU registers at ``ppu_base(n) + REGS_OFFSET``.
 PPU_REGISTERS: tuple[Register, ...] = (
     _R("TAIL", 0x00, Access.RW, 0, "Committed tail: index one past the last valid instruction"),
+    _R("HEAD", 0x04, Access.RW, 0,
+       "First committed instruction: the committed range is HEAD .. TAIL - 1 (mod imem_depth); "
+       "a trigger sets it to 0, the host moves it forward to release slots"),
     _R("START_TIME_LO", 0x08, Access.RW, 0, "Trigger start time, DTD cycles, bits [31:0]"),
     _R("START_TIME_HI", 0x0C, Access.RW, 0,
        "Trigger start time, DTD cycles, bits [timeline_bits-1:32]"),
@@ -205,6 +208,8 @@ PPU_REGISTERS: tuple[Register, ...] = (
        "START_TIME (refused with trigger_busy / trigger_late)"),
     _R("STATUS", 0x14, Access.RO, 0, "PPUStatus (openqlink.isa.PPUStatus)"),
     _R("PC", 0x18, Access.RO, 0, "Program counter (instruction index)"),
+    _R("IMEM_WRITES_REFUSED", 0x1C, Access.RO, 0,
+       "Bus words written into the committed range while ARMED or RUNNING: refused"),
     _R("TIMELINE_LO", 0x20, Access.RO, 0, "Timeline counter bits [31:0]; reading latches HI"),
     _R("TIMELINE_HI", 0x24, Access.RO, 0,
        "Timeline counter bits [timeline_bits-1:32] latched by LO"),
