@@ -15,6 +15,7 @@ __all__ = [
     "ControlPlaneError",
     "PPUTimeoutError",
     "VersionMismatchError",
+    "UploadError",
     "DispatchError",
     "GPUError",
     "GPUUnavailableError",
@@ -93,6 +94,34 @@ class PPUTimeoutError(ControlPlaneError):
     is stopped (a PLL not locked), it is held in reset, or the path to it stayed full. A write so
     answered was not executed; the network side of the QSC keeps working. ``status`` is 0x20.
     """
+
+
+class UploadError(QlinkError):
+    """An upload (instructions or envelope samples) did not land whole after its retries.
+
+    UC does not retransmit: a lost RDMA WRITE (a bad ICRC, a full receive buffer) leaves the
+    PPU's UPLOAD_WORDS count short of the words sent.
+
+    Attributes
+    ----------
+    ppu : int
+        The PPU.
+    region : str
+        ``"IMEM"`` or ``"ENV"``.
+    words_sent, words_landed : int
+        64-bit words sent by the last attempt, and counted by the PPU for it.
+    attempts : int
+        Attempts made.
+    """
+
+    def __init__(self, message: str, *, ppu: int, region: str, words_sent: int,
+                 words_landed: int, attempts: int):
+        self.ppu = ppu
+        self.region = region
+        self.words_sent = words_sent
+        self.words_landed = words_landed
+        self.attempts = attempts
+        super().__init__(message)
 
 
 class VersionMismatchError(QlinkError):

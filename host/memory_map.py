@@ -204,8 +204,9 @@ PPU_REGISTERS: tuple[Register, ...] = (
     _R("START_TIME_HI", 0x0C, Access.RW, 0,
        "Trigger start time, DTD cycles, bits [timeline_bits-1:32]"),
     _R("TRIGGER", 0x10, Access.WO, 0,
-       "Atomic trigger: value = new TAIL; in one DTD cycle commits it and arms the PPU for "
-       "START_TIME (refused with trigger_busy / trigger_late)"),
+       "Atomic trigger: bits 15..0 the new TAIL, bit 31 'check the upload' with bits 30..16 "
+       "the upload's words mod 2**15 (UPLOAD_WORDS); in one DTD cycle commits TAIL and arms "
+       "the PPU for START_TIME (refused with trigger_busy / trigger_late / trigger_incomplete)"),
     _R("STATUS", 0x14, Access.RO, 0, "PPUStatus (openqlink.isa.PPUStatus)"),
     _R("PC", 0x18, Access.RO, 0, "Program counter (instruction index)"),
     _R("IMEM_WRITES_REFUSED", 0x1C, Access.RO, 0,
@@ -219,7 +220,12 @@ PPU_REGISTERS: tuple[Register, ...] = (
     _R("STALE_RESPONSES", 0x34, Access.RO, 0, "Responses dropped: request_id not awaited"),
     _R("LAST_RTT_CYCLES", 0x38, Access.RO, 0, "DTD cycles from the last CALL to its result"),
     _R("LATE_EVENTS", 0x3C, Access.RO, 0, "Events that reached their channel late"),
-) + tuple(_R(f"R{i}", 0x40 + 4 * i, Access.RO, 0, f"General register r{i}") for i in range(16))
+) + tuple(_R(f"R{i}", 0x40 + 4 * i, Access.RO, 0, f"General register r{i}")
+        for i in range(16)) + (
+    _R("UPLOAD_WORDS", 0x80, Access.RW, 0,
+       "64-bit words written into the ring and envelope memory since the last accepted trigger "
+       "(write 0 to restart the count)"),
+)
 
 
 def _find(table: tuple[Register, ...], name: str) -> Register:

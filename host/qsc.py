@@ -29,7 +29,13 @@ from amaranth.lib import data
 
 from .bridges.base import FrameTransport
 from .control import DEFAULT_LOCAL_PORT, ControlClient
-from .errors import FieldRangeError, QlinkError, VersionMismatchError, WireFormatError
+from .errors import (
+    FieldRangeError,
+    QlinkError,
+    UploadError,
+    VersionMismatchError,
+    WireFormatError,
+)
 from .isa.layout import INSTRUCTION_BYTES, ISA_VERSION, PPUStatus
 from .memory_map import (
     COUNTERS,
@@ -54,7 +60,7 @@ from .wire.ethernet import mac_to_int
 from .wire.ipv4 import ip_to_int
 from .wire.packet import DEFAULT_ROCE_SRC_PORT, parse_frame
 
-__all__ = ["QSC", "RKeys", "DEFAULT_HOST_QPN_BASE", "RX_COUNT_NAMES"]
+__all__ = ["QSC", "RKeys", "DEFAULT_HOST_QPN_BASE", "RX_COUNT_NAMES", "TRIGGER_UPLOAD_CHECK"]
 
 #: Host QPN of PPU ``n`` unless :meth:`QSC.configure` is told otherwise: ``0x200 + n``.
 DEFAULT_HOST_QPN_BASE = 0x200
@@ -90,6 +96,19 @@ class _PPUState:
     qsc_qpn: int
     rkeys: RKeys
     ring: SlotRingLike | None
+    #: The PPU's UPLOAD_WORDS as this host expects it (words sent since the last trigger, or
+    #: the count read back by the last verified upload).
+    upload_words: int = 0
+
+
+#: TRIGGER bit 31: check the upload's word count (bits 30..16, mod 2**15) before accepting.
+TRIGGER_UPLOAD_CHECK = 1 << 31
+
+
+def _words_touched(va: int, nbytes: int) -> int:
+    """The 64-bit bus words that an RDMA WRITE of ``nbytes`` at ``va`` writes (what the PPU's
+    UPLOAD_WORDS counts for it)."""
+    return 0 if nbytes == 0 else (va % 8 + nbytes + 7) // 8
 
 
 def _reg_offset(name: str) -> int:
@@ -282,18 +301,26 @@ class QSC:
         return self.pmtu_bytes // unit * unit
 
     def upload_program(self, ppu: int, words: bytes, *, start_index: int = 0,
-                       commit_tail: bool = False) -> int:
+                       commit_tail: bool = False, verify: bool = True,
+                       retries: int = 2) -> int:
         """Write instructions into PPU ``ppu``'s instruction ring; return the packets sent.
 
         ``words`` is whole 16-byte instructions (as :class:`openqlink.isa.Instruction` packs
         them), written from instruction index ``start_index`` by RDMA_WRITE_ONLY packets of at
         most PMTU bytes to the IMEM region with the IMEM R_Key. Without ``commit_tail`` the
-        program stays invisible until :meth:`trigger` (the fast modality); with it, the last
-        packet is RDMA_WRITE_ONLY_WITH_IMMEDIATE whose ImmDt, ``start_index + count``, becomes
-        the committed TAIL (appending to a running program).
+        program stays invisible until :meth:`trigger` (the fast modality); with it, the upload
+        becomes the committed TAIL ``start_index + count`` (appending to a running program):
+        by a TAIL write after the verified upload, or, without ``verify``, by the last packet
+        as RDMA_WRITE_ONLY_WITH_IMMEDIATE whose ImmDt is the tail.
+
+        With ``verify`` (two control-plane reads of UPLOAD_WORDS, before and after), an upload
+        that did not land whole (UC does not retransmit a lost packet) is sent again, up to
+        ``retries`` more times. :meth:`trigger` carries the count, so a program missing a
+        packet never runs even without ``verify``.
 
         Raises :class:`~openqlink.errors.FieldRangeError` naming ``words`` (not whole
-        instructions, empty, or past ``params.imem_depth``) or ``ppu``.
+        instructions, empty, or past ``params.imem_depth``) or ``ppu``;
+        :class:`~openqlink.errors.UploadError` when the last attempt did not land whole.
         """
         st = self._state(ppu)
         words = bytes(words)
@@ -309,21 +336,63 @@ class QSC:
         base = ppu_base(ppu) + IMEM_OFFSET + start_index * INSTRUCTION_BYTES
         step = self._chunk_bytes(INSTRUCTION_BYTES)
         offsets = range(0, len(words), step)
-        for i, off in enumerate(offsets):
-            last = i == len(offsets) - 1
-            imm = start_index + count if (commit_tail and last) else None
-            self._send_write(st, base + off, st.rkeys.imem, words[off:off + step], imm)
-        return len(offsets)
+        tail = (start_index + count) % self.params.imem_depth
+        packets = [(base + off, st.rkeys.imem, words[off:off + step],
+                    tail if commit_tail and not verify and i == len(offsets) - 1 else None)
+                   for i, off in enumerate(offsets)]
+        self._upload(ppu, "IMEM", packets, verify, retries)
+        if commit_tail and verify:
+            self._send_write(st, ppu_base(ppu) + REGS_OFFSET + _reg_offset("TAIL"),
+                             st.rkeys.regs, struct.pack("<I", tail))
+        return len(packets)
 
-    def write_envelope(self, ppu: int, addr: int, samples: Iterable[int]) -> int:
+    def _upload(self, ppu: int, region: str, packets: list[tuple[int, int, bytes, int | None]],
+                verify: bool, retries: int) -> None:
+        """Send RDMA WRITEs ``(va, r_key, data, imm)`` of an upload; with ``verify``, check the
+        PPU's UPLOAD_WORDS and send them all again while words are missing."""
+        st = self._state(ppu)
+        if retries < 0:
+            raise FieldRangeError(region, "retries", retries, "must be 0 or more")
+        words = sum(_words_touched(va, len(payload)) for va, _, payload, _ in packets)
+        landed = attempts = 0
+        while attempts <= retries:
+            attempts += 1
+            before = self.read_register(ppu, "UPLOAD_WORDS") if verify else 0
+            for va, r_key, payload, imm in packets:
+                self._send_write(st, va, r_key, payload, imm)
+            if not verify:
+                st.upload_words += words
+                return
+            after = self.read_register(ppu, "UPLOAD_WORDS")
+            st.upload_words = after
+            landed = (after - before) % (1 << 32)
+            if landed == words:
+                return
+        raise UploadError(f"PPU {ppu} {region}: {landed} of {words} 64-bit words landed after "
+                          f"{attempts} attempt(s) (packets lost)", ppu=ppu, region=region,
+                          words_sent=words, words_landed=landed, attempts=attempts)
+
+    def restart_upload_count(self, ppu: int) -> None:
+        """Restart PPU ``ppu``'s UPLOAD_WORDS (a control-plane write of 0) and this host's
+        count with it: the words uploaded from here on are those the next :meth:`trigger`
+        vouches for."""
+        st = self._state(ppu)
+        self.control.write(ppu_reg(ppu, "UPLOAD_WORDS"), 0)
+        st.upload_words = 0
+
+    def write_envelope(self, ppu: int, addr: int, samples: Iterable[int], *,
+                       verify: bool = True, retries: int = 2) -> int:
         """Write signed Q1.15 samples into PPU ``ppu``'s envelope memory; return packets sent.
 
         ``addr`` is the index of the first sample (even: RDMA VAs are 4-byte aligned); samples
         are 16-bit two's complement, little-endian in memory, sent in RDMA_WRITE_ONLY packets of
         at most PMTU bytes to the ENV region with the ENV R_Key.
 
+        ``verify`` and ``retries`` as in :meth:`upload_program`.
+
         Raises :class:`~openqlink.errors.FieldRangeError` naming ``addr`` (odd, or the samples
-        leave ``params.env_depth``) or ``samples`` (a value outside -32768..32767, or none).
+        leave ``params.env_depth``) or ``samples`` (a value outside -32768..32767, or none);
+        :class:`~openqlink.errors.UploadError` when the last attempt did not land whole.
         """
         st = self._state(ppu)
         try:
@@ -345,19 +414,25 @@ class QSC:
         data = arr.tobytes()
         base = ppu_base(ppu) + ENV_OFFSET + 2 * addr
         step = self._chunk_bytes(4)
-        offsets = range(0, len(data), step)
-        for off in offsets:
-            self._send_write(st, base + off, st.rkeys.env, data[off:off + step])
-        return len(offsets)
+        packets = [(base + off, st.rkeys.env, data[off:off + step], None)
+                   for off in range(0, len(data), step)]
+        self._upload(ppu, "ENV", packets, verify, retries)
+        return len(packets)
 
-    def trigger(self, ppu: int, start_time_cycles: int, tail: int) -> None:
+    def trigger(self, ppu: int, start_time_cycles: int, tail: int, *,
+                check_upload: bool = True) -> None:
         """Atomically commit ``tail`` and start PPU ``ppu`` at DTD cycle ``start_time_cycles``.
 
         ONE RDMA_WRITE_ONLY to the REGS region covering START_TIME_LO, START_TIME_HI and TRIGGER
         (12 bytes, little-endian), so the start time and the trigger arrive in one packet that
         is committed whole or not at all. The QSC refuses a trigger while the PPU runs, or whose
         start time has passed, by setting ``trigger_busy``/``trigger_late`` in STATUS: read
-        :meth:`status` to know.
+        :meth:`status` to know. With ``check_upload`` the TRIGGER value carries the words
+        uploaded since the last trigger (:data:`TRIGGER_UPLOAD_CHECK`, bits 30..16: this
+        host's count mod 2**15), and the QSC refuses a trigger whose upload lost a packet with
+        ``trigger_incomplete``. The count restarts at 0 here (an accepted trigger restarts the
+        PPU's); after a refused trigger, upload again with ``verify`` (which adopts the PPU's
+        count) before triggering again.
 
         Raises :class:`~openqlink.errors.FieldRangeError` naming ``start_time_cycles`` (not
         within the build's ``timeline_bits``-bit timeline) or ``tail`` (not a ring index
@@ -377,9 +452,13 @@ class QSC:
         if (_reg_offset("START_TIME_HI") != lo + 4 or _reg_offset("TRIGGER") != lo + 8
                 or lo + 12 > REGS_RDMA_BYTES):
             raise QlinkError("memory map: START_TIME_LO/HI and TRIGGER are not one RDMA span")
+        value = tail
+        if check_upload:
+            value |= TRIGGER_UPLOAD_CHECK | (st.upload_words % (1 << 15)) << 16
         payload = struct.pack("<III", start_time_cycles & 0xFFFF_FFFF, start_time_cycles >> 32,
-                              tail)
+                              value)
         self._send_write(st, ppu_base(ppu) + REGS_OFFSET + lo, st.rkeys.regs, payload)
+        st.upload_words = 0
 
     # --- control-plane reads ------------------------------------------------------------------
 

@@ -18,6 +18,7 @@ from cocotb.task import bridge
 from cocotb.triggers import Timer
 
 from ..dispatch import SlotRing
+from ..isa import PPUState, assemble
 from ..memory_map import IMEM_OFFSET, ppu_base
 from ..qsc import QSC
 from ..wire.packet import build_roce_frame, parse_frame
@@ -54,6 +55,64 @@ def _rebuild(frame: bytes, **changes) -> bytes:
     }
     fields.update(changes)
     return build_roce_frame(**fields)
+
+
+class _LoseWrites:
+    """A frame transport that damages (flips an ICRC bit of) the next ``n`` RDMA WRITEs it
+    sends, so that the QSC drops them, as a lossy link would (UC does not retransmit)."""
+
+    def __init__(self, inner, n: int):
+        self.inner = inner
+        self.n = n
+
+    def send_frame(self, frame: bytes) -> None:
+        f = parse_frame(frame)
+        if self.n and f.is_roce and f.reth is not None:
+            self.n -= 1
+            frame = frame[:-1] + bytes([frame[-1] ^ 0x01])
+        self.inner.send_frame(frame)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+#: A program of two PMTU packets (70 instructions): r1 = 5 at its end.
+LOST_UPLOAD_PROGRAM = "\n".join(["nop"] * 67 + ["set r1, 5", "set r2, 6", "end"])
+
+
+def lost_upload_session(tb: TB) -> dict:
+    """Upload a two-packet program whose first packet is lost: unverified, its trigger is
+    refused (trigger_incomplete) and nothing runs; verified, the upload is sent again and the
+    program runs."""
+    qsc = tb.qsc
+    program = assemble(LOST_UPLOAD_PROGRAM, params=tb.params).to_bytes()
+    tail = len(program) // 16
+    inner = qsc.transport
+    out: dict = {}
+    drops = qsc.counters()["DROP_ICRC"]
+    try:
+        qsc.restart_upload_count(0)
+        qsc.transport = _LoseWrites(inner, 1)
+        qsc.upload_program(0, program, verify=False)
+        qsc.trigger(0, qsc.timeline(0) + 5000, tail)
+        st = qsc.status(0)
+        out["unverified"] = {"state": PPUState(st.state).name,
+                             "trigger_incomplete": int(st.trigger_incomplete),
+                             "upload_words": qsc.read_register(0, "UPLOAD_WORDS")}
+        qsc.transport = _LoseWrites(inner, 1)
+        qsc.upload_program(0, program)
+        qsc.transport = inner
+        qsc.trigger(0, qsc.timeline(0) + 5000, tail)
+        while (st := qsc.status(0)).state not in (PPUState.DONE, PPUState.ERROR):
+            tb._sleep_ns(2000)
+        out["verified"] = {"state": PPUState(st.state).name,
+                           "trigger_incomplete": int(st.trigger_incomplete),
+                           "r1": qsc.read_register(0, "R1"), "r2": qsc.read_register(0, "R2")}
+    finally:
+        qsc.transport = inner
+    out["dropped"] = qsc.counters()["DROP_ICRC"] - drops
+    out["packets"] = len(range(0, len(program), qsc.pmtu_bytes))
+    return out
 
 
 def host_session(tb: TB) -> dict:
@@ -116,5 +175,6 @@ async def inject_faults(dut):
     tb.qsc = QSC(tb.transport, params=tb.params, host_mac=cfg["host_mac"],
                  host_ip=cfg["host_ip"])
     results = await bridge(host_session)(tb)
+    results["lost_upload"] = await bridge(lost_upload_session)(tb)
     await Timer(1, "us")
     Path(cfg["results"]).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")

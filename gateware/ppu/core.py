@@ -263,6 +263,7 @@ class PPU(wiring.Component):
         sticky = Signal(data.StructLayout({
             "underflow": 1, "late": 1, "call_timeout": 1, "call_failed": 1,
             "illegal_instruction": 1, "trigger_busy": 1, "trigger_late": 1, "sequence": 1,
+            "trigger_incomplete": 1,
         }))
         started = Signal()                 # now >= START_TIME of the run, registered
         # ``now + 2``, registered (``now`` advances by one every cycle): ``time <= now + 1`` is
@@ -945,6 +946,7 @@ class PPU(wiring.Component):
         region = Signal(WindowRegion)
         mapped = Signal()
         b_low = Signal()                   # the offset is below 16 (a register-block word)
+        b_high = Signal()                  # ... 16 to 31
         is_write = Signal()                # a WRITE to a mapped word
         is_read = Signal()
         raw_write = self.bus_valid & (self.bus_cmd.op == BusOp.WRITE) & raw_mapped
@@ -961,29 +963,41 @@ class PPU(wiring.Component):
             region.eq(raw_region),
             mapped.eq(raw_mapped),
             b_low.eq(raw_off[4:] == 0),
+            b_high.eq(raw_off[4:] == 1),
             is_write.eq(raw_write),
             is_read.eq(self.bus_valid & (self.bus_cmd.op == BusOp.READ)),
         ]
         off = cmd.word_addr[:REGION_WORD_BITS]
 
+        assert REGS_WORDS <= 32
+
         def at_word(word: int):
-            return b_low & (off[:4] == word)
+            return (b_low if word < 16 else b_high) & (off[:4] == word % 16)
 
         # The trigger stage's registers (below).
         trig_r = Signal()
         trig_value = Signal(32)
         trig_late = Signal()
+        trig_incomplete = Signal()         # the value asks for an upload check that fails
+        trig_accept = Signal()             # the trigger stage accepts its trigger
+        m.d.comb += trig_accept.eq(trig_r & ~active & ~trig_late & ~trig_incomplete)
 
         # Memory writes. A write into the committed range while the PPU is ARMED or RUNNING
         # is refused (and counted): the instructions a run may fetch never change under it.
         imem_refused = Signal(32)
+        # UPLOAD_WORDS: the 64-bit words written into the ring and the envelope memory since
+        # the last accepted trigger (or the host's write of the register), for the trigger's
+        # upload check.
+        upload_words = Signal(32)
         imem_write = is_write & (region == WindowRegion.IMEM)
         # A trigger accepted in this cycle (the trigger stage, below) commits 0 .. v - 1 now.
         imem_index = off[1:1 + pc_bits]
-        imem_locked = Mux(trig_r & ~active & ~trig_late, imem_index < trig_value[:pc_bits],
+        imem_locked = Mux(trig_accept, imem_index < trig_value[:pc_bits],
                           active & committed(imem_index))
         with m.If(imem_write & imem_locked):
             m.d.sync += imem_refused.eq(imem_refused + 1)
+        counted = (imem_write & ~imem_locked) | (is_write & (region == WindowRegion.ENV))
+        m.d.sync += upload_words.eq(Mux(trig_accept, 0, upload_words) + counted)
         m.d.comb += [
             imem_w.addr.eq(off[1:]),
             imem_w.data.eq(Cat(cmd.data, cmd.data)),
@@ -1005,6 +1019,7 @@ class PPU(wiring.Component):
             "START_TIME_LO": start_time[:32],
             "START_TIME_HI": start_time[32:],
             "CALL_TIMEOUT_CYCLES": call_timeout,
+            "UPLOAD_WORDS": upload_words,
         }
         values = {
             **rw,
@@ -1043,6 +1058,12 @@ class PPU(wiring.Component):
             trig_r.eq(trig),
             trig_value.eq(cmd.data[32 * t_lane:32 * t_lane + 32]),
             trig_late.eq(less(m, start_time, now_p2, "trig_late")),
+            # Bit 31 asks for the check: bits 30..16 are the upload's words mod 2**15.
+            # ``upload_words`` holds every write that precedes the trigger (one in the command
+            # stage in the cycle before has landed in it).
+            trig_incomplete.eq(cmd.data[32 * t_lane + 31] &
+                               (cmd.data[32 * t_lane + 16:32 * t_lane + 31] !=
+                                upload_words[:15])),
             # In halves: it shares no carry chain with trig_late.
             trig_soon.eq(equal(m, start_time, now_p2, "trig_soon")),
         ]
@@ -1051,6 +1072,8 @@ class PPU(wiring.Component):
                 m.d.sync += sticky.trigger_busy.eq(1)
             with m.Elif(trig_late):
                 m.d.sync += sticky.trigger_late.eq(1)
+            with m.Elif(trig_incomplete):
+                m.d.sync += sticky.trigger_incomplete.eq(1)
             with m.Else():
                 m.d.comb += clear_regs.eq(1)
                 m.d.sync += [

@@ -160,4 +160,5 @@ class PPUStatus(data.Struct):
     trigger_busy: unsigned(1)      #: a trigger arrived while ARMED or RUNNING: refused
     trigger_late: unsigned(1)      #: a trigger's start time had passed: refused
     sequence: unsigned(1)          #: an event not after its channel's previous event
-    _rsv1: unsigned(16)
+    trigger_incomplete: unsigned(1)  #: a trigger's upload word count did not match: refused
+    _rsv1: unsigned(15)

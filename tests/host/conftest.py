@@ -24,6 +24,7 @@ from openqlink.isa.layout import ISA_VERSION
 from openqlink.memory_map import (
     COUNTERS,
     GLOBAL_REGISTERS,
+    MAILBOX_OFFSET,
     PPU_BASE,
     PPU_REGISTERS,
     QP_REGISTERS,
@@ -89,6 +90,7 @@ class QSCPeer:
         self.stale_before_response = False      # send a response with an old seq first
         self.noise_before_response: list[bytes] = []  # frames to send before the next response
         self.ppu_stopped = False                # PPU windows answer PPU_TIMEOUT (dtd stopped)
+        self.lose_rdma = 0                      # RDMA WRITEs to lose (UC: no retransmission)
         self.tx_psn = [0] * self.params.num_ppus
         self.next_slot = [0] * self.params.num_ppus
         self._stop = threading.Event()
@@ -148,13 +150,31 @@ class QSCPeer:
             return
         if rec.va is None:
             return
+        if self.lose_rdma:
+            self.lose_rdma -= 1
+            self.rdma.pop()
+            return
         for i, b in enumerate(f.payload):
             self.memory[rec.va + i] = b
+        if f.payload and rec.va - ppu_base(ppu) < MAILBOX_OFFSET:      # IMEM and ENV
+            words = (rec.va % 8 + len(f.payload) + 7) // 8
+            self.regs[ppu_reg(ppu, "UPLOAD_WORDS")] += words
         regs = ppu_base(ppu) + REGS_OFFSET
         for off in range(0, len(f.payload) - 3, 4):
             addr = rec.va + off
             if regs <= addr < regs + 0x18:
-                self.regs[addr] = struct.unpack_from("<I", f.payload, off)[0]
+                value = struct.unpack_from("<I", f.payload, off)[0]
+                self.regs[addr] = value
+                if addr == ppu_reg(ppu, "TRIGGER"):
+                    self._trigger(ppu, value)
+
+    def _trigger(self, ppu: int, value: int) -> None:
+        """The upload check of an accepted trigger (the run itself is not modelled)."""
+        count = ppu_reg(ppu, "UPLOAD_WORDS")
+        if value >> 31 and (value >> 16) & 0x7FFF != self.regs[count] % (1 << 15):
+            self.regs[ppu_reg(ppu, "STATUS")] |= 1 << 16        # trigger_incomplete
+        else:
+            self.regs[count] = 0
 
     def _control(self, f) -> None:
         req = f.control

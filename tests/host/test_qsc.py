@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from openqlink.errors import FieldRangeError, QlinkError, VersionMismatchError
+from openqlink.errors import FieldRangeError, QlinkError, UploadError, VersionMismatchError
 from openqlink.isa import INSTRUCTION_BYTES, PPUState
 from openqlink.memory_map import (
     COUNTERS,
@@ -122,12 +122,65 @@ def test_upload_program_in_pmtu_packets(ready):
     assert [w.va for w in writes] == [base, base + 1024, base + 2048, base + 3072]
     assert peer.read_memory(base, len(words)) == words
     assert [w.psn for w in writes] == [0, 1, 2, 3]
-    # appending with a committed tail: the last packet carries ImmDt = new tail
+    # appending with a committed tail, unverified: the last packet carries ImmDt = new tail
     more = bytes(range(16)) * 3
-    assert qsc.upload_program(0, more, start_index=200, commit_tail=True) == 1
+    assert qsc.upload_program(0, more, start_index=200, commit_tail=True, verify=False) == 1
     last = peer.rdma[-1]
     assert last.opcode == Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE and last.imm == 203
     assert last.va == base + 200 * 16
+    # verified: the data first, then (once it all landed) a TAIL write
+    assert qsc.upload_program(0, more, start_index=203, commit_tail=True) == 1
+    data_w, tail_w = peer.rdma[-2:]
+    assert data_w.opcode == Opcode.RDMA_WRITE_ONLY and data_w.va == base + 203 * 16
+    assert (tail_w.va, tail_w.payload, tail_w.r_key) == \
+        (ppu_reg(0, "TAIL"), struct.pack("<I", 206), RKeys.default(0).regs)
+    assert peer.regs[ppu_reg(0, "TAIL")] == 206
+
+
+def test_a_lost_upload_packet_is_sent_again(ready):
+    """UC does not retransmit: a lost RDMA WRITE leaves UPLOAD_WORDS short, and the verified
+    upload sends the whole upload again; the trigger then carries the PPU's count."""
+    qsc, peer, _ = ready
+    words = bytes((i * 5) % 256 for i in range(100 * INSTRUCTION_BYTES))     # 2 packets
+    peer.lose_rdma = 1
+    assert qsc.upload_program(0, words) == 2
+    assert len(peer.rdma) == 3                       # one lost, then both again
+    assert peer.read_memory(ppu_base(0) + IMEM_OFFSET, len(words)) == words
+    count = peer.regs[ppu_reg(0, "UPLOAD_WORDS")]
+    assert count == 200 + 72                         # the packet that landed twice counts twice
+    peer.lose_rdma = 1
+    assert qsc.write_envelope(0, 2, [1, 2, 3, 4]) == 1     # VA 4 mod 8: 2 words
+    assert peer.regs[ppu_reg(0, "UPLOAD_WORDS")] == count + 2
+    qsc.trigger(0, 1000, 100)
+    assert peer.regs[ppu_reg(0, "TRIGGER")] == 100 | 1 << 31 | (count + 2) << 16
+    assert peer.regs[ppu_reg(0, "UPLOAD_WORDS")] == 0    # accepted: the count restarts
+
+
+def test_an_upload_that_keeps_losing_packets_raises(ready):
+    qsc, peer, _ = ready
+    peer.lose_rdma = 5
+    with pytest.raises(UploadError) as e:
+        qsc.upload_program(0, bytes(16 * 70), retries=2)    # 2 packets, 3 attempts
+    assert (e.value.ppu, e.value.region, e.value.words_sent, e.value.attempts) == \
+        (0, "IMEM", 140, 3)
+    assert e.value.words_landed == 140 - 128
+    with pytest.raises(FieldRangeError) as e2:
+        qsc.write_envelope(0, 0, [1], retries=-1)
+    assert e2.value.field == "retries"
+
+
+def test_an_unverified_upload_with_a_lost_packet_is_refused_by_the_trigger(ready):
+    """Without verify, nothing is read back; the trigger's count does not match what
+    landed, so the QSC refuses it (trigger_incomplete) instead of running a stale program."""
+    qsc, peer, _ = ready
+    peer.lose_rdma = 1
+    assert qsc.upload_program(0, bytes(16 * 70), verify=False) == 2
+    qsc.trigger(0, 1000, 70)
+    assert (peer.regs[ppu_reg(0, "TRIGGER")] >> 16) & 0x7FFF == 140
+    assert qsc.status(0).trigger_incomplete
+    qsc.upload_program(0, bytes(16 * 70))            # verified: adopts the PPU's count
+    qsc.trigger(0, 2000, 70)
+    assert peer.regs[ppu_reg(0, "UPLOAD_WORDS")] == 0
 
 
 def test_upload_program_checks(ready):
@@ -166,8 +219,11 @@ def test_trigger_is_one_write_of_start_time_and_tail(ready):
     w = peer.rdma[0]
     assert w.opcode == Opcode.RDMA_WRITE_ONLY and w.r_key == RKeys.default(0).regs
     assert w.va == ppu_reg(0, "START_TIME_LO")
-    assert w.payload == struct.pack("<III", 0x2345_6789, 1, 42)
-    assert peer.regs[ppu_reg(0, "TRIGGER")] == 42
+    # bit 31: check the upload, of 0 words here
+    assert w.payload == struct.pack("<III", 0x2345_6789, 1, 42 | 1 << 31)
+    assert peer.regs[ppu_reg(0, "TRIGGER")] == 42 | 1 << 31
+    qsc.trigger(0, 0x1_2345_6789, tail=42, check_upload=False)
+    assert peer.rdma[-1].payload == struct.pack("<III", 0x2345_6789, 1, 42)
     assert peer.regs[ppu_reg(0, "START_TIME_HI")] == 1
     assert w.va + 12 <= ppu_base(0) + REGS_OFFSET + 0x18
     with pytest.raises(FieldRangeError, match="64-bit timeline"):
@@ -277,7 +333,8 @@ def test_full_flow_over_a_threaded_peer(threaded_qsc):
         qsc.configure(0, ring)
         qsc.upload_program(0, bytes(range(16)) * 4)
         qsc.trigger(0, 1000, 4)
-        assert qsc.read_register(0, "TRIGGER") == 4   # the peer applied the RDMA first
+        # the peer applied the RDMA first; the trigger carries the upload's 8 words
+        assert qsc.read_register(0, "TRIGGER") == 4 | 1 << 31 | 8 << 16
         peer.send_rpc_request(0, Request(1, 2, 3, b"").pack())
         for _ in range(1000):
             if qsc.poll_rx():

@@ -129,14 +129,29 @@ def test_tshark_dissects_the_roce_frames_as_infiniband(run_one):
     assert "42" in text   # 0x2A RDMA_WRITE_ONLY: the program upload
 
 
-def test_bad_packets_are_dropped_counted_and_write_nothing(build_dir):
-    results = run_bench("openqlink.sim.bench_faults", SimConfig(), build_dir=build_dir)
+@pytest.fixture(scope="module")
+def faults(build_dir) -> dict:
+    return run_bench("openqlink.sim.bench_faults", SimConfig(), build_dir=build_dir)
+
+
+def test_bad_packets_are_dropped_counted_and_write_nothing(faults):
+    results = faults
     for name, fault in results["faults"].items():
         assert fault["counted"] == 1, (name, fault)
         assert fault["after"] == fault["before"], name
     assert set(results["faults"]) == set(FAULTS)
     assert results["accepted_during_faults"] == 0
     assert results["good_write_after_faults"] == results["pattern"]
+
+
+def test_a_lost_upload_packet_never_runs_a_stale_program(faults):
+    """UC does not retransmit: the QSC refuses a trigger whose upload lost a packet, and a
+    verified upload sends it again, against the gateware."""
+    lost = faults["lost_upload"]
+    assert lost["packets"] == 2 and lost["dropped"] == 2
+    assert lost["unverified"]["state"] == "IDLE" and lost["unverified"]["trigger_incomplete"]
+    assert lost["unverified"]["upload_words"] == 140 - 128      # the second packet's words
+    assert lost["verified"] == {"state": "DONE", "trigger_incomplete": 0, "r1": 5, "r2": 6}
 
 
 def test_results_json_has_the_documented_keys(run_one):

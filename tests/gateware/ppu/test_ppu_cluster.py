@@ -264,6 +264,42 @@ def test_trigger_refused_late_changes_nothing():
     assert mon.cycles("marker") == []
 
 
+def test_trigger_upload_check():
+    """A TRIGGER with bit 31 set carries the upload's 64-bit word count (bits 30..16, mod
+    2**15): counted are the ring's and the envelope memory's words written since the last
+    accepted trigger (or the host's write of UPLOAD_WORDS). A count that does not match (a
+    lost upload packet) refuses the trigger with trigger_incomplete and changes nothing else;
+    a matching one runs; without bit 31 nothing is checked. A write right behind a TRIGGER
+    counts for the next upload."""
+    def value(tail, words):
+        return tail | 1 << 31 | (words % 2**15) << 16
+
+    async def tb(ctx, dut):
+        await write_reg(ctx, dut, 0, "UPLOAD_WORDS", 0)
+        prog = [set_(1, 1), end()]
+        await upload(ctx, dut, 0, prog)                    # 4 words
+        await upload_env(ctx, dut, 0, [1, 2, 3, 4, 5])     # 2 words
+        assert await read_reg(ctx, dut, 0, "UPLOAD_WORDS") == 6
+        s = ctx.get(dut.now) + 40
+        await write_reg(ctx, dut, 0, "START_TIME_LO", s)
+        await write_reg(ctx, dut, 0, "TRIGGER", value(2, 5))          # one word lost
+        st = await status(ctx, dut, 0)
+        assert st.trigger_incomplete and st.state == PPUState.IDLE
+        assert await read_reg(ctx, dut, 0, "UPLOAD_WORDS") == 6      # nothing changed
+        await write_reg(ctx, dut, 0, "TRIGGER", value(2, 6 + 2**15))  # mod 2**15: matches
+        await upload(ctx, dut, 0, [set_(2, 2)], first=5)             # right behind it
+        st = await wait_state(ctx, dut, 0, PPUState.DONE)
+        assert not st.trigger_incomplete and await read_reg(ctx, dut, 0, "R1") == 1
+        assert await read_reg(ctx, dut, 0, "UPLOAD_WORDS") == 2
+        await write_reg(ctx, dut, 0, "START_TIME_LO", ctx.get(dut.now) + 40)
+        await write_reg(ctx, dut, 0, "TRIGGER", 2)                   # unchecked
+        st = await wait_state(ctx, dut, 0, PPUState.DONE)
+        assert not st.trigger_incomplete
+        assert await read_reg(ctx, dut, 0, "UPLOAD_WORDS") == 0
+
+    run(tb)
+
+
 def test_trigger_partial_write_ignored():
     async def tb(ctx, dut):
         await upload(ctx, dut, 0, [end()])
@@ -1079,8 +1115,9 @@ def test_bus_read_every_register_and_memory():
         for r in PPU_REGISTERS:
             value, err = await bus_read(ctx, dut, ppu_reg(1, r.name) & ~7)
             assert not err
-            if r.name not in ("TIMELINE_LO", "TIMELINE_HI"):
+            if r.name not in ("TIMELINE_LO", "TIMELINE_HI", "UPLOAD_WORDS"):
                 assert (value >> (32 * ((r.offset >> 2) & 1))) & 0xFFFFFFFF == r.reset, r.name
+        assert await read_reg(ctx, dut, 1, "UPLOAD_WORDS") == 4     # the writes above
         await write_reg(ctx, dut, 1, "START_TIME_HI", 0x0102_0304)
         await bus_write(ctx, dut, ppu_reg(1, "START_TIME_LO"), 0xAABB_CCDD, be=0b0101)
         assert await bus_read(ctx, dut, ppu_reg(1, "START_TIME_LO")) == \
@@ -1133,7 +1170,7 @@ def test_unmapped_addresses():
             ppu_base(0) + IMEM_OFFSET + 16 * 64,           # past the ring
             ppu_base(0) + ENV_OFFSET + 2 * 64,             # past the envelopes
             ppu_base(1) + MAILBOX_OFFSET + 64,             # past the mailbox
-            ppu_base(1) + REGS_OFFSET + 0x80,              # past the register block
+            ppu_base(1) + REGS_OFFSET + 0x88,              # past the register block
         ]
         for addr in unmapped:
             await bus_write(ctx, dut, addr, 0x1234)
