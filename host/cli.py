@@ -2,8 +2,8 @@
 
 Commands::
 
-    qlink asm FILE [-o OUT.bin] [--envelopes ENV.bin] [--dtd-clk-hz HZ] [--base N]
-    qlink disasm FILE [--base N] [--function NAME ...]
+    qlink asm FILE [-o OUT.bin] [--envelopes ENV.bin] [--board NAME] [--dtd-clk-hz HZ] [--base N]
+    qlink disasm FILE [--base N] [--function NAME ...] [--board NAME]
     qlink docs memory-map [-o PATH]
     qlink docs isa-tables [-o PATH]
     qlink build --board NAME [-o DIR] [--seed N] [--seeds N] [--jobs N] [--placer P]
@@ -75,16 +75,20 @@ def main() -> None:
                    "Default: SOURCE with the suffix .bin.")
 @click.option("--envelopes", "env_output", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the envelope memory image (int16 little-endian samples).")
+@click.option("--board", "board", metavar="NAME",
+              help="Assemble for board NAME's build (its ring, envelope memory, channels and "
+                   "DTD clock) instead of the default parameters.")
 @click.option("--dtd-clk-hz", type=int, default=None,
-              help="DTD clock for times in ns/us (default: QSCParams().dtd_clk_hz).")
+              help="DTD clock for times in ns/us (default: the build's).")
 @click.option("--base", type=int, default=0, show_default=True,
               help="Instruction index of the first instruction.")
-def asm_command(source: Path, output: Path | None, env_output: Path | None,
+def asm_command(source: Path, output: Path | None, env_output: Path | None, board: str | None,
                 dtd_clk_hz: int | None, base: int) -> None:
-    """Assemble a PPU program."""
+    """Assemble a PPU program for a build: every operand is checked against its parameters."""
+    params = _board_profile("asm", board).params if board else None
     text = _read_text(source)
     try:
-        prog = assemble(text, str(source), dtd_clk_hz=dtd_clk_hz, base=base)
+        prog = assemble(text, str(source), params=params, dtd_clk_hz=dtd_clk_hz, base=base)
     except AssemblerError as exc:
         _fail(str(exc))
         return
@@ -108,8 +112,13 @@ def asm_command(source: Path, output: Path | None, env_output: Path | None,
               help="Instruction index of the first instruction.")
 @click.option("--function", "functions", multiple=True, metavar="NAME",
               help="A CALL handler name to print instead of its function_id (repeatable).")
-def disasm_command(binary: Path, base: int, functions: tuple[str, ...]) -> None:
+@click.option("--board", "board", metavar="NAME",
+              help="Disassemble for board NAME's build: an instruction it cannot execute is "
+                   "printed as .word (default: the default parameters).")
+def disasm_command(binary: Path, base: int, functions: tuple[str, ...],
+                   board: str | None) -> None:
     """Disassemble an instruction image written by `qlink asm`."""
+    params = _board_profile("disasm", board).params if board else None
     try:
         data = binary.read_bytes()
     except OSError as exc:
@@ -122,7 +131,7 @@ def disasm_command(binary: Path, base: int, functions: tuple[str, ...]) -> None:
         except ValueError as exc:
             _fail(f"--function {name!r}: {exc}")
     try:
-        click.echo(disassemble(data, base=base, functions=names), nl=False)
+        click.echo(disassemble(data, base=base, functions=names, params=params), nl=False)
     except WireFormatError as exc:
         hint = ""
         if binary.suffix in (".s", ".asm") or data.isascii():

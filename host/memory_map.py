@@ -86,7 +86,9 @@ class QSCParams:
     """Elaboration parameters of a QSC build, shared by gateware, host and bench.
 
     Clock frequencies are those the timeline and timestamps are computed with; in simulation
-    they set the bench's clock periods.
+    they set the bench's clock periods. The channel counts size each PPU's physical interface
+    (:class:`~openqlink.gateware.ppu.channels.PTDSignature`); the assembler refuses a channel
+    number, envelope range or branch target that the build does not have.
     """
 
     num_ppus: int = 1
@@ -94,6 +96,8 @@ class QSCParams:
     env_depth: int = 4096             #: 16-bit samples of envelope memory per PPU
     data_width_bits: int = 64         #: MAC-side packet stream width
     markers_per_ppu: int = 4          #: MARKER channels of each PPU (``marker 0..N-1``)
+    drives_per_ppu: int = 1           #: drive (DAC) channels of each PPU (``play 0..N-1``)
+    readouts_per_ppu: int = 1         #: readout (ADC) channels of each PPU (``acquire 0..N-1``)
     timeline_bits: int = 64           #: width of the DTD timeline and every time in the PPUs
     rti_clk_hz: int = 156_250_000     #: network clock (10GBASE-R MAC side)
     dtd_clk_hz: int = 250_000_000     #: PPU / timeline clock
@@ -111,9 +115,10 @@ class QSCParams:
         if self.imem_depth > 1 << 16:
             raise ValueError(f"imem_depth must be at most 65536 (16-bit targets), "
                              f"not {self.imem_depth}")
-        if not 1 <= self.markers_per_ppu <= 16:
-            raise ValueError(f"markers_per_ppu must be 1..16 (a 4-bit channel field), "
-                             f"not {self.markers_per_ppu}")
+        for name in ("markers_per_ppu", "drives_per_ppu", "readouts_per_ppu"):
+            v = getattr(self, name)
+            if not 1 <= v <= 16:
+                raise ValueError(f"{name} must be 1..16 (a 4-bit channel field), not {v}")
         if not 40 <= self.timeline_bits <= 64:
             raise ValueError(f"timeline_bits must be 40..64, not {self.timeline_bits}")
         if self.data_width_bits != 64:

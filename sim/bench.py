@@ -284,7 +284,7 @@ class TB:
     async def run(self) -> dict:
         cfg = self.cfg
         self.program = assemble(Path(cfg["program"]).read_text(), filename=cfg["program"],
-                                dtd_clk_hz=self.params.dtd_clk_hz)
+                                params=self.params)
         table = load_function_table(cfg.get("handlers"), gpu=cfg.get("gpu", False))
         self.function_names = {fid: name for name, fid in self.program.functions.items()}
         self.function_names.update({e.function_id: e.name for e in table.entries()})

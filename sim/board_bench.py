@@ -215,7 +215,7 @@ def run_board_sim(program: str | Path, *, board: str = "colorlight-5a-75b",
     profile = PROFILES[board]
     params = profile.params
     program = Path(program).resolve()
-    assemble(program.read_text(), filename=str(program), dtd_clk_hz=params.dtd_clk_hz)
+    assemble(program.read_text(), filename=str(program), params=params)
     if handlers is None:
         handlers = default_handlers_path(program)
     load_function_table(handlers)

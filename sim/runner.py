@@ -203,7 +203,7 @@ def run_sim(program: str | Path, *, handlers: str | Path | None = None,
     """
     program = Path(program).resolve()
     params = params or QSCParams()
-    assemble(program.read_text(), filename=str(program), dtd_clk_hz=params.dtd_clk_hz)
+    assemble(program.read_text(), filename=str(program), params=params)
     if handlers is None:
         handlers = default_handlers_path(program)
     # Fail fast on a bad handlers file or a missing GPU, before the build.

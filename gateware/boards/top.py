@@ -65,6 +65,8 @@ def board_system(m: Module, profile: BoardProfile, mac: wiring.Component) -> Val
     markers = []
     for n in range(p.num_ppus):
         emu = DomainRenamer("dtd")(QubitEmulator(seed=QUBIT_SEED + n,
+                                                 n_drive=p.drives_per_ppu,
+                                                 n_readout=p.readouts_per_ppu,
                                                  n_marker=p.markers_per_ppu))
         m.submodules[f"qubit{n}"] = emu
         wiring.connect(m, qsc.ptd[n], emu.ptd)

@@ -26,11 +26,12 @@ class PPUCluster(wiring.Component):
     Parameters
     ----------
     params : QSCParams
-        ``num_ppus``, ``imem_depth``, ``env_depth`` and ``markers_per_ppu`` are used.
-    n_drive, n_readout : int
-        Channels of each kind per PPU (see :class:`~.channels.PTDSignature`).
-    n_marker : int | None
-        Marker channels per PPU; ``None`` (the default) takes ``params.markers_per_ppu``.
+        ``num_ppus``, ``imem_depth``, ``env_depth``, ``timeline_bits`` and the channel counts
+        ``drives_per_ppu``, ``readouts_per_ppu`` and ``markers_per_ppu`` are used.
+    n_drive, n_readout, n_marker : int | None
+        Channels of each kind per PPU (see :class:`~.channels.PTDSignature`); ``None`` (the
+        default) takes ``params.drives_per_ppu``, ``params.readouts_per_ppu`` and
+        ``params.markers_per_ppu``.
 
     Members
     -------
@@ -53,9 +54,13 @@ class PPUCluster(wiring.Component):
         cycle ``now`` equals its time.
     """
 
-    def __init__(self, params: QSCParams, *, n_drive: int = 1, n_readout: int = 1,
-                 n_marker: int | None = None):
+    def __init__(self, params: QSCParams, *, n_drive: int | None = None,
+                 n_readout: int | None = None, n_marker: int | None = None):
         self._params = params
+        if n_drive is None:
+            n_drive = params.drives_per_ppu
+        if n_readout is None:
+            n_readout = params.readouts_per_ppu
         if n_marker is None:
             n_marker = params.markers_per_ppu
         self._channels = dict(n_drive=n_drive, n_readout=n_readout, n_marker=n_marker)

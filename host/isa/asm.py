@@ -26,8 +26,16 @@ Syntax summary (one instruction per line, ``;`` starts a comment)::
 
 Amplitudes are real numbers of DAC full scale in [-1.0, 1.0], stored as signed Q1.15
 (``round(x * 32768)``; 1.0 saturates to 32767, the one value that does). Times are DTD cycles
-when written without a unit; with ``ns`` or ``us`` they are converted at ``dtd_clk_hz`` and must
-come out as a whole number of cycles.
+when written without a unit; with ``ns`` or ``us`` they are converted at ``dtd_clk_hz``, exactly
+(the number as written, not a float), and must come out as a whole number of cycles. A ``.equ``
+value may name another ``.equ`` or a label, defined before or after it; names are followed when
+the value is used.
+
+Every operand must fit its field and the build (:class:`openqlink.memory_map.QSCParams`): a
+PLAY, ACQUIRE or MARKER channel below ``drives_per_ppu``, ``readouts_per_ppu`` or
+``markers_per_ppu``, a PLAY's samples ``addr .. addr + len - 1`` inside the ``env_depth``-sample
+envelope memory, a branch target below ``imem_depth`` (anywhere in the ring: code appended later
+may be there).
 
 Errors raise :class:`openqlink.errors.AssemblerError` carrying file, line and the bad token.
 
@@ -75,6 +83,10 @@ __all__ = [
 
 #: The most argument bits a CALL can carry (one 32-bit register).
 MAX_CALL_ARG_BITS = 32
+
+#: The largest power of ten a time may be written with (``1e-40us``): beyond it the exact value
+#: and its message grow without bound.
+_MAX_TIME_EXPONENT = 40
 
 _Q15_ONE = 1 << 15
 
@@ -185,6 +197,63 @@ def decode(word: int) -> tuple[Op, dict[str, Any]]:
         raise FieldRangeError(op.name, "reserved", word,
                               "reserved or unused bits are set")
     return op, fields
+
+
+# ---------------------------------------------------------------------------------------------
+# What a build can execute
+
+
+#: Operand fields whose values the build bounds: op -> field -> the QSCParams count it must stay
+#: below (the gateware takes a target mod ``imem_depth`` and an address mod ``env_depth``, and
+#: refuses a channel it does not have as an illegal instruction).
+_BUILD_LIMITS: dict[Op, dict[str, str]] = {
+    Op.PLAY: {"channel": "drives_per_ppu", "env_addr": "env_depth"},
+    Op.ACQUIRE: {"channel": "readouts_per_ppu"},
+    Op.MARKER: {"channel": "markers_per_ppu"},
+    Op.BRANCH: {"target": "imem_depth"},
+}
+
+
+def _build_fault(op: Op, fields: Mapping[str, Any], params: QSCParams) -> tuple[str, str] | None:
+    """Why ``params``'s build cannot execute ``op`` with ``fields`` (each in its field's range):
+    ``(field, message)`` for the first operand at fault, or ``None`` when it can."""
+    for name, count_name in _BUILD_LIMITS.get(op, {}).items():
+        value, count = int(fields.get(name, 0)), getattr(params, count_name)
+        if value >= count:
+            return name, (f"{name} = {value} is out of range for {op.name} (0..{count - 1}: the "
+                          f"build has {count_name} = {count})")
+    if op == Op.PLAY:
+        addr, length = int(fields.get("env_addr", 0)), int(fields.get("env_len", 0))
+        depth = params.env_depth
+        if addr + length > depth:
+            return "env_len", (f"env_addr + env_len = {addr} + {length} = {addr + length} is out "
+                               f"of range for PLAY (0..{depth}: the build has env_depth = "
+                               f"{depth})")
+    if op == Op.ACQUIRE and fields.get("window_cycles", 0) == 0:
+        return "window_cycles", "window must be at least 1 cycle"
+    if op == Op.CALL and fields.get("arg_bits", 0) > MAX_CALL_ARG_BITS:
+        return "arg_bits", (f"argument bits {fields['arg_bits']} outside "
+                            f"0..{MAX_CALL_ARG_BITS}")
+    return None
+
+
+def _exact(value: Fraction) -> str:
+    """``value`` written out exactly: as a decimal when it has one (``0.999999999999999999975``,
+    never rounded), else as ``p/q``."""
+    rest, places = value.denominator, 0
+    for prime in (2, 5):
+        k = 0
+        while rest % prime == 0:
+            rest //= prime
+            k += 1
+        places = max(places, k)
+    if rest != 1:
+        return f"{value.numerator}/{value.denominator}"
+    if places == 0:
+        return str(value.numerator)
+    digits = str(abs(value.numerator * 10**places // value.denominator)).rjust(places + 1, "0")
+    sign = "-" if value < 0 else ""
+    return f"{sign}{digits[:-places]}.{digits[-places:]}"
 
 
 # ---------------------------------------------------------------------------------------------
@@ -327,12 +396,28 @@ class _Assembler:
             if name in table:
                 raise self.error(f"duplicate symbol {name!r} (already a {what})", name)
 
+    def expand(self, token: str) -> tuple[str, list[str]]:
+        """Follow ``.equ`` names from ``token``: the text they end at, and the names passed."""
+        text, chain = token.strip(), []
+        while text in self.equs:
+            if text in chain:
+                raise self.error(f"circular .equ ({' -> '.join([*chain, text])})", token.strip())
+            chain.append(text)
+            text = self.equs[text]
+        return text, chain
+
     def resolve(self, token: str) -> str:
-        """Replace a ``.equ`` name by its value text; other tokens are returned stripped."""
+        """Replace a ``.equ`` name by its value text, through ``.equ`` chains; other tokens are
+        returned stripped."""
         token = token.strip()
         if not token:
             raise self.error("missing value", token)
-        return self.equs.get(token, token)
+        return self.expand(token)[0]
+
+    def via(self, token: str) -> str:
+        """`` (.equ A -> B -> text)`` when ``token`` names a ``.equ``, for messages; else ``""``."""
+        text, chain = self.expand(token)
+        return f" (.equ {' -> '.join([*chain, text])})" if chain else ""
 
     # -- value parsers ------------------------------------------------------------------------
 
@@ -342,8 +427,9 @@ class _Assembler:
             return int(text, 0)
         except ValueError:
             if _IDENT_RE.match(text):
-                raise self.error(f"unknown symbol {text!r} for {what}", token) from None
-            raise self.error(f"bad number {text!r} for {what}", token) from None
+                raise self.error(f"unknown symbol {text!r} for {what}{self.via(token)}",
+                                 token) from None
+            raise self.error(f"bad number {text!r} for {what}{self.via(token)}", token) from None
 
     def real(self, token: str, what: str) -> float:
         text = self.resolve(token)
@@ -355,8 +441,9 @@ class _Assembler:
             value = float(text)
         except ValueError:
             if _IDENT_RE.match(text):
-                raise self.error(f"unknown symbol {text!r} for {what}", token) from None
-            raise self.error(f"bad number {text!r} for {what}", token) from None
+                raise self.error(f"unknown symbol {text!r} for {what}{self.via(token)}",
+                                 token) from None
+            raise self.error(f"bad number {text!r} for {what}{self.via(token)}", token) from None
         if not math.isfinite(value):
             raise self.error(f"{what} must be finite, not {text!r}", token)
         return value
@@ -374,16 +461,19 @@ class _Assembler:
         m = _TIME_RE.match(text)
         if not m:
             if _IDENT_RE.match(text):
-                raise self.error(f"unknown symbol {text!r} for {what}", token)
-            raise self.error(f"bad time {text!r} for {what}", token)
+                raise self.error(f"unknown symbol {text!r} for {what}{self.via(token)}", token)
+            raise self.error(f"bad time {text!r} for {what}{self.via(token)}", token)
         num, unit = m["num"], m["unit"]
+        radix = num.lstrip("+-")[:2].lower() in ("0x", "0b", "0o")
+        exponent = "" if radix else num.lower().partition("e")[2]
+        if exponent and abs(int(exponent)) > _MAX_TIME_EXPONENT:
+            raise self.error(f"{what} {text!r}: exponent out of range "
+                             f"(-{_MAX_TIME_EXPONENT}..{_MAX_TIME_EXPONENT})", token)
         try:
-            if num.lstrip("+-")[:2].lower() in ("0x", "0b", "0o"):
-                value = Fraction(int(num, 0))
-            else:
-                value = Fraction(num.replace("_", ""))
+            # Exact: the number as written (3.9999999999999999999 is not 4.0).
+            value = Fraction(int(num, 0)) if radix else Fraction(num.replace("_", ""))
         except (ValueError, ZeroDivisionError):
-            raise self.error(f"bad time {text!r} for {what}", token) from None
+            raise self.error(f"bad time {text!r} for {what}{self.via(token)}", token) from None
         if unit == "":
             cycles = value
         elif unit == "ns":
@@ -395,15 +485,15 @@ class _Assembler:
                              token)
         if cycles.denominator != 1:
             raise self.error(f"{what} {text!r} is not a whole number of DTD cycles at "
-                             f"{self.hz} Hz ({float(cycles):g} cycles)", token)
+                             f"{self.hz} Hz ({_exact(cycles)} cycles)", token)
         return int(cycles)
 
     def register(self, token: str, what: str) -> int:
-        text = self.equs.get(token.strip(), token.strip())
+        text = self.expand(token)[0]
         m = _REG_RE.match(text)
         if not m or int(m[1]) >= NUM_REGISTERS:
-            raise self.error(f"bad register {text!r} for {what} (r0..r{NUM_REGISTERS - 1})",
-                             token)
+            raise self.error(f"bad register {text!r} for {what} (r0..r{NUM_REGISTERS - 1})"
+                             f"{self.via(token)}", token)
         return int(m[1])
 
     def condition(self, token: str) -> Cond:
@@ -415,14 +505,14 @@ class _Assembler:
         raise self.error(f"bad condition {token.strip()!r} (one of {names})", token)
 
     def target(self, token: str) -> int:
-        text = token.strip()
+        """A label, a number, or a ``.equ`` naming either (labels of the whole file count)."""
+        text = self.resolve(token)
         if text in self.labels:
             return self.labels[text]
-        text = self.resolve(text)
         try:
             return int(text, 0)
         except ValueError:
-            raise self.error(f"unknown label {text!r}", token) from None
+            raise self.error(f"unknown label {text!r}{self.via(token)}", token) from None
 
     # -- operand binding ----------------------------------------------------------------------
 
@@ -479,7 +569,7 @@ class _Assembler:
             if not comma or not value:
                 raise self.error(".equ needs a name and a value: .equ NAME, value", text)
             self.define(sym, "constant")
-            self.equs[sym] = self.resolve(value)
+            self.equs[sym] = value      # followed when used: it may name a later symbol
         elif name == ".envelope":
             self.envelope(text)
         else:
@@ -593,11 +683,16 @@ class _Assembler:
         raise self.error(f"unknown mnemonic {mnemonic!r}", mnemonic)
 
     def encode(self, op: Op, values: dict[str, tuple[object, str]]) -> int:
+        """Check each field against its width, then the instruction against the build."""
         fields: dict[str, object] = {}
         for name, (value, token) in values.items():
             if isinstance(value, int) and not isinstance(value, Cond):
                 self.check(op, name, value, token)
             fields[name] = value
+        fault = _build_fault(op, fields, self.params)
+        if fault is not None:
+            name, message = fault
+            raise self.error(message, values[name][1])
         return encode(op, fields)
 
     def play(self, text: str) -> int:
@@ -706,8 +801,10 @@ def assemble(source: str, filename: str = "<asm>", *, params: QSCParams | None =
     filename : str
         Named in error messages.
     params : QSCParams, optional
-        Build parameters: ``imem_depth`` and ``env_depth`` bound the program and its envelopes;
-        ``dtd_clk_hz`` converts times given in ``ns``/``us`` (default ``QSCParams()``).
+        Build parameters (default ``QSCParams()``): ``imem_depth`` bounds the program and its
+        branch targets, ``env_depth`` its envelopes and PLAY ranges, ``drives_per_ppu``,
+        ``readouts_per_ppu`` and ``markers_per_ppu`` the PLAY, ACQUIRE and MARKER channels;
+        ``dtd_clk_hz`` converts times given in ``ns``/``us``.
     dtd_clk_hz : int, optional
         Overrides ``params.dtd_clk_hz``.
     base : int
@@ -791,20 +888,24 @@ def _format(op: Op, f: Mapping[str, Any], label_of: Mapping[int, str],
 
 
 def disassemble(words: Iterable[int] | bytes | bytearray | memoryview, *, base: int = 0,
-                functions: Mapping[str, int] | None = None) -> str:
+                functions: Mapping[str, int] | None = None,
+                params: QSCParams | None = None) -> str:
     """Turn instruction words (or IMEM bytes, 16 per instruction, little-endian) into assembly.
 
     Branch targets inside the program get labels ``L<index>``; CALLs print the handler name
     when ``functions`` (name -> function_id, e.g. :attr:`Program.functions`) holds it, else the
     hexadecimal function_id. A word that is not a canonical instruction (unknown opcode or
-    condition, reserved bits set, more than 32 CALL argument bits, an ACQUIRE window of 0)
-    becomes ``.word 0x...``.
-    ``assemble(disassemble(ws, base=b), base=b).instructions == ws`` for every list of words.
+    condition, reserved bits set, more than 32 CALL argument bits, an ACQUIRE window of 0) or
+    that the build ``params`` (default ``QSCParams()``) cannot execute (a channel, envelope
+    range or branch target it does not have) becomes ``.word 0x...``.
+    ``assemble(disassemble(ws, base=b, params=p), base=b, params=p).instructions == ws`` for
+    every list of words.
 
     Raises :class:`openqlink.errors.TruncatedError` for a byte string whose length is not a
     multiple of 16 and :class:`openqlink.errors.FieldRangeError` for a word outside 128 bits.
     """
     ws = _words_of(words)
+    params = params or QSCParams()
     name_of: dict[int, str] = {}
     for name, fid in (functions or {}).items():
         if _IDENT_RE.match(name) and name.isascii() and fnv1a32(name) == fid \
@@ -817,9 +918,8 @@ def disassemble(words: Iterable[int] | bytes | bytearray | memoryview, *, base: 
         except FieldRangeError:
             decoded.append(None)
             continue
-        if (op == Op.CALL and f["arg_bits"] > MAX_CALL_ARG_BITS) or \
-                (op == Op.ACQUIRE and f["window_cycles"] == 0):
-            decoded.append(None)  # illegal instructions: the assembler refuses them
+        if _build_fault(op, f, params) is not None:
+            decoded.append(None)  # illegal, or not in this build: the assembler refuses them
             continue
         decoded.append((op, f))
     label_of: dict[int, str] = {}

@@ -12,6 +12,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
 from amaranth.hdl import ClockDomain, Module
 from amaranth.sim import Simulator
 
@@ -298,3 +299,22 @@ def test_writes_and_commands_while_dtd_stopped():
         assert await b.read(ctx, counter_addr("RX_ROCE_ACCEPTED")) == 9
 
     TopBench().run(tb)
+
+
+def test_channel_counts_come_from_the_params():
+    """``drives_per_ppu``, ``readouts_per_ppu`` and ``markers_per_ppu`` size each PPU's physical
+    interface (default 1, 1, 4); a cluster given counts of its own keeps them."""
+    from openqlink.gateware.ppu.cluster import PPUCluster
+
+    default = QSCTop(QSCParams())
+    assert [len(getattr(default.ptd[0], port)) for port in ("dac_active", "ro_window", "marker")] \
+        == [1, 1, 4]
+    params = QSCParams(num_ppus=2, drives_per_ppu=3, readouts_per_ppu=2, markers_per_ppu=5)
+    for ptd in (QSCTop(params).ptd[1], PPUCluster(params).ptd[1]):
+        assert [len(ptd.dac_active), len(ptd.ro_window), len(ptd.marker)] == [3, 2, 5]
+    own = PPUCluster(params, n_drive=1, n_readout=4, n_marker=2).ptd[0]
+    assert [len(own.dac_active), len(own.ro_window), len(own.marker)] == [1, 4, 2]
+    for name in ("drives_per_ppu", "readouts_per_ppu"):
+        for bad in (0, 17):
+            with pytest.raises(ValueError, match=f"{name} must be 1..16"):
+                QSCParams(**{name: bad})

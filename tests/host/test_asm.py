@@ -1,10 +1,11 @@
 """Tests of the PPU assembler and disassembler (openqlink.isa.asm)."""
 
+from fractions import Fraction
 from pathlib import Path
 
 import pytest
 from amaranth.hdl import Shape
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from openqlink.errors import AssemblerError, FieldRangeError, TruncatedError
@@ -63,7 +64,7 @@ def test_play_with_envelope_and_explicit_range():
     play 1, addr=5, len=6, amp=-1.0
     play 2, a, 1.0
     """
-    prog = assemble(src)
+    prog = assemble(src, params=QSCParams(drives_per_ppu=4))
     op, f = decode(prog.instructions[0])
     assert op == Op.PLAY
     assert f == {"channel": 3, "offset_cycles": 2, "env_addr": 8, "env_len": 64,
@@ -75,7 +76,8 @@ def test_play_with_envelope_and_explicit_range():
 
 
 def test_acquire_marker():
-    assert one("acquire 1, r7, window=100, threshold=-3, offset=2") == (Op.ACQUIRE, {
+    assert one("acquire 1, r7, window=100, threshold=-3, offset=2",
+               params=QSCParams(readouts_per_ppu=2)) == (Op.ACQUIRE, {
         "channel": 1, "rd": 7, "offset_cycles": 2, "window_cycles": 100, "threshold": -3})
     assert one("acquire 0, r1, 400ns")[1]["threshold"] == 0
     assert one("marker 2, duration=1us, offset=4") == (Op.MARKER, {
@@ -242,6 +244,39 @@ ERRORS = [
     (".envelope e, square, length=4, amp=2", 1, "2", "outside [-1.0, 1.0]"),
     (".envelope e, square, length=4096\n.envelope f, square, length=1", 2, "f",
      "envelope memory holds 4096"),
+    # operands the build (QSCParams(): 1 drive, 1 readout, 4 markers, 1024-slot ring,
+    # 4096-sample envelope memory) cannot do
+    ("nop\nplay 0, addr=4000, len=200, amp=0.5", 2, "200",
+     "env_addr + env_len = 4000 + 200 = 4200 is out of range for PLAY (0..4096: the build has "
+     "env_depth = 4096)"),
+    ("play 0, addr=65000, len=1, amp=0.5", 1, "65000",
+     "env_addr = 65000 is out of range for PLAY (0..4095: the build has env_depth = 4096)"),
+    ("play 0, addr=4096, len=0, amp=0", 1, "4096", "env_addr = 4096 is out of range"),
+    (".equ A, 4090\nplay 0, addr=A, len=7, amp=0", 2, "7", "4090 + 7 = 4097 is out of range"),
+    ("jmp 5000", 1, "5000",
+     "target = 5000 is out of range for BRANCH (0..1023: the build has imem_depth = 1024)"),
+    ("beq r1, 0, 1024", 1, "1024", "target = 1024 is out of range for BRANCH"),
+    (".equ FAR, 0x400\nbranch ge, r1, 0, FAR", 2, "FAR", "target = 1024 is out of range"),
+    ("play 1, addr=0, len=1, amp=0", 1, "1",
+     "channel = 1 is out of range for PLAY (0..0: the build has drives_per_ppu = 1)"),
+    ("acquire 1, r1, window=10", 1, "1",
+     "channel = 1 is out of range for ACQUIRE (0..0: the build has readouts_per_ppu = 1)"),
+    ("marker 4, duration=1", 1, "4",
+     "channel = 4 is out of range for MARKER (0..3: the build has markers_per_ppu = 4)"),
+    # exact times: the message shows the exact number of cycles, never a rounded one
+    ("wait 3.9999999999999999999ns", 1, "3.9999999999999999999ns",
+     "is not a whole number of DTD cycles at 250000000 Hz (0.999999999999999999975 cycles)"),
+    ("sync 4.0000000000000000001ns", 1, "4.0000000000000000001ns",
+     "(1.000000000000000000025 cycles)"),
+    ("wait 1e-30us", 1, "1e-30us", "(0.00000000000000000000000000025 cycles)"),
+    ("wait 1e-300us", 1, "1e-300us", "exponent out of range"),
+    # .equ chains name what was written and what it expanded to
+    (".equ Q, nowhere\njmp Q", 2, "Q", "unknown label 'nowhere' (.equ Q -> nowhere)"),
+    (".equ A, B\n.equ B, nowhere\njmp A", 3, "A",
+     "unknown label 'nowhere' (.equ A -> B -> nowhere)"),
+    (".equ X, FOO\nset r1, X", 2, "X", "unknown symbol 'FOO' for imm (.equ X -> FOO)"),
+    (".equ R, x1\nset R, 1", 2, "R", "bad register 'x1' for rd (r0..r15) (.equ R -> x1)"),
+    (".equ A, B\n.equ B, A\nwait A", 3, "A", "circular .equ (A -> B -> A)"),
 ]
 
 
@@ -274,6 +309,131 @@ def test_program_too_long():
         assemble("nop", base=1024)
 
 
+# --- the build's limits -----------------------------------------------------------------------
+
+#: Builds of every shape the parameters allow (the ring must hold the one-instruction programs).
+BUILDS = st.builds(
+    QSCParams,
+    imem_depth=st.sampled_from([1 << k for k in range(1, 17)]),
+    env_depth=st.sampled_from([1 << k for k in range(2, 18)]),
+    drives_per_ppu=st.integers(1, 16),
+    readouts_per_ppu=st.integers(1, 16),
+    markers_per_ppu=st.integers(1, 16),
+)
+
+CHANNEL_OPS = {
+    "play": ("play {}, addr=0, len=1, amp=0.5", "drives_per_ppu"),
+    "acquire": ("acquire {}, r1, window=4", "readouts_per_ppu"),
+    "marker": ("marker {}, duration=4", "markers_per_ppu"),
+}
+
+
+def refused(source: str, **kw) -> AssemblerError:
+    with pytest.raises(AssemblerError) as info:
+        assemble(source, "b.s", **kw)
+    return info.value
+
+
+@settings(max_examples=300, deadline=None)
+@given(BUILDS, st.sampled_from(sorted(CHANNEL_OPS)), st.integers(0, 15))
+def test_channels_are_checked_against_the_build(params, mnemonic, channel):
+    template, count = CHANNEL_OPS[mnemonic]
+    n = getattr(params, count)
+    source = "; the channel on line 2\n" + template.format(channel)
+    if channel < n:
+        assert decode(assemble(source, params=params).instructions[0])[1]["channel"] == channel
+        return
+    err = refused(source, params=params)
+    assert (err.line, err.token) == (2, str(channel))
+    assert f"channel = {channel} is out of range for {mnemonic.upper()} (0..{n - 1}: the build " \
+           f"has {count} = {n})" in str(err)
+
+
+@settings(max_examples=300, deadline=None)
+@given(BUILDS, st.integers(0, 0xFFFF),
+       st.sampled_from(["jmp {}", "beq r1, 0, {}", "bge r2, -1, {}", "branch ne, r3, 7, {}"]))
+def test_branch_targets_are_checked_against_the_ring(params, target, template):
+    source = "; the target on line 2\n" + template.format(target)
+    if target < params.imem_depth:   # anywhere in the ring: appends may put code there
+        assert decode(assemble(source, params=params).instructions[0])[1]["target"] == target
+        return
+    err = refused(source, params=params)
+    assert (err.line, err.token) == (2, str(target))
+    assert f"target = {target} is out of range for BRANCH (0..{params.imem_depth - 1}: the " \
+           f"build has imem_depth = {params.imem_depth})" in str(err)
+
+
+@settings(max_examples=300, deadline=None)
+@given(BUILDS, st.integers(0, 0xFFFF), st.integers(0, 0xFFFF))
+def test_play_ranges_are_checked_against_envelope_memory(params, addr, length):
+    source = f"; the range on line 2\nplay 0, addr={addr}, len={length}, amp=0.5"
+    depth = params.env_depth
+    if addr < depth and addr + length <= depth:
+        f = decode(assemble(source, params=params).instructions[0])[1]
+        assert (f["env_addr"], f["env_len"]) == (addr, length)
+        return
+    err = refused(source, params=params)
+    assert err.line == 2
+    if addr >= depth:
+        assert err.token == str(addr)
+        assert f"env_addr = {addr} is out of range for PLAY (0..{depth - 1}: the build has " \
+               f"env_depth = {depth})" in str(err)
+    else:
+        assert err.token == str(length)
+        assert f"env_addr + env_len = {addr} + {length} = {addr + length} is out of range for " \
+               f"PLAY (0..{depth}: the build has env_depth = {depth})" in str(err)
+
+
+def test_named_envelopes_fill_the_memory_exactly():
+    params = QSCParams(env_depth=64)
+    prog = assemble(".envelope a, square, length=60\n.envelope b, square, length=4\n"
+                    "play 0, b, amp=1.0\nplay 0, addr=63, len=1, amp=1.0\n"
+                    "play 0, addr=63, len=0, amp=0", params=params)
+    assert [decode(w)[1]["env_addr"] for w in prog.instructions] == [60, 63, 63]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(0, 10**6), st.integers(1, 40), st.sampled_from([-1, 1]))
+def test_times_are_exact(k, digits, sign):
+    """4 ns is one cycle at 250 MHz: a time a 10**-digits ns off a whole cycle is refused,
+    with the exact number of cycles, however close it is."""
+    assume(k > 0 or sign > 0)
+    whole = f"{4 * k}.{'0' * digits}"
+    assert one(f"wait {whole}ns") == (Op.WAIT, {"cycles": k})
+    assert one(f"wait {whole}e-3us") == (Op.WAIT, {"cycles": k})
+    if sign > 0:
+        text, cycles = f"{4 * k}.{'0' * (digits - 1)}1ns", f"{k}.{'0' * digits}25"
+    else:
+        text, cycles = f"{4 * k - 1}.{'9' * digits}ns", f"{k - 1}.{'9' * digits}75"
+    assert Fraction(cycles) == Fraction(text[:-2]) / 4
+    err = refused(f"wait {text}")
+    assert err.token == text
+    assert str(err).endswith(f"is not a whole number of DTD cycles at 250000000 Hz ({cycles} "
+                             f"cycles)")
+
+
+def test_equ_names_a_label_defined_before_or_after():
+    src = """
+    .equ AGAIN, top
+    .equ OUT, done
+    .equ OUT2, OUT
+    top: beq r1, 1, OUT
+         branch ne, r1, 0, OUT2
+         jmp AGAIN
+    done: end
+    .equ BACK, top
+         jmp BACK
+    """
+    prog = assemble(src, base=10)
+    assert prog.labels == {"top": 10, "done": 13}
+    assert [decode(w)[1].get("target") for w in prog.instructions] == [13, 13, 10, None, 10]
+
+
+def test_equ_chains_resolve_at_use():
+    prog = assemble(".equ B, A\n.equ A, 40ns\nwait B\n.equ R, r3\n.equ S, R\nset S, 1")
+    assert [decode(w)[1] for w in prog.instructions] == [{"cycles": 10}, {"rd": 3, "imm": 1}]
+
+
 # --- disassembler -----------------------------------------------------------------------------
 
 
@@ -292,6 +452,23 @@ def test_disassemble_noncanonical_words_as_word():
     text = disassemble(words)
     assert text.count(".word") == 5
     assert assemble(text).instructions == words
+
+
+def test_disassemble_words_the_build_refuses_as_word():
+    words = [encode(Op.PLAY, {"channel": 1, "env_len": 1}),
+             encode(Op.PLAY, {"env_addr": 4000, "env_len": 200}),
+             encode(Op.PLAY, {"env_addr": 4096}),
+             encode(Op.ACQUIRE, {"channel": 1, "window_cycles": 1}),
+             encode(Op.MARKER, {"channel": 4}),
+             encode(Op.BRANCH, {"target": 1024})]
+    text = disassemble(words)
+    assert text.count(".word") == 6
+    assert assemble(text).instructions == words
+    wide = QSCParams(imem_depth=2048, env_depth=8192, drives_per_ppu=2, readouts_per_ppu=2,
+                     markers_per_ppu=5)
+    text = disassemble(words, params=wide)
+    assert ".word" not in text and "jmp 1024" in text and "play 1, addr=0, len=1" in text
+    assert assemble(text, params=wide).instructions == words
 
 
 def test_disassemble_bad_input():
@@ -314,7 +491,8 @@ def _field_strategy(shape) -> st.SearchStrategy:
 
 
 @st.composite
-def instructions(draw) -> int:
+def instructions(draw, params: QSCParams) -> int:
+    """A word that ``params``'s build can execute."""
     op = draw(st.sampled_from(list(Op)))
     name = {Op.PLAY: "play", Op.ACQUIRE: "acquire", Op.MARKER: "marker", Op.WAIT: "wait",
             Op.SYNC: "sync", Op.SET: "set", Op.ADD: "add", Op.BRANCH: "branch",
@@ -328,28 +506,42 @@ def instructions(draw) -> int:
                 fields[fname] = draw(st.integers(0, 32))
             elif fname == "window_cycles":
                 fields[fname] = draw(st.integers(1, 0xFFFF))
+            elif fname == "channel":
+                n = {Op.PLAY: params.drives_per_ppu, Op.ACQUIRE: params.readouts_per_ppu,
+                     Op.MARKER: params.markers_per_ppu}[op]
+                fields[fname] = draw(st.integers(0, n - 1))
+            elif fname == "target":
+                fields[fname] = draw(st.integers(0, params.imem_depth - 1))
+            elif fname == "env_addr":
+                fields[fname] = draw(st.integers(0, min(params.env_depth, 1 << 16) - 1))
+            elif fname == "env_len":
+                end = min(params.env_depth, (1 << 16) - 1 + fields["env_addr"])
+                fields[fname] = draw(st.integers(0, end - fields["env_addr"]))
             else:
                 fields[fname] = draw(_field_strategy(fld.shape))
     return encode(op, fields)
 
 
 @settings(max_examples=300, deadline=None)
-@given(st.lists(instructions(), min_size=1, max_size=12), st.integers(0, 8))
-def test_round_trip_random_instructions(words, base):
-    text = disassemble(words, base=base)
+@given(st.data(), BUILDS.filter(lambda p: p.imem_depth >= 32), st.integers(0, 8))
+def test_round_trip_random_instructions(data, params, base):
+    words = data.draw(st.lists(instructions(params), min_size=1, max_size=12))
+    text = disassemble(words, base=base, params=params)
     assert ".word" not in text
-    again = assemble(text, base=base)
+    again = assemble(text, base=base, params=params)
     assert again.instructions == words
-    assert disassemble(again.instructions, base=base) == text
+    assert disassemble(again.instructions, base=base, params=params) == text
 
 
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.one_of(st.integers(0, (1 << 128) - 1),
                           st.sampled_from([op.value for op in Op]).flatmap(
                               lambda v: st.integers(0, (1 << 40) - 1).map(lambda x: x << 8 | v))),
-                min_size=1, max_size=8))
-def test_round_trip_any_words(words):
-    assert assemble(disassemble(words)).instructions == words
+                min_size=1, max_size=8),
+       st.one_of(st.just(QSCParams()), BUILDS.filter(lambda p: p.imem_depth >= 16)))
+def test_round_trip_any_words(words, params):
+    text = disassemble(words, params=params)
+    assert assemble(text, params=params).instructions == words
 
 
 def test_round_trip_source():

@@ -3,11 +3,14 @@
 import json
 from pathlib import Path
 
+import pytest
 from click.testing import CliRunner
 
 from openqlink.cli import main
-from openqlink.isa import assemble, render_isa_tables
-from openqlink.memory_map import render_markdown
+from openqlink.errors import AssemblerError
+from openqlink.gateware.boards import PROFILES
+from openqlink.isa import assemble, decode, render_isa_tables
+from openqlink.memory_map import QSCParams, render_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -45,6 +48,64 @@ def test_asm_error_is_file_line_message_exit_2(tmp_path):
     assert res.exit_code == 2
     assert res.output.strip() == f"{src}:2: bad register 'r99' for rd (r0..r15)"
     assert not (tmp_path / "bad.bin").exists()
+
+
+@pytest.mark.parametrize("line, message", [
+    ("play 0, addr=4000, len=200, amp=0.5",
+     "env_addr + env_len = 4000 + 200 = 4200 is out of range for PLAY (0..4096: the build has "
+     "env_depth = 4096)"),
+    ("jmp 5000",
+     "target = 5000 is out of range for BRANCH (0..1023: the build has imem_depth = 1024)"),
+    ("play 1, addr=0, len=1, amp=0",
+     "channel = 1 is out of range for PLAY (0..0: the build has drives_per_ppu = 1)"),
+    ("wait 3.9999999999999999999ns", "cycles '3.9999999999999999999ns' is not a whole number of "
+     "DTD cycles at 250000000 Hz (0.999999999999999999975 cycles)"),
+])
+def test_asm_refuses_what_the_build_cannot_do(tmp_path, line, message):
+    src = tmp_path / "big.s"
+    src.write_text(f"nop\n{line}\nend\n")
+    res = CliRunner().invoke(main, ["asm", str(src)])
+    assert res.exit_code == 2
+    assert res.output.strip() == f"{src}:2: {message}"
+    assert not (tmp_path / "big.bin").exists()
+
+
+def test_asm_board_takes_the_boards_build(tmp_path):
+    """The Colorlight has 2 markers, a 512-slot ring and a 125 MHz DTD clock."""
+    src = tmp_path / "m.s"
+    src.write_text("marker 1, duration=8ns\nmarker 2, duration=1\njmp 511\n")
+    res = CliRunner().invoke(main, ["asm", str(src), "--board", "colorlight-5a-75b"])
+    assert res.exit_code == 2
+    assert res.output.strip() == (f"{src}:2: channel = 2 is out of range for MARKER (0..1: the "
+                                  f"build has markers_per_ppu = 2)")
+    src.write_text("marker 1, duration=8ns\njmp 511\n")
+    out = tmp_path / "m.bin"
+    res = CliRunner().invoke(main, ["asm", str(src), "--board", "colorlight-5a-75b", "-o",
+                                    str(out)])
+    assert res.exit_code == 0, res.output
+    board = PROFILES["colorlight-5a-75b"].params
+    assert out.read_bytes() == assemble(src.read_text(), params=board).to_bytes()
+    first = int.from_bytes(out.read_bytes()[:16], "little")
+    assert decode(first)[1]["duration_cycles"] == 1          # 8 ns: one cycle at 125 MHz
+    res = CliRunner().invoke(main, ["disasm", str(out), "--board", "colorlight-5a-75b"])
+    assert res.exit_code == 0 and "jmp 511" in res.output and "marker 1" in res.output
+    src.write_text("jmp 512\n")
+    res = CliRunner().invoke(main, ["asm", str(src), "--board", "colorlight-5a-75b"])
+    assert res.exit_code == 2 and "(0..511: the build has imem_depth = 512)" in res.output
+    res = CliRunner().invoke(main, ["asm", str(src), "--board", "nope"])
+    assert res.exit_code == 2 and "unknown board 'nope'" in res.output
+
+
+def test_sim_assembles_with_the_builds_params(tmp_path):
+    """run_sim refuses a program its build cannot run before anything else (here: before the
+    missing handlers file)."""
+    from openqlink.sim.runner import run_sim
+
+    src = tmp_path / "p.s"
+    src.write_text("nop\nplay 0, addr=60, len=8, amp=0.5\nend\n")
+    with pytest.raises(AssemblerError) as info:
+        run_sim(src, handlers=tmp_path / "none.py", params=QSCParams(env_depth=64))
+    assert info.value.line == 2 and "env_depth = 64" in str(info.value)
 
 
 def test_asm_missing_file_exit_2(tmp_path):
