@@ -230,6 +230,12 @@ PPU_REGISTERS: tuple[Register, ...] = (
     _R("UPLOAD_WORDS", 0x80, Access.RW, 0,
        "64-bit words written into the ring and envelope memory since the last accepted trigger "
        "(write 0 to restart the count)"),
+    _R("CALL_SLOTS", 0x84, Access.RW, 8,
+       "CALLs this PPU may have outstanding: the host ring's NUM_SLOTS (1..4096; 0 counts as "
+       "1); a write also forgets the outstanding ones (the host restarted its ring)"),
+    _R("CALL_OUTSTANDING", 0x88, Access.RO, 0,
+       "CALL requests handed to the network core and not answered yet (their slots are the "
+       "host's)"),
 )
 
 

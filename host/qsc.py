@@ -231,7 +231,8 @@ class QSC:
 
         Writes HOST_MAC_HI/LO and HOST_IP, then the PPU's QP context: HOST_QPN, HOST_RKEY (the
         ring's), RING_VA_HI/LO (0: the ring is registered with iova 0), NUM_SLOTS and SLOT_SIZE
-        (when ``ring`` is given), IMEM_RKEY, ENV_RKEY, REGS_RKEY; reads QSC_QPN. Then makes the
+        (when ``ring`` is given, with the PPU's CALL_SLOTS: at most that many CALLs outstanding,
+        and none held from before), IMEM_RKEY, ENV_RKEY, REGS_RKEY; reads QSC_QPN. Then makes the
         host UC QP (``host_qpn`` -> QSC_QPN) and registers ``ring`` on it with ``ring_rkey``.
         Keys left ``None`` take :meth:`RKeys.default`; ``host_qpn`` defaults to
         ``DEFAULT_HOST_QPN_BASE + ppu``.
@@ -267,6 +268,7 @@ class QSC:
         if ring is not None:
             w(qp_reg(ppu, "NUM_SLOTS"), ring.num_slots)
             w(qp_reg(ppu, "SLOT_SIZE"), ring.slot_size)
+            w(ppu_reg(ppu, "CALL_SLOTS"), ring.num_slots)
         w(qp_reg(ppu, "IMEM_RKEY"), keys.imem)
         w(qp_reg(ppu, "ENV_RKEY"), keys.env)
         w(qp_reg(ppu, "REGS_RKEY"), keys.regs)

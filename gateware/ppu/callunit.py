@@ -12,11 +12,18 @@ CUQS, the request_id is the awaited one, the byte count is 24..64 and ``result_l
 Anything else is dropped and counted in ``stale`` (STALE_RESPONSES): a late answer to a call that
 timed out can never be taken as a later call's result, because every call has a new request_id.
 
+Slots. The network core writes the requests into the host ring's slots round-robin, and the host
+owns a slot until it answers. The unit counts the requests handed over but not answered
+(``outstanding``): a response (taken or stale) whose request_id is one of them answers it and
+every older one (a request the host never saw was lost, and its slot is free). A call starts
+only while fewer than ``slots`` (the ring's size) are outstanding; else it waits, under its
+time-out. ``slots_reset`` forgets the outstanding requests (the host restarted its ring).
+
 # Ref: cuda-quantum realtime/docs/cudaq_realtime_message_protocol.md (RPCResponse);
 # openqlink docs/architecture.md (CALL); openqlink.memory_map (CALL registers).
 """
 
-from amaranth.hdl import Array, Cat, Const, Module, Signal
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -87,6 +94,12 @@ class CallUnit(wiring.Component):
         Requests handed over since reset (CALL_COUNT), wrapping.
     stale : ``Out(32)``
         Responses dropped (STALE_RESPONSES), wrapping.
+    slots : ``In(13)``
+        Requests the host ring holds (its NUM_SLOTS; 0 is taken as 1).
+    slots_reset : ``In(1)``
+        Forget every outstanding request (the host restarted its ring).
+    outstanding : ``Out(24)``
+        Requests handed over and not answered yet.
     last_rtt_cycles : ``Out(32)``
         Cycles from the ``call_req`` handshake to the cycle the response was taken.
 
@@ -120,6 +133,9 @@ class CallUnit(wiring.Component):
             "call_count": Out(32),
             "stale": Out(32),
             "last_rtt_cycles": Out(32),
+            "slots": In(13),
+            "slots_reset": In(1),
+            "outstanding": Out(24),
         })
 
     def elaborate(self, platform):
@@ -179,7 +195,14 @@ class CallUnit(wiring.Component):
         # stopped call's request is still offered) and starts the call once idle.
         kept = Signal()
         start = Signal()
-        m.d.comb += start.eq((self.issue | (kept & ~self.abort)) & ~self.busy)
+        # ``room``: fewer than ``slots`` requests outstanding, registered (the count changes at
+        # a handshake or a response, while the unit is busy, or at a reset).
+        room = Signal()
+        released = Signal(CALL_SEQ_BITS)   # the oldest request not answered yet
+        count_now = (seq - released)[:CALL_SEQ_BITS]
+        m.d.sync += room.eq(count_now < Mux(self.slots == 0, 1, self.slots))
+        m.d.comb += self.outstanding.eq(count_now)
+        m.d.comb += start.eq((self.issue | (kept & ~self.abort)) & ~self.busy & room)
         with m.If(~self.busy):
             request_id = Cat(seq, Const(self._ppu, 8))
             m.d.sync += [
@@ -209,6 +232,8 @@ class CallUnit(wiring.Component):
             ]
         with m.Elif(self.issue):
             m.d.sync += kept.eq(1)
+        with m.If(self.slots_reset):
+            m.d.sync += released.eq(seq)
         assert MAX_CALL_ARG_BYTES == 4
 
         # Handshake. The sequence number moves on here, not at the start (a start stays a few
@@ -238,6 +263,7 @@ class CallUnit(wiring.Component):
         chk_status_ok = Signal()   # status == 0
         chk_word = Signal(32)      # the first four result bytes ...
         chk_keep = Signal(4)       # ... and which of them result_len keeps (byte b: len > b)
+        chk_answers = Signal()     # the request_id is this unit's and outstanding
         commit_r = Signal()
         length_ok = Signal()       # the byte count fits the header and result_len
         # ``result_len > b`` for each byte b < 4, as an OR of its high bits (LUTs beside the
@@ -253,6 +279,9 @@ class CallUnit(wiring.Component):
             chk_status_ok.eq(header.status == 0),
             chk_word.eq(mailbox[3][:32]),
             chk_keep.eq(Cat(*(len_hi | (header.result_len[:3] > b) for b in range(4)))),
+            chk_answers.eq((header.request_id[CALL_SEQ_BITS:] == self._ppu) &
+                           ((header.request_id[:CALL_SEQ_BITS] - released)[:CALL_SEQ_BITS] <
+                            self.outstanding)),
             commit_r.eq(commit),
             # The mailbox's last write precedes the commit: its header is final in this cycle.
             length_ok.eq(commit_len_ok & (header.result_len[6:] == 0) &
@@ -263,6 +292,9 @@ class CallUnit(wiring.Component):
         # The mailbox is the same here as in the commit's cycle (the command stage held the
         # commit then, not a write), so the header read now is the one the checks saw.
         m.d.sync += [self.done.eq(0), self.failed.eq(0)]
+        with m.If(commit_r & length_ok & chk_magic & chk_answers & ~self.slots_reset):
+            # The host answered this request: its slot and every older one are free.
+            m.d.sync += released.eq(header.request_id[:CALL_SEQ_BITS] + 1)
         with m.If(commit_r):
             with m.If(match):
                 m.d.sync += [

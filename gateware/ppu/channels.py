@@ -233,7 +233,7 @@ class TimedQueue(wiring.Component):
         becomes the head), so that what a channel derives from its head sits in front of the
         head's register, not behind it.
     order_error : ``Out(1)``
-        A flip-flop, high for one cycle in the cycle after a push whose time is before the
+        A flip-flop, high for one cycle two cycles after a push whose time is before the
         ``end`` of the event pushed before it (since the last flush): the two cannot both
         fire on time, whatever the lead. The event is queued all the same (the PPU stops).
 
@@ -398,22 +398,23 @@ class TimedQueue(wiring.Component):
             self.empty.eq(~ge1),
         ]
 
-        # Order: each push against the end of the one before it (registered), in parallel
-        # with the queue; the result a flip-flop.
+        # Order: each push, registered (``p_*``: the core's event fans out to the queue's
+        # compares already), against the end of the one before it; the result a flip-flop.
+        p_valid = Signal()
+        p_time = Signal(self._time_bits)
+        p_end = Signal(self._time_bits)
+        last_end = Signal(self._time_bits)
         pushed_before = Signal()
+        q.d.sync += [p_valid.eq(push), p_time.eq(pushed.time)]
         if self._end is None:
-            last_time = Signal(self._time_bits)
-            early = ~less(q, last_time, pushed.time, "order")      # time <= last time
-            with q.If(push):
-                q.d.sync += last_time.eq(pushed.time)
+            early = ~less(q, last_end, p_time, "order")         # time <= the last time
+            q.d.sync += p_end.eq(pushed.time)
         else:
-            last_end = Signal(self._time_bits)
-            early = less(q, pushed.time, last_end, "order")
-            with q.If(push):
-                q.d.sync += last_end.eq(self._end(pushed))
-        with q.If(push):
-            q.d.sync += pushed_before.eq(1)
-        q.d.sync += self.order_error.eq(push & pushed_before & early)
+            early = less(q, p_time, last_end, "order")
+            q.d.sync += p_end.eq(self._end(pushed))
+        with q.If(p_valid):
+            q.d.sync += [last_end.eq(p_end), pushed_before.eq(1)]
+        q.d.sync += self.order_error.eq(p_valid & pushed_before & early)
         m.submodules.queue = ResetInserter(self.flush)(q)
         return m
 
@@ -464,7 +465,7 @@ class DriveChannel(wiring.Component):
     late : ``Out(1)``
         Pulses when the head event's time is less than ``now + LEAD_CYCLES`` (it is dropped).
     order_error : ``Out(1)``
-        Pulses the cycle after an event is pushed whose time is not after the time of the
+        Pulses two cycles after an event is pushed whose time is not after the time of the
         event pushed before it (:class:`TimedQueue`): two events at one time, or out of order,
         are refused at issue rather than found LATE (the PPU stops with ``sequence``).
     idle : ``Out(1)``

@@ -254,12 +254,18 @@ class PPU(wiring.Component):
         run_start = Signal(tb)
         start_time = Signal(tb)
 
-        def committed(index):
-            """``index`` is in the committed range ``head .. tail - 1`` (mod ``imem_depth``):
-            three compares side by side and one LUT; empty when ``head == tail``."""
-            after_head = head <= index
-            before_tail = index < tail
-            return Mux(head <= tail, after_head & before_tail, after_head | before_tail)
+        # ``head`` and ``tail`` of the next cycle (a trigger's, then a register write's, which
+        # wins), for the bus's write lock a stage ahead.
+        head_d = Signal(pc_bits)
+        tail_d = Signal(pc_bits)
+        m.d.sync += [head.eq(head_d), tail.eq(tail_d)]
+
+        def committed(index, first=head, end=tail):
+            """``index`` is in the committed range ``first .. end - 1`` (mod ``imem_depth``):
+            three compares side by side and one LUT; empty when ``first == end``."""
+            after_head = first <= index
+            before_tail = index < end
+            return Mux(first <= end, after_head & before_tail, after_head | before_tail)
         sticky = Signal(data.StructLayout({
             "underflow": 1, "late": 1, "call_timeout": 1, "call_failed": 1,
             "illegal_instruction": 1, "trigger_busy": 1, "trigger_late": 1, "sequence": 1,
@@ -974,6 +980,8 @@ class PPU(wiring.Component):
         def at_word(word: int):
             return (b_low if word < 16 else b_high) & (off[:4] == word % 16)
 
+        trigger_reg = next(r for r in PPU_REGISTERS if r.name == "TRIGGER")
+        t_lane = (trigger_reg.offset >> 2) & 1     # its 32-bit half of the bus word
         # The trigger stage's registers (below).
         trig_r = Signal()
         trig_value = Signal(32)
@@ -990,10 +998,19 @@ class PPU(wiring.Component):
         # upload check.
         upload_words = Signal(32)
         imem_write = is_write & (region == WindowRegion.IMEM)
-        # A trigger accepted in this cycle (the trigger stage, below) commits 0 .. v - 1 now.
-        imem_index = off[1:1 + pc_bits]
-        imem_locked = Mux(trig_accept, imem_index < trig_value[:pc_bits],
-                          active & committed(imem_index))
+        # Both candidates are decided a stage early, from the raw command's slot, and
+        # registered: ``lock_range`` against the range of the write's command stage (``head``
+        # and ``tail`` of the next cycle, ``head_d``/``tail_d``), ``lock_trig`` against the
+        # range that the trigger now in the command stage commits if the trigger stage
+        # accepts it in the write's command stage.
+        raw_index = raw_off[1:1 + pc_bits]
+        lock_range = Signal()
+        lock_trig = Signal()
+        m.d.sync += [
+            lock_range.eq(committed(raw_index, head_d, tail_d)),
+            lock_trig.eq(raw_index < cmd.data[32 * t_lane:32 * t_lane + pc_bits]),
+        ]
+        imem_locked = Mux(trig_accept, lock_trig, active & lock_range)
         with m.If(imem_write & imem_locked):
             m.d.sync += imem_refused.eq(imem_refused + 1)
         counted = (imem_write & ~imem_locked) | (is_write & (region == WindowRegion.ENV))
@@ -1011,7 +1028,8 @@ class PPU(wiring.Component):
 
         # ---- Register block ------------------------------------------------------------------
         call_timeout = Signal(32, init=_reset_of("CALL_TIMEOUT_CYCLES"))
-        m.d.comb += call.timeout_cycles.eq(call_timeout)
+        call_slots = Signal(13, init=_reset_of("CALL_SLOTS"))
+        m.d.comb += [call.timeout_cycles.eq(call_timeout), call.slots.eq(call_slots)]
         timeline_hi = Signal(tb - 32)
         rw = {
             "TAIL": tail,
@@ -1020,6 +1038,7 @@ class PPU(wiring.Component):
             "START_TIME_HI": start_time[32:],
             "CALL_TIMEOUT_CYCLES": call_timeout,
             "UPLOAD_WORDS": upload_words,
+            "CALL_SLOTS": call_slots,
         }
         values = {
             **rw,
@@ -1034,6 +1053,7 @@ class PPU(wiring.Component):
             "STALE_RESPONSES": call.stale,
             "LAST_RTT_CYCLES": call.last_rtt_cycles,
             "LATE_EVENTS": late_events,
+            "CALL_OUTSTANDING": call.outstanding,
             **{f"R{i}": regs[i] for i in range(NUM_REGISTERS)},
         }
         word_values = [[Const(0, 32), Const(0, 32)] for _ in range(REGS_WORDS)]
@@ -1041,7 +1061,6 @@ class PPU(wiring.Component):
             word_values[r.offset >> 3][(r.offset >> 2) & 1] = _u32(values[r.name])
             if r.access is Access.RW and r.name not in rw:
                 raise NotImplementedError(f"PPU register {r.name} is RW but not implemented")
-        trigger_reg = next(r for r in PPU_REGISTERS if r.name == "TRIGGER")
         tl_reg = next(r for r in PPU_REGISTERS if r.name == "TIMELINE_LO")
         tl_hi_reg = next(r for r in PPU_REGISTERS if r.name == "TIMELINE_HI")
         assert tl_hi_reg.offset == tl_reg.offset + 4 and tl_reg.offset % 8 == 0
@@ -1050,7 +1069,6 @@ class PPU(wiring.Component):
         # Atomic trigger, in two stages: the trigger stage ``trig_*`` registers the decoded
         # WRITE and compares START_TIME with the next cycle's ``now``; the cycle after, it is
         # refused or accepted (before any register write of that cycle, which wins).
-        t_lane = (trigger_reg.offset >> 2) & 1
         trig = (regs_write & at_word(trigger_reg.offset >> 3) &
                 (cmd.be[4 * t_lane:4 * t_lane + 4] == 0xF))
         trig_soon = Signal()               # START_TIME is the next cycle's ``now + 1``
@@ -1067,6 +1085,9 @@ class PPU(wiring.Component):
             # In halves: it shares no carry chain with trig_late.
             trig_soon.eq(equal(m, start_time, now_p2, "trig_soon")),
         ]
+        m.d.comb += [head_d.eq(head), tail_d.eq(tail)]
+        with m.If(trig_accept):
+            m.d.comb += [head_d.eq(0), tail_d.eq(trig_value[:pc_bits])]
         with m.If(trig_r):
             with m.If(active):
                 m.d.sync += sticky.trigger_busy.eq(1)
@@ -1079,8 +1100,6 @@ class PPU(wiring.Component):
                 m.d.sync += [
                     # Not late: START_TIME >= now + 1, so the run starts next cycle iff equal.
                     started.eq(trig_soon),
-                    tail.eq(trig_value[:pc_bits]),
-                    head.eq(0),
                     pc.eq(0),
                     t.eq(start_time),
                     t_hi_p1.eq(start_time[16:] + 1),
@@ -1103,10 +1122,16 @@ class PPU(wiring.Component):
                 hit = Signal(name=f"w_{r.name.lower()}")
                 m.d.sync += hit.eq(raw_write & (raw_region == WindowRegion.REGS) &
                                    (raw_off == r.offset >> 3))
+                if r.name == "CALL_SLOTS":
+                    # A write of the ring's size also forgets the outstanding requests.
+                    m.d.comb += call.slots_reset.eq(hit & cmd.be[4 * lane:4 * lane + 4].any())
                 with m.If(hit):
                     be = cmd.be[4 * lane:4 * lane + 4]
                     new = _merge_bytes(_u32(rw[r.name]), cmd.data[32 * lane:32 * lane + 32], be, 4)
-                    m.d.sync += rw[r.name].eq(new)
+                    if r.name in ("HEAD", "TAIL"):
+                        m.d.comb += (head_d if r.name == "HEAD" else tail_d).eq(new)
+                    else:
+                        m.d.sync += rw[r.name].eq(new)
 
         # Reads, in four stages: the command stage (the memories and the CALL unit's mailbox
         # are read, the mailbox word registered by the mailbox), the request stage ``rd_*``

@@ -94,6 +94,7 @@ def test_configure_writes_the_qp_contract(ready):
     keys = RKeys.default(0)
     assert r[qp_reg(0, "HOST_QPN")] == 0x200 and r[qp_reg(0, "HOST_RKEY")] == keys.ring
     assert (r[qp_reg(0, "NUM_SLOTS")], r[qp_reg(0, "SLOT_SIZE")]) == (4, 256)
+    assert r[ppu_reg(0, "CALL_SLOTS")] == 4         # the PPU's limit of outstanding CALLs
     assert (r[qp_reg(0, "IMEM_RKEY")], r[qp_reg(0, "ENV_RKEY")], r[qp_reg(0, "REGS_RKEY")]) == \
         (keys.imem, keys.env, keys.regs)
     assert r[qp_reg(0, "RING_VA_LO")] == 0 and r[qp_reg(0, "RING_VA_HI")] == 0

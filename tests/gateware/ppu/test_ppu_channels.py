@@ -332,7 +332,7 @@ def test_lead_is_a_bound(kind, seed):
 def test_an_event_not_after_the_one_before_is_an_order_error(kind):
     """An event at the time of the one pushed before it (or earlier; for a readout window,
     before the previous window ends) is an order error the cycle after its push, whatever the
-    lead; a flush forgets the previous event."""
+    lead, two cycles after its push; a flush forgets the previous event."""
     dut = {"marker": MarkerChannel, "drive": lambda: DriveChannel(16),
            "readout": ReadoutChannel}[kind]()
     fields = {"marker": {"duration_cycles": 1}, "drive": {"env_addr": 0, "env_len": 1},
@@ -344,6 +344,8 @@ def test_an_event_not_after_the_one_before_is_an_order_error(kind):
         ctx.set(dut.event.valid, 1)
         await ctx.tick()
         ctx.set(dut.event.valid, 0)
+        assert not ctx.get(dut.order_error)
+        await ctx.tick()                                 # two cycles after the push
         return ctx.get(dut.order_error)
 
     async def bench(ctx):

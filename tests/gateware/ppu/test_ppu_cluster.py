@@ -1072,6 +1072,45 @@ def test_call_timeout_covers_a_request_never_handed_over():
     run(tb)
 
 
+def test_at_most_call_slots_requests_outstanding():
+    """Requests the host has not answered hold their ring slots: with CALL_SLOTS 2, after two
+    timed-out calls a third is never handed over (it times out waiting for a slot) instead of
+    overwriting a slot the host still owns. A late answer to the newer one frees both; a write
+    of CALL_SLOTS forgets them all."""
+    async def one_run(ctx, dut, take: bool):
+        await start(ctx, dut, [call(1, 0, 0, FID), end()], lead=20)
+        req = None
+        if take:
+            req, _ = await _take_request(ctx, dut)
+        st = await wait_state(ctx, dut, 0, PPUState.ERROR)
+        assert st.call_timeout
+        return req
+
+    async def tb(ctx, dut):
+        await write_reg(ctx, dut, 0, "CALL_TIMEOUT_CYCLES", 60)
+        await write_reg(ctx, dut, 0, "CALL_SLOTS", 2)
+        first = await one_run(ctx, dut, take=True)
+        second = await one_run(ctx, dut, take=True)
+        assert await read_reg(ctx, dut, 0, "CALL_OUTSTANDING") == 2
+        await one_run(ctx, dut, take=False)
+        assert not ctx.get(dut.call_req.valid)           # never offered: no slot free
+        assert await read_reg(ctx, dut, 0, "CALL_COUNT") == 2
+        # A response of another PPU's request_id, or an unsent one, frees nothing.
+        await send_response(ctx, dut, 0, Response(0, 1 << 24 | second.request_id, 0, b""))
+        await send_response(ctx, dut, 0, Response(0, second.request_id + 1, 0, b""))
+        assert await read_reg(ctx, dut, 0, "CALL_OUTSTANDING") == 2
+        # The late answer to the second frees its slot and the first's.
+        await send_response(ctx, dut, 0, Response(0, second.request_id, 0, b""))
+        assert await read_reg(ctx, dut, 0, "CALL_OUTSTANDING") == 0
+        third = await one_run(ctx, dut, take=True)
+        assert third.request_id == second.request_id + 1
+        await write_reg(ctx, dut, 0, "CALL_SLOTS", 2)
+        assert await read_reg(ctx, dut, 0, "CALL_OUTSTANDING") == 0
+        assert first.request_id + 1 == second.request_id
+
+    run(tb)
+
+
 def test_call_round_robin_two_ppus():
     async def tb(ctx, dut):
         for ppu in (0, 1):
@@ -1170,7 +1209,7 @@ def test_unmapped_addresses():
             ppu_base(0) + IMEM_OFFSET + 16 * 64,           # past the ring
             ppu_base(0) + ENV_OFFSET + 2 * 64,             # past the envelopes
             ppu_base(1) + MAILBOX_OFFSET + 64,             # past the mailbox
-            ppu_base(1) + REGS_OFFSET + 0x88,              # past the register block
+            ppu_base(1) + REGS_OFFSET + 0x90,              # past the register block
         ]
         for addr in unmapped:
             await bus_write(ctx, dut, addr, 0x1234)
