@@ -55,8 +55,9 @@ class CallUnit(wiring.Component):
         and ``arg_len : In(3)`` (0..4 bytes, ``ceil(arg_bits / 8)``; ``arg`` already masked to
         ``arg_bits`` by the caller, which decodes both from the instruction ahead of time). The
         call starts in this cycle when the unit is idle; while it is busy (a previous call's
-        request not yet handed over, or its response awaited) the issue is kept and the call
-        starts in the first idle cycle, with the inputs of that cycle: the caller holds them
+        request not yet handed over, or its response awaited) or ``slots`` requests are
+        outstanding, the issue is kept and the call starts in the first idle cycle with a
+        slot free, with the inputs of that cycle: the caller holds them
         until ``done``, ``failed``, ``timeout`` or ``abort``. One issue per call.
     busy : ``Out(1)``
         A request is waiting to be handed over, or a response is awaited.

@@ -10,10 +10,13 @@ Run control (STATUS.state, :class:`~openqlink.isa.PPUState`):
 * A bus WRITE to TRIGGER (all four byte lanes of the register enabled; a partial write is
   ignored) with value ``v`` is decided in one cycle, the cycle after the PPU decodes it (the
   trigger stage): if the PPU is ARMED or RUNNING it is refused with ``trigger_busy``; else if
-  ``START_TIME <= now`` (in the deciding cycle) it is refused with ``trigger_late``; a
-  refused trigger changes nothing but that bit. Otherwise ``TAIL := v``, ``pc := 0``,
-  ``t := START_TIME``, r1..r15 := 0, every sticky bit (trigger refusals included) is cleared and
-  the state becomes ARMED; the core starts at once and runs ahead of the timeline. STATUS reads
+  ``START_TIME <= now`` (in the deciding cycle) it is refused with ``trigger_late``; else if
+  ``v[31]`` asks for the upload check and ``v[30:16]`` differs from UPLOAD_WORDS mod 2**15 (a
+  lost upload packet) it is refused with ``trigger_incomplete``; a refused trigger changes
+  nothing but that bit. Otherwise TAIL := ``v`` mod ``imem_depth``, HEAD := 0, UPLOAD_WORDS :=
+  0, ``pc := 0``, ``t := START_TIME``, r1..r15 := 0, every sticky bit (trigger refusals
+  included) is cleared and the state becomes ARMED; the core starts at once and runs ahead of
+  the timeline. STATUS reads
   RUNNING from the cycle ``now == START_TIME``. The trigger is the only way to start.
 * TAIL and HEAD (taken mod ``imem_depth``) may be written at any time: writing TAIL while
   running appends, writing HEAD releases slots. The committed range is HEAD .. TAIL - 1 (mod
