@@ -205,10 +205,6 @@ class TimedQueue(wiring.Component):
         ``tag(event) -> Value`` of exactly ``tag_bits`` bits, computed as an event is pushed
         and kept with it (in the ring too) to ``head_tag``. Elaboration raises ``ValueError``
         when its width differs (a wider value would move its fields).
-    end : callable, optional
-        ``end(event) -> Value``: the earliest time of the event that may follow ``event``
-        (``time_bits`` wide, mod ``2**time_bits``). Without it, the next event's time must be
-        after ``event``'s (``end`` is ``time + 1``).
 
     Members
     -------
@@ -232,20 +228,15 @@ class TimedQueue(wiring.Component):
         With ``tag``: ``tag(head)``, a flip-flop (computed from the event in line before it
         becomes the head), so that what a channel derives from its head sits in front of the
         head's register, not behind it.
-    order_error : ``Out(1)``
-        A flip-flop, high for one cycle two cycles after a push whose time is before the
-        ``end`` of the event pushed before it (since the last flush): the two cannot both
-        fire on time, whatever the lead. The event is queued all the same (the PPU stops).
 
     Latency: an event pushed in cycle ``c`` into an empty queue (or next in line in cycle
     ``c``) is the head, with its compares, from ``c + 1``: it must be there at least
     ``fire_lead + 1`` cycles before its time.
     """
 
-    def __init__(self, layout, fire_lead: int, *, tag=None, tag_bits: int = 0, end=None):
+    def __init__(self, layout, fire_lead: int, *, tag=None, tag_bits: int = 0):
         self._layout = layout
         self._fire_lead = fire_lead
-        self._end = end
         self._time_bits = Shape.cast(data.Layout.cast(layout)["time"].shape).width
         if tag is not None and tag_bits < 1:
             raise ValueError(f"a tag needs tag_bits of at least 1, not {tag_bits}")
@@ -261,7 +252,6 @@ class TimedQueue(wiring.Component):
             "due": Out(1),
             "pop": In(1),
             "empty": Out(1),
-            "order_error": Out(1),
         }
         if tag is not None:
             members["head_tag"] = Out(tag_bits)
@@ -397,24 +387,6 @@ class TimedQueue(wiring.Component):
             self.due.eq(ge1 & due),
             self.empty.eq(~ge1),
         ]
-
-        # Order: each push, registered (``p_*``: the core's event fans out to the queue's
-        # compares already), against the end of the one before it; the result a flip-flop.
-        p_valid = Signal()
-        p_time = Signal(self._time_bits)
-        p_end = Signal(self._time_bits)
-        last_end = Signal(self._time_bits)
-        pushed_before = Signal()
-        q.d.sync += [p_valid.eq(push), p_time.eq(pushed.time)]
-        if self._end is None:
-            early = ~less(q, last_end, p_time, "order")         # time <= the last time
-            q.d.sync += p_end.eq(pushed.time)
-        else:
-            early = less(q, p_time, last_end, "order")
-            q.d.sync += p_end.eq(self._end(pushed))
-        with q.If(p_valid):
-            q.d.sync += [last_end.eq(p_end), pushed_before.eq(1)]
-        q.d.sync += self.order_error.eq(p_valid & pushed_before & early)
         m.submodules.queue = ResetInserter(self.flush)(q)
         return m
 
@@ -464,10 +436,6 @@ class DriveChannel(wiring.Component):
         The output sample and "a pulse is playing".
     late : ``Out(1)``
         Pulses when the head event's time is less than ``now + LEAD_CYCLES`` (it is dropped).
-    order_error : ``Out(1)``
-        Pulses two cycles after an event is pushed whose time is not after the time of the
-        event pushed before it (:class:`TimedQueue`): two events at one time, or out of order,
-        are refused at issue rather than found LATE (the PPU stops with ``sequence``).
     idle : ``Out(1)``
         High when the FIFO is empty and nothing is playing or in the pipeline.
     """
@@ -492,7 +460,6 @@ class DriveChannel(wiring.Component):
             "dac": Out(signed(SAMPLE_BITS)),
             "active": Out(1),
             "late": Out(1),
-            "order_error": Out(1),
             "idle": Out(1),
         })
 
@@ -503,7 +470,7 @@ class DriveChannel(wiring.Component):
         fire = q.on_time
         late = q.past
         m.d.comb += [q.now.eq(self.now), q.flush.eq(self.flush), q.pop.eq(q.due),
-                     self.late.eq(late), self.order_error.eq(q.order_error)]
+                     self.late.eq(late)]
         head = q.head
 
         # Fire stage: sample address generator, one sample per cycle. ``addr`` and ``rem``
@@ -590,9 +557,9 @@ class ReadoutChannel(wiring.Component):
     summed (32-bit signed; no overflow is possible for W <= 65535) and on the last cycle of the
     window the result ``sum > threshold`` is presented on ``result_*`` (``result_valid`` high for
     that one cycle), so the register file holds it from ``now = T+W``. Windows may follow back to
-    back (the next starting at ``T+W``); a window that starts before the window pushed before
-    it ends is an order error (``order_error``, at its push). The core must not queue a
-    window of 0 cycles (it is an illegal instruction).
+    back (the next starting at ``T+W``); a window that starts inside an open window cannot fire
+    on time and is LATE (the PPU refuses such a window when it queues it: ``sequence``). The
+    core must not queue a window of 0 cycles (it is an illegal instruction).
 
     Members
     -------
@@ -610,8 +577,6 @@ class ReadoutChannel(wiring.Component):
         a register of its own: the register file's writes and scoreboard start at a flip-flop.
     late : ``Out(1)``; idle : ``Out(1)``
         As :class:`DriveChannel`.
-    order_error : ``Out(1)``
-        As :class:`DriveChannel`, for a window that starts before the previous one ends.
     """
 
     #: Cycles an event must be queued before its time (fire decision: one cycle before).
@@ -630,7 +595,6 @@ class ReadoutChannel(wiring.Component):
             "result_hit": Out(16),
             "result_bit": Out(1),
             "late": Out(1),
-            "order_error": Out(1),
             "idle": Out(1),
         })
 
@@ -647,9 +611,8 @@ class ReadoutChannel(wiring.Component):
             one = event.window_cycles == 1
             return Cat(Mux(one, onehot(event.rd), 0), one)
 
-        m.submodules.queue = q = TimedQueue(
-            self._event, self.LEAD_CYCLES - 1, tag=last_hit, tag_bits=17,
-            end=lambda event: add_small(event.time, event.window_cycles))
+        m.submodules.queue = q = TimedQueue(self._event, self.LEAD_CYCLES - 1, tag=last_hit,
+                                            tag_bits=17)
         wiring.connect(m, wiring.flipped(self.event), q.event)
         head = q.head
         rem = Signal(16)
@@ -664,7 +627,7 @@ class ReadoutChannel(wiring.Component):
         fire = q.on_time & free
         late = q.past | (q.on_time & ~free)
         m.d.comb += [q.now.eq(self.now), q.flush.eq(self.flush), q.pop.eq(q.due),
-                     self.late.eq(late), self.order_error.eq(q.order_error)]
+                     self.late.eq(late)]
 
         total = Signal(signed(34))
         m.d.comb += [
@@ -714,7 +677,7 @@ class MarkerChannel(wiring.Component):
         As :class:`DriveChannel` (``time_bits``, default 64, is the constructor's argument).
     marker : ``Out(1)``
         The marker output.
-    late : ``Out(1)``; order_error : ``Out(1)``; idle : ``Out(1)``
+    late : ``Out(1)``; idle : ``Out(1)``
         As :class:`DriveChannel`.
     """
 
@@ -729,7 +692,6 @@ class MarkerChannel(wiring.Component):
             "flush": In(1),
             "marker": Out(1),
             "late": Out(1),
-            "order_error": Out(1),
             "idle": Out(1),
         })
 
@@ -742,7 +704,7 @@ class MarkerChannel(wiring.Component):
         fire = q.on_time
         late = q.past
         m.d.comb += [q.now.eq(self.now), q.flush.eq(self.flush), q.pop.eq(q.due),
-                     self.late.eq(late), self.order_error.eq(q.order_error)]
+                     self.late.eq(late)]
         with m.If(fire):
             m.d.sync += [rem.eq(q.head.duration_cycles),
                          high.eq(q.head.duration_cycles != 0)]

@@ -28,12 +28,12 @@ Run control (STATUS.state, :class:`~openqlink.isa.PPUState`):
   counted in IMEM_WRITES_REFUSED.
 * END stops fetching; the state becomes DONE once the PPU is RUNNING and every channel has
   played out its events.
-* Errors (UNDERFLOW, LATE, SEQUENCE: a channel's ``order_error``, call time-out, call failed,
-  illegal instruction) stop the core, set their sticky bit and the state ERROR, and flush the
-  channels. Both are registered: an error
-  detected in cycle ``c`` is in the error stage in ``c + 1`` (no CALL is issued then),
-  STATUS reads ERROR from ``c + 2`` and, from ``c + 3``, dac, dac_active, ro_window and markers
-  are 0 and the FIFOs empty. A late event never fires.
+* Errors (UNDERFLOW, LATE, SEQUENCE: an event not after its channel's previous one, call
+  time-out, call failed, illegal instruction) stop the core, set their sticky bit and the
+  state ERROR, and flush the channels. Both are registered: an error detected in cycle ``c``
+  is in the error stage in ``c + 1`` (no CALL is issued then), STATUS reads ERROR from
+  ``c + 2`` and, from ``c + 3``, dac, dac_active, ro_window and markers are 0 and the FIFOs
+  empty. A late event never fires.
 
 Core pipeline (DTD cycles): instruction memory read (address ``fetch_pc``) -> memory output
 -> ``o_insn`` (the memory output registered, nothing between them: the build moves it into the
@@ -822,6 +822,37 @@ class PPU(wiring.Component):
             acq_rd.eq(x.operands.acquire.rd),
         ]
 
+        # Order on each channel: an event must come after the one queued before it on its
+        # channel (a PLAY or MARKER at least a cycle later, an ACQUIRE window after the
+        # previous window closed), else it is refused at issue (``sequence``). Each channel
+        # keeps the last time its next event may not be at or before (``order_last``: the
+        # event's time, or its window's last cycle), set as an event is queued and forgotten
+        # at a trigger; one compare per PPU, for the instruction in the execute stage,
+        # registered, with the push it judges.
+        order_chans = [(ch, kind, i) for kind in ("drive", "readout", "marker")
+                       for i, ch in enumerate(chans[kind])]
+        order_last = [Signal(tb, name=f"order_last{k}") for k in range(len(order_chans))]
+        order_seen = [Signal(name=f"order_seen{k}") for k in range(len(order_chans))]
+        order_push = Signal()
+        order_bad = Signal()
+        accepted = []
+        window_last = add_small(x_time, (x.operands.acquire.window_cycles - 1)[:16])
+        for (ch, kind, i), last, seen in zip(order_chans, order_last, order_seen, strict=True):
+            taken = push[kind][i] & ch.event.ready
+            accepted.append(taken)
+            with m.If(taken):
+                m.d.sync += [last.eq(window_last if kind == "readout" else x_time),
+                             seen.eq(1)]
+            with m.If(clear_regs):
+                m.d.sync += seen.eq(0)
+        sel = Cat(x_sel["drive"], x_sel["readout"], x_sel["marker"])
+        sel_last = _or_all([Mux(sel[k], last, 0) for k, last in enumerate(order_last)])
+        sel_seen = Cat(*(sel[k] & seen for k, seen in enumerate(order_seen))).any()
+        m.d.sync += [
+            order_push.eq(Cat(*accepted).any()),
+            order_bad.eq(sel_seen & ~less(m, sel_last, x_time, "order")),   # time <= last
+        ]
+
         with m.If(run & x_valid & x_illegal):
             m.d.comb += err_illegal.eq(1)
         # The CALL unit takes its request while it is idle, every cycle; ``issue`` starts it.
@@ -901,7 +932,7 @@ class PPU(wiring.Component):
             "call_timeout": call.timeout,
             "call_failed": call.failed,
             "illegal_instruction": err_illegal,
-            "sequence": Cat(*(ch.order_error for ch in drives + readouts + markers)).any(),
+            "sequence": order_push & order_bad,
         }
         # Error stage: the errors detected in a cycle are registered; the cycle after, the PPU
         # stops (the core does nothing in that cycle) and STATUS reads ERROR from the next.

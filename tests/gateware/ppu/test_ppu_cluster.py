@@ -686,6 +686,20 @@ def test_events_not_in_order_on_a_channel_are_refused_at_issue(pair):
     assert mon.cycles("window") == []
 
 
+def test_a_trigger_forgets_the_previous_runs_events():
+    """The order is per run: a run stopped with an event queued far ahead (flushed) does not
+    make the next run's earlier events out of order."""
+    async def tb(ctx, dut):
+        await start(ctx, dut, [wait(100_000), marker(0, 0, 1), acquire(0, 1, 0, 4, 0)])
+        st = await wait_state(ctx, dut, 0, PPUState.ERROR)
+        assert st.underflow
+        await start(ctx, dut, [marker(0, 10, 1), acquire(0, 1, 10, 4, 0), end()])
+        st = await wait_state(ctx, dut, 0, PPUState.DONE)
+        assert not st.sequence
+
+    run(tb)
+
+
 def test_events_in_order_back_to_back_run():
     """The counterparts that are in order: one cycle apart, a window right after the one before."""
     out = {}
