@@ -835,14 +835,22 @@ class PPU(wiring.Component):
         order_seen = [Signal(name=f"order_seen{k}") for k in range(len(order_chans))]
         order_push = Signal()
         order_bad = Signal()
+        # A window's last cycle is registered first and kept a cycle after its push (the
+        # next instruction is checked two cycles after the push at the earliest).
         accepted = []
-        window_last = add_small(x_time, (x.operands.acquire.window_cycles - 1)[:16])
+        window_last = Signal(tb)
+        m.d.sync += window_last.eq(add_small(x_time, (x.operands.acquire.window_cycles - 1)[:16]))
         for (ch, kind, i), last, seen in zip(order_chans, order_last, order_seen, strict=True):
             taken = push[kind][i] & ch.event.ready
             accepted.append(taken)
-            with m.If(taken):
-                m.d.sync += [last.eq(window_last if kind == "readout" else x_time),
-                             seen.eq(1)]
+            if kind == "readout":
+                taken_r = Signal(name=f"order_taken{len(accepted) - 1}")
+                m.d.sync += taken_r.eq(taken)
+                with m.If(taken_r):
+                    m.d.sync += [last.eq(window_last), seen.eq(1)]
+            else:
+                with m.If(taken):
+                    m.d.sync += [last.eq(x_time), seen.eq(1)]
             with m.If(clear_regs):
                 m.d.sync += seen.eq(0)
         sel = Cat(x_sel["drive"], x_sel["readout"], x_sel["marker"])
