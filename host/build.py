@@ -742,7 +742,7 @@ def clock_table(pnr: NextpnrReport, profile) -> dict[str, dict[str, float | bool
 PLACERS = ("heap", "static", "sa")
 
 
-def build_board(profile, out_dir: Path, *, seed: int = 1, seeds: int = 1,
+def build_board(profile, out_dir: Path, *, seed: int | None = None, seeds: int = 1,
                 jobs: int | None = None, placer: str | None = None,
                 progress: Progress | None = None,
                 params: QSCParams | None = None) -> BuildReport:
@@ -751,7 +751,8 @@ def build_board(profile, out_dir: Path, *, seed: int = 1, seeds: int = 1,
     The tools' files stay in ``out_dir/<name>/`` (``<name>.rpt`` Yosys log, ``<name>.tim``
     nextpnr log). ``params`` replaces the profile's :class:`QSCParams` (benchmarks).
 
-    Place and route runs with placer seeds ``seed .. seed + seeds - 1``, ``jobs`` at a time
+    Place and route runs with placer seeds ``seed .. seed + seeds - 1`` (``seed`` default:
+    the profile's), ``jobs`` at a time
     (default: one per CPU, at most ``seeds``): the lowest seed that meets every clock is kept
     (higher ones still running are stopped), else the one closest to its targets
     (``report.json``'s ``seeds`` lists each). Each nextpnr-ecp5 run is single-threaded and
@@ -774,6 +775,8 @@ def build_board(profile, out_dir: Path, *, seed: int = 1, seeds: int = 1,
         raise ValueError(f"seeds must be at least 1, not {seeds}")
     if placer is None:
         placer = profile.placer
+    if seed is None:
+        seed = profile.seed
     if placer not in PLACERS:
         raise ValueError(f"placer must be one of {', '.join(PLACERS)}, not {placer!r}")
     if params is not None:

@@ -259,8 +259,9 @@ def _board_profile(command: str, name: str):
                    "Verilog for a vendor flow instead (with --board: that board's parameters).")
 @click.option("-o", "--output", "out_dir", type=click.Path(file_okay=False, path_type=Path),
               default=Path("build"), show_default=True, help="Output directory.")
-@click.option("--seed", type=int, default=1, show_default=True,
-              help="nextpnr placer seed (the first one, with --seeds).")
+@click.option("--seed", type=int, default=None,
+              help="nextpnr placer seed (the first one, with --seeds; default: the board's, "
+                   "one that places its top within its clocks).")
 @click.option("--seeds", type=click.IntRange(min=1), default=1, show_default=True,
               help="Place and route with N placer seeds (SEED .. SEED+N-1) and keep the lowest "
                    "that meets every clock, else the closest.")
@@ -269,7 +270,7 @@ def _board_profile(command: str, name: str):
 @click.option("--placer", type=click.Choice(PLACERS), default=None,
               help="nextpnr's placer (default: the board's, static on the Colorlight, heap on "
                    "the others).")
-def build_command(board: str | None, verilog: bool, out_dir: Path, seed: int, seeds: int,
+def build_command(board: str | None, verilog: bool, out_dir: Path, seed: int | None, seeds: int,
                   jobs: int | None, placer: str | None) -> None:
     """Build a board's bitstream (DIR/NAME.bit, DIR/report.json), or export Verilog.
 

@@ -117,6 +117,10 @@ class BoardProfile:
         nextpnr's placer that ``qlink build`` uses for the board unless told otherwise
         (``heap``, ``static``, ``sa``): the one that places its top best
         (``docs/benchmarks.md``).
+    seed : int
+        nextpnr's placer seed that ``qlink build`` starts from unless told otherwise: one
+        that places the board's top within its clocks (nextpnr is deterministic for a given
+        netlist, placer and seed).
     """
 
     name: str
@@ -133,6 +137,7 @@ class BoardProfile:
     rgmii_tx_delay_ns: float = 2.0
     clocks: tuple[ClockTarget, ...] = field(default=())
     placer: str = "heap"
+    seed: int = 1
 
     def __post_init__(self):
         if not self.clocks:

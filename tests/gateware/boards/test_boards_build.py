@@ -96,6 +96,20 @@ def test_build_that_meets_timing_writes_bit_and_report(tmp_path, monkeypatch):
     # the profile's placer unless told otherwise
     assert saved["placer"] == COLORLIGHT.placer == "static"
     assert "--placer static" in (tmp_path / "fake-tools" / "argv").read_text()
+    # ... and its seed
+    assert saved["seed"] == COLORLIGHT.seed
+    assert f"--seed {COLORLIGHT.seed} " in (tmp_path / "fake-tools" / "argv").read_text()
+
+
+def test_the_profiles_seed_reaches_nextpnr_unless_told_otherwise(tmp_path, monkeypatch):
+    from dataclasses import replace
+
+    install_fake_tools(tmp_path, monkeypatch, rti_mhz=131.0, dtd_mhz=127.5)
+    build.build_board(replace(COLORLIGHT, seed=7), tmp_path / "out")
+    assert "--seed 7 " in (tmp_path / "fake-tools" / "argv").read_text()
+    assert json.loads((tmp_path / "out" / "report.json").read_text())["seed"] == 7
+    build.build_board(replace(COLORLIGHT, seed=7), tmp_path / "out2", seed=3)
+    assert "--seed 3 " in (tmp_path / "fake-tools" / "argv").read_text()
 
 
 def test_unknown_placer_is_refused_before_anything_runs(tmp_path, monkeypatch):
