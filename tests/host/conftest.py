@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import pytest
 
 from openqlink.bridges.base import FrameTransport, transport_pair
-from openqlink.isa.layout import ISA_VERSION
+from openqlink.isa.layout import ISA_VERSION, PPUStatus
 from openqlink.memory_map import (
     COUNTERS,
     GLOBAL_REGISTERS,
@@ -172,7 +172,8 @@ class QSCPeer:
         """The upload check of an accepted trigger (the run itself is not modelled)."""
         count = ppu_reg(ppu, "UPLOAD_WORDS")
         if value >> 31 and (value >> 16) & 0x7FFF != self.regs[count] % (1 << 15):
-            self.regs[ppu_reg(ppu, "STATUS")] |= 1 << 16        # trigger_incomplete
+            self.regs[ppu_reg(ppu, "STATUS")] |= PPUStatus.const(
+                {"trigger_incomplete": 1}).as_bits()
         else:
             self.regs[count] = 0
 
