@@ -258,9 +258,15 @@ class PPU(wiring.Component):
         start_time = Signal(tb)
 
         # ``head`` and ``tail`` of the next cycle (a trigger's, then a register write's, which
-        # wins), for the bus's write lock a stage ahead.
+        # wins), for the bus's write lock a stage ahead; ``head_w``/``tail_w`` (the register
+        # writes' alone) and ``head_t``/``tail_t`` (with a trigger's), each a LUT or two from
+        # flip-flops, so that the lock compares both and the trigger chooses last.
         head_d = Signal(pc_bits)
         tail_d = Signal(pc_bits)
+        head_w = Signal(pc_bits)
+        tail_w = Signal(pc_bits)
+        head_t = Signal(pc_bits)
+        tail_t = Signal(pc_bits)
         m.d.sync += [head.eq(head_d), tail.eq(tail_d)]
 
         def committed(index, first=head, end=tail):
@@ -828,7 +834,11 @@ class PPU(wiring.Component):
         # keeps the last time its next event may not be at or before (``order_last``: the
         # event's time, or its window's last cycle), set as an event is queued and forgotten
         # at a trigger; one compare per PPU, for the instruction in the execute stage,
-        # registered, with the push it judges.
+        # registered, with the push it judges. The channel's last time is chosen as the
+        # instruction enters the stage (``sel_last``), so that only the compare sits between
+        # flip-flops: no push changes it while the instruction waits there (only the
+        # instruction's own push does, as it leaves), and a readout's window, still on its way
+        # into ``order_last`` while the next instruction enters, is taken from ``window_last``.
         order_chans = [(ch, kind, i) for kind in ("drive", "readout", "marker")
                        for i, ch in enumerate(chans[kind])]
         order_last = [Signal(tb, name=f"order_last{k}") for k in range(len(order_chans))]
@@ -840,6 +850,9 @@ class PPU(wiring.Component):
         accepted = []
         window_last = Signal(tb)
         m.d.sync += window_last.eq(add_small(x_time, (x.operands.acquire.window_cycles - 1)[:16]))
+        # ``now_last``/``now_seen``: each channel's values as the instruction entering the
+        # execute stage must see them.
+        now_last, now_seen = [], []
         for (ch, kind, i), last, seen in zip(order_chans, order_last, order_seen, strict=True):
             taken = push[kind][i] & ch.event.ready
             accepted.append(taken)
@@ -848,14 +861,29 @@ class PPU(wiring.Component):
                 m.d.sync += taken_r.eq(taken)
                 with m.If(taken_r):
                     m.d.sync += [last.eq(window_last), seen.eq(1)]
+                now_last.append(Mux(taken_r, window_last, last))
+                now_seen.append(taken_r | seen)
             else:
                 with m.If(taken):
                     m.d.sync += [last.eq(x_time), seen.eq(1)]
+                now_last.append(last)
+                now_seen.append(seen)
             with m.If(clear_regs):
                 m.d.sync += seen.eq(0)
-        sel = Cat(x_sel["drive"], x_sel["readout"], x_sel["marker"])
-        sel_last = _or_all([Mux(sel[k], last, 0) for k, last in enumerate(order_last)])
-        sel_seen = Cat(*(sel[k] & seen for k, seen in enumerate(order_seen))).any()
+
+        def chan_sel(dec):
+            return Cat(dec.sel_drive, dec.sel_readout, dec.sel_marker)
+        sel = Signal(len(order_chans))
+        sel_last = Signal(tb)
+        sel_seen = Signal()
+        m.d.comb += sel.eq(Mux(ctl_tgt, chan_sel(tgt_dec), chan_sel(f_dec)))
+        with m.If(x_load):
+            m.d.sync += [
+                sel_last.eq(_or_all([Mux(sel[k], last, 0) for k, last in enumerate(now_last)])),
+                sel_seen.eq(Cat(*(sel[k] & seen for k, seen in enumerate(now_seen))).any()),
+            ]
+        with m.If(clear_regs):
+            m.d.sync += sel_seen.eq(0)
         m.d.sync += [
             order_push.eq(Cat(*accepted).any()),
             order_bad.eq(sel_seen & ~less(m, sel_last, x_time, "order")),   # time <= last
@@ -1049,7 +1077,8 @@ class PPU(wiring.Component):
         lock_range = Signal()
         lock_trig = Signal()
         m.d.sync += [
-            lock_range.eq(committed(raw_index, head_d, tail_d)),
+            lock_range.eq(Mux(trig_accept, committed(raw_index, head_t, tail_t),
+                              committed(raw_index, head_w, tail_w))),
             lock_trig.eq(raw_index < cmd.data[32 * t_lane:32 * t_lane + pc_bits]),
         ]
         imem_locked = Mux(trig_accept, lock_trig, active & lock_range)
@@ -1127,9 +1156,8 @@ class PPU(wiring.Component):
             # In halves: it shares no carry chain with trig_late.
             trig_soon.eq(equal(m, start_time, now_p2, "trig_soon")),
         ]
-        m.d.comb += [head_d.eq(head), tail_d.eq(tail)]
-        with m.If(trig_accept):
-            m.d.comb += [head_d.eq(0), tail_d.eq(trig_value[:pc_bits])]
+        m.d.comb += [head_w.eq(head), tail_w.eq(tail)]
+        hit_range = {}                     # the HEAD and TAIL writes' hits (below)
         with m.If(trig_r):
             with m.If(active):
                 m.d.sync += sticky.trigger_busy.eq(1)
@@ -1171,9 +1199,16 @@ class PPU(wiring.Component):
                     be = cmd.be[4 * lane:4 * lane + 4]
                     new = _merge_bytes(_u32(rw[r.name]), cmd.data[32 * lane:32 * lane + 32], be, 4)
                     if r.name in ("HEAD", "TAIL"):
-                        m.d.comb += (head_d if r.name == "HEAD" else tail_d).eq(new)
+                        hit_range[r.name] = hit
+                        m.d.comb += (head_w if r.name == "HEAD" else tail_w).eq(new)
                     else:
                         m.d.sync += rw[r.name].eq(new)
+        m.d.comb += [
+            head_t.eq(Mux(hit_range["HEAD"], head_w, 0)),
+            tail_t.eq(Mux(hit_range["TAIL"], tail_w, trig_value[:pc_bits])),
+            head_d.eq(Mux(trig_accept, head_t, head_w)),
+            tail_d.eq(Mux(trig_accept, tail_t, tail_w)),
+        ]
 
         # Reads, in four stages: the command stage (the memories and the CALL unit's mailbox
         # are read, the mailbox word registered by the mailbox), the request stage ``rd_*``
