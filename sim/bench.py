@@ -9,12 +9,17 @@ Parts (cocotb's driver / monitor / model / checker split):
   every frame in either direction goes to the pcap file with its simulated time.
 * The host: :class:`openqlink.qsc.QSC` over :class:`~openqlink.sim.transport.SimTransport`, run in a
   ``cocotb.bridge`` thread (connect, configure, upload, trigger, poll status, read counters).
-* The NIC's steering: RoCE packets for the host's QP go to the dispatcher path, the rest (control
+  With several programs, PPU ``n`` runs program ``n``: each PPU has its own QP (host QPN
+  ``host_qpn + n``), request ring and dispatcher, and every PPU is triggered with one common
+  start time, so their events share the one DTD timeline.
+* The NIC's steering: RoCE packets for the host's QPs go to the dispatcher path, the rest (control
   plane) to the host's transport, as a RoCE NIC splits RDMA traffic from its UDP sockets.
-* The dispatcher path: :class:`openqlink.dispatch.Dispatcher` stepped by a coroutine, each request
-  handled ``host_turnaround_ns`` (modelled: PCIe, polling and handler time of a real host) after
-  its last byte reached the host.
-* :class:`~openqlink.sim.qubit.QubitModel`: the PTD side (drive integration, seeded readout).
+* The dispatcher path: one :class:`openqlink.dispatch.Dispatcher` per PPU (its program's
+  function table, its ring, its mailbox), stepped by a coroutine, each request handled
+  ``host_turnaround_ns`` (modelled: PCIe, polling and handler time of a real host) after its
+  last byte reached the host.
+* :class:`~openqlink.sim.qubit.QubitModel`: the PTD side of each PPU (drive integration, seeded
+  readout; PPU ``n``'s model has seed ``seed + n``).
 * The monitor of the PTD outputs records every channel event with its DTD cycle.
 
 Everything is driven by simulated time, so two runs with the same inputs give the same results.
@@ -27,6 +32,7 @@ import logging
 import os
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import cocotb
@@ -47,6 +53,7 @@ from ..wire.udp import ROCEV2_PORT
 from .handlers import load_function_table
 from .mac import PacketSink, PacketSource
 from .qubit import QubitModel
+from .report import channel_ppu
 from .transport import SimTransport
 
 __all__ = ["TB", "run_program", "status_dict"]
@@ -78,23 +85,39 @@ def status_dict(status) -> dict:
 
 
 class TB:
-    """Bench state for one simulation run. ``cfg`` is the run configuration (see runner)."""
+    """Bench state for one simulation run. ``cfg`` is the run configuration (see runner).
+
+    ``cfg["programs"]`` (or, for one PPU, ``cfg["program"]``) names the program of each PPU that
+    runs, PPU 0 first; ``cfg["handlers_per_ppu"]`` (or ``cfg["handlers"]``) their handlers
+    files. A build may have more PPUs than programs: the others stay idle. ``self.ppu`` is
+    PPU 0, and ``self.qubit``, ``self.program``, ``self.ring`` and ``self.dispatcher`` are
+    PPU 0's.
+    """
 
     def __init__(self, dut, cfg: dict):
         self.dut = dut
         self.cfg = cfg
         self.params = QSCParams(**cfg["params"])
         self.ppu = 0
+        self.num_run = len(cfg.get("programs") or [cfg.get("program")])
+        if self.num_run > self.params.num_ppus:
+            raise ValueError(f"{self.num_run} programs for a build of {self.params.num_ppus} "
+                             "PPU(s)")
         self.dtd_period_ps = round(1e12 / self.params.dtd_clk_hz)
         self.rti_period_ps = round(1e12 / self.params.rti_clk_hz)
         self.events: list[dict] = []
         self.rpc: list[dict] = []
-        self._requests: dict[int, dict] = {}
+        self._requests: dict[tuple[int, int], dict] = {}
         self.dtd_cycle = 0
         self.pcap = PcapWriter(cfg["pcap"]) if cfg.get("pcap") else None
-        self.qubit = QubitModel(seed=cfg["seed"], **cfg.get("qubit", {}))
+        self.qubits = [self._make_qubit(n) for n in range(self.num_run)]
+        self.qubit = self.qubits[0]
         self.turnaround_ns = cfg["host_turnaround_ns"]
         self.host_qpn = cfg["host_qpn"]
+        #: The PPU whose CALLs a host QPN receives, and whose mailbox a QSC QPN is.
+        self._ppu_of_host_qpn = {self.host_qpn + n: n for n in range(self.num_run)}
+        self._ppu_of_qsc_qpn: dict[int, int] = {}
+        self._function_names: list[dict[int, str]] = [{} for _ in range(self.num_run)]
         self._roce_in: list[tuple[int, bytes]] = []
         self._roce_wake = Event()
         self.gpu_service_ns: list[int] = []
@@ -105,6 +128,12 @@ class TB:
 
     def now_ns(self) -> float:
         return cocotb.utils.get_sim_time("ps") / 1000
+
+    # --- models -------------------------------------------------------------------------------
+
+    def _make_qubit(self, n: int) -> QubitModel:
+        """The PTD-side model of PPU ``n``: a qubit of its own, seeded ``seed + n``."""
+        return QubitModel(seed=self.cfg["seed"] + n, **self.cfg.get("qubit", {}))
 
     # --- set-up -------------------------------------------------------------------------------
 
@@ -141,10 +170,12 @@ class TB:
         f = parse_frame(frame)
         if f.bth is not None and f.bth["opcode"] == Opcode.SEND_ONLY:
             resp = Response.unpack(f.payload)
-            req = self._requests.pop(resp.request_id, None)
+            ppu = self._ppu_of_qsc_qpn.get(f.bth["dest_qp"], 0)
+            req = self._requests.pop((ppu, resp.request_id), None)
             if req is not None:
                 rtt_ns = self.now_ns() - req["t_ns"]
                 self.rpc.append({
+                    "ppu": ppu,
                     "function": req["function"], "function_id": req["function_id"],
                     "request_id": resp.request_id, "status": resp.status,
                     "round_trip_cycles": round(rtt_ns * 1000 / self.dtd_period_ps),
@@ -158,9 +189,10 @@ class TB:
         if f.udp is not None and f.udp["dst_port"] == ROCEV2_PORT and f.bth is not None:
             if f.bth["opcode"] == Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE:
                 req = Request.unpack(f.payload)
-                self._requests[req.request_id] = {
-                    "function": self.function_names.get(req.function_id,
-                                                        f"{req.function_id:#010x}"),
+                ppu = self._ppu_of_host_qpn.get(f.bth["dest_qp"], 0)
+                self._requests[(ppu, req.request_id)] = {
+                    "function": self._function_names[ppu].get(req.function_id,
+                                                              f"{req.function_id:#010x}"),
                     "function_id": req.function_id, "t_ns": self.now_ns(),
                 }
             self._roce_in.append((self.now_ns(), frame))
@@ -179,20 +211,26 @@ class TB:
             wait_ns = t_arrival + self.turnaround_ns - self.now_ns()
             if wait_ns > 0:
                 await Timer(round(wait_ns * 1000), "ps")
+            # The QSC routes the frame to the host QP (and ring) of the PPU it came from; each
+            # PPU's dispatcher then answers what its ring holds.
             self.qsc.handle_frame(frame)
-            forwarded = self.dispatcher.forwarded
-            t0 = time.perf_counter_ns()
-            self.dispatcher.poll()
-            if self.dispatcher.forwarded > forwarded:
-                # The GPU answers in wall-clock time while simulated time stands still: the
-                # timeline stays deterministic (it uses the modelled turnaround) and the GPU's
-                # service time is measured and reported beside it.
-                deadline = t0 + 2_000_000_000
-                while self.dispatcher.gpu_outstanding:
-                    if time.perf_counter_ns() > deadline:
-                        raise TimeoutError("the GPU dispatch kernel did not answer in 2 s")
-                    self.dispatcher.poll()
-                self.gpu_service_ns.append(time.perf_counter_ns() - t0)
+            for dispatcher in self.dispatchers:
+                self._poll(dispatcher)
+
+    def _poll(self, dispatcher: Dispatcher) -> None:
+        forwarded = dispatcher.forwarded
+        t0 = time.perf_counter_ns()
+        dispatcher.poll()
+        if dispatcher.forwarded > forwarded:
+            # The GPU answers in wall-clock time while simulated time stands still: the
+            # timeline stays deterministic (it uses the modelled turnaround) and the GPU's
+            # service time is measured and reported beside it.
+            deadline = t0 + 2_000_000_000
+            while dispatcher.gpu_outstanding:
+                if time.perf_counter_ns() > deadline:
+                    raise TimeoutError("the GPU dispatch kernel did not answer in 2 s")
+                dispatcher.poll()
+            self.gpu_service_ns.append(time.perf_counter_ns() - t0)
 
     # --- the PTD side -------------------------------------------------------------------------
 
@@ -202,46 +240,60 @@ class TB:
                             "time_ns": round(cycle * self.dtd_period_ps / 1000, 3), **extra})
 
     async def _ptd_monitor(self) -> None:
-        """Sample the PTD outputs on every DTD edge; drive the qubit model and the ADC.
+        """Sample the PTD outputs of every running PPU on every DTD edge (see :meth:`_ptd_port`).
 
         ``dtd_cycle`` is the gateware's timeline value in the cycle whose outputs we see, so an
         event scheduled for DTD time T is reported at cycle T.
         """
         dut = self.dut
-        n = self.ppu
+        steps = [self._ptd_port(n) for n in range(self.num_run)]
+        while True:
+            await RisingEdge(dut.dtd_clk)
+            # Read at the edge: the timeline value and the outputs of the cycle that just ended.
+            self.dtd_cycle = int(dut.timeline.value)
+            for step in steps:
+                step()
+
+    def _ptd_port(self, n: int) -> Callable[[], None]:
+        """PPU ``n``'s PTD side, all in one place: finds its ports on the top
+        (``ptd__<n>__*``) and returns the step the monitor runs on each DTD edge, which reads
+        its outputs, drives its qubit model, records its channel events and sets its ADC
+        sample for the next cycle."""
+        dut = self.dut
+        qubit = self.qubits[n]
         dac = getattr(dut, f"ptd__{n}__dac")
         dac_active = getattr(dut, f"ptd__{n}__dac_active")
         ro_window = getattr(dut, f"ptd__{n}__ro_window")
         marker = getattr(dut, f"ptd__{n}__marker")
         adc = self._adc(n)
         prev = {"play": 0, "ro": 0, "marker": 0}
-        while True:
-            await RisingEdge(dut.dtd_clk)
-            # Read at the edge: the timeline value and the outputs of the cycle that just ended.
-            self.dtd_cycle = int(dut.timeline.value)
+
+        def step() -> None:
             active = int(dac_active.value) & 1
             window = int(ro_window.value) & 1
             marks = int(marker.value)
             if active:
-                self.qubit.drive(dac.value.to_signed())
+                qubit.drive(dac.value.to_signed())
             if active != prev["play"]:
                 self._event(f"drive{n}.0", "play_start" if active else "play_end",
-                            p1=round(self.qubit.p1, 6))
+                            p1=round(qubit.p1, 6))
             if window != prev["ro"]:
                 if window:
-                    outcome = self.qubit.begin_readout(self.dtd_cycle)
+                    outcome = qubit.begin_readout(self.dtd_cycle)
                     self._event(f"readout{n}.0", "acquire_start", outcome=outcome,
-                                p1=round(self.qubit.measurements[-1].p1, 6))
+                                p1=round(qubit.measurements[-1].p1, 6))
                 else:
-                    self.qubit.end_readout()
+                    qubit.end_readout()
                     self._event(f"readout{n}.0", "acquire_end")
             if marks != prev["marker"]:
                 for bit in range(len(marker)):
                     was, now = (prev["marker"] >> bit) & 1, (marks >> bit) & 1
                     if was != now:
                         self._event(f"marker{n}.{bit}", "marker_on" if now else "marker_off")
-            adc.value = self.qubit.adc_sample() if window else 0
-            prev = {"play": active, "ro": window, "marker": marks}
+            adc.value = qubit.adc_sample() if window else 0
+            prev.update(play=active, ro=window, marker=marks)
+
+        return step
 
     # --- the host session (runs in a bridge thread) -------------------------------------------
 
@@ -250,32 +302,50 @@ class TB:
         await Timer(ns, "ns")
 
     def host_session(self) -> dict:
+        """The host's side of the run: connect, configure and upload every running PPU,
+        trigger them all with one start time, poll until each has ended (or the run limit),
+        read their registers and the counters."""
         cfg = self.cfg
-        qsc, ppu = self.qsc, self.ppu
+        qsc = self.qsc
+        ppus = range(self.num_run)
         info = qsc.connect()
-        qsc.configure(ppu, self.ring, host_qpn=self.host_qpn)
-        for env in self.program.envelopes.values():
-            qsc.write_envelope(ppu, env.addr, env.samples)
-        qsc.upload_program(ppu, self.program.to_bytes())
-        start = qsc.timeline(ppu) + cfg["start_margin_cycles"]
-        qsc.trigger(ppu, start, len(self.program.instructions))
+        for n in ppus:
+            qp = qsc.configure(n, self.rings[n], host_qpn=self.host_qpn + n)
+            self._ppu_of_qsc_qpn[qp.remote_qpn] = n
+        for n in ppus:
+            program = self.programs[n]
+            for env in program.envelopes.values():
+                qsc.write_envelope(n, env.addr, env.samples)
+            qsc.upload_program(n, program.to_bytes())
+        # One start time for every PPU: their timelines agree from the first event on.
+        start = qsc.timeline(0) + cfg["start_margin_cycles"]
+        for n in ppus:
+            qsc.trigger(n, start, len(self.programs[n].instructions))
         deadline_ns = self.now_ns() + cfg["max_run_ns"]
+        statuses: dict[int, object] = {}
+        running = list(ppus)
         while True:
-            status = qsc.status(ppu)
-            if status.state in (PPUState.DONE, PPUState.ERROR):
+            for n in list(running):
+                statuses[n] = status = qsc.status(n)
+                if status.state in (PPUState.DONE, PPUState.ERROR):
+                    running.remove(n)
+            if not running:
                 limit_reached = False
                 break
             if self.now_ns() > deadline_ns:
                 limit_reached = True
                 break
             self._sleep_ns(cfg["status_poll_ns"])
-        registers = qsc.read_registers(ppu)
-        status_reg = registers["LAST_CALL_STATUS"]
-        registers["LAST_CALL_STATUS"] = status_reg - (1 << 32) if status_reg >> 31 else status_reg
+        registers = []
+        for n in ppus:
+            regs = qsc.read_registers(n)
+            status_reg = regs["LAST_CALL_STATUS"]
+            regs["LAST_CALL_STATUS"] = status_reg - (1 << 32) if status_reg >> 31 else status_reg
+            registers.append(regs)
         return {
             "connect": info,
             "start_time_cycles": start,
-            "status": status,
+            "statuses": [statuses[n] for n in ppus],
             "run_limit_reached": limit_reached,
             "registers": registers,
             "counters": qsc.counters(),
@@ -283,19 +353,34 @@ class TB:
 
     async def run(self) -> dict:
         cfg = self.cfg
-        self.program = assemble(Path(cfg["program"]).read_text(), filename=cfg["program"],
-                                params=self.params)
-        table = load_function_table(cfg.get("handlers"), gpu=cfg.get("gpu", False))
-        self.function_names = {fid: name for name, fid in self.program.functions.items()}
-        self.function_names.update({e.function_id: e.name for e in table.entries()})
-        self.ring = SlotRing(cfg["num_slots"], cfg["slot_size"])
+        paths = cfg.get("programs") or [cfg["program"]]
+        handlers = cfg.get("handlers_per_ppu") or [cfg.get("handlers")]
+        if len(handlers) != self.num_run:
+            raise ValueError(f"{len(handlers)} handlers files for {self.num_run} programs")
+        gpu = cfg.get("gpu", False)
+        if gpu and self.num_run > 1:
+            raise ValueError("the GPU dispatch path serves one PPU: run one program with --gpu")
+        self.programs = [assemble(Path(p).read_text(), filename=p, params=self.params)
+                         for p in paths]
+        self.program = self.programs[0]
+        tables = [load_function_table(h, gpu=gpu) for h in handlers]
+        for names, program, table in zip(self._function_names, self.programs, tables,
+                                         strict=True):
+            names.update({fid: name for name, fid in program.functions.items()})
+            names.update({e.function_id: e.name for e in table.entries()})
+        self.rings = [SlotRing(cfg["num_slots"], cfg["slot_size"]) for _ in range(self.num_run)]
+        self.ring = self.rings[0]
         self.qsc = QSC(self.transport, params=self.params, host_mac=cfg["host_mac"],
                        host_ip=cfg["host_ip"])
         # Results land in the PPU's 64-byte mailbox, after the 24-byte response header.
-        self.dispatcher = Dispatcher(
-            table, self.ring,
-            send_response=lambda slot, data: self.qsc.send_response(self.ppu, slot, data),
-            max_result_bytes=MAILBOX_BYTES - HEADER_BYTES, gpu=self._gpu_plane(cfg))
+        self.dispatchers = [
+            Dispatcher(tables[n], self.rings[n],
+                       send_response=lambda slot, data, n=n: self.qsc.send_response(n, slot,
+                                                                                     data),
+                       max_result_bytes=MAILBOX_BYTES - HEADER_BYTES,
+                       gpu=self._gpu_plane(cfg) if n == 0 else None)
+            for n in range(self.num_run)]
+        self.dispatcher = self.dispatchers[0]
         if self.dispatcher.gpu is not None:
             t0 = time.perf_counter()
             self.dispatcher.start()      # NVRTC/numba -> LTO-IR -> nvJitLink -> launch
@@ -312,7 +397,9 @@ class TB:
         if self.pcap is not None:
             self.pcap.close()
         gpu = self._gpu_results()
-        status = host["status"]
+        ppus = [self._ppu_results(n, host["statuses"][n], host["registers"][n], paths[n],
+                                  handlers[n]) for n in range(self.num_run)]
+        first = ppus[0]
         return {
             "program": cfg["program"],
             "params": cfg["params"],
@@ -326,19 +413,40 @@ class TB:
             },
             "start_time_cycles": host["start_time_cycles"],
             "events": self.events,
-            "measurements": [{"outcome": m.outcome, "p1": round(m.p1, 6),
-                              "dtd_cycle": m.dtd_cycle} for m in self.qubit.measurements],
-            "qubit_final_p1": round(self.qubit.p1, 6),
+            "measurements": first["measurements"],
+            "qubit_final_p1": first["qubit_final_p1"],
             "rpc": self.rpc,
             "counters": host["counters"],
-            "registers": host["registers"],
-            "status": status_dict(status),
-            "fault_location": self._fault_location(status, host["registers"]),
+            "registers": first["registers"],
+            "status": first["status"],
+            "fault_location": first["fault_location"],
             "run_limit_reached": host["run_limit_reached"],
             "max_run_ns": cfg["max_run_ns"],
             "host_log": host_log.lines,
-            "dispatcher": {"processed": self.dispatcher.processed},
+            "dispatcher": {"processed": sum(d.processed for d in self.dispatchers)},
+            "ppus": ppus,
             **({"gpu": gpu} if gpu is not None else {}),
+        }
+
+    def _ppu_results(self, n: int, status, registers: dict, program: str,
+                     handlers: str | None) -> dict:
+        """What PPU ``n`` did: its program, final status and registers, its qubit's
+        measurements, its channel events and its CALLs."""
+        qubit = self.qubits[n]
+        return {
+            "ppu": n,
+            "program": program,
+            "handlers": handlers,
+            "status": status_dict(status),
+            "registers": registers,
+            "fault_location": self._fault_location(status, registers, n),
+            "measurements": [{"outcome": m.outcome, "p1": round(m.p1, 6),
+                              "dtd_cycle": m.dtd_cycle} for m in qubit.measurements],
+            "qubit_seed": qubit.seed,
+            "qubit_final_p1": round(qubit.p1, 6),
+            "events": [e for e in self.events if channel_ppu(e["channel"]) == n],
+            "rpc": [r for r in self.rpc if r["ppu"] == n],
+            "calls_answered": self.dispatchers[n].processed,
         }
 
     def _gpu_plane(self, cfg: dict):
@@ -391,11 +499,12 @@ class TB:
             if d.forwarded else [],
             "in_kernel_turnaround_ns": turnaround,
         }
-    def _fault_location(self, status, registers: dict) -> str | None:
-        """``file:line: source`` of the instruction at PC when the PPU stopped on an error."""
+
+    def _fault_location(self, status, registers: dict, n: int = 0) -> str | None:
+        """``file:line: source`` of the instruction at PC when PPU ``n`` stopped on an error."""
         if status.state != PPUState.ERROR:
             return None
-        loc = self.program.source_map.get(registers["PC"])
+        loc = self.programs[n].source_map.get(registers["PC"])
         if loc is None:
             return f"pc {registers['PC']} (no instruction there: past the program's end)"
         return f"{Path(loc.filename).name}:{loc.line}: {loc.text.strip()}"

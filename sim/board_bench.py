@@ -179,6 +179,9 @@ class BoardTB(TB):
         results = await super().run()
         results["measurements"] = self.measurements
         results["qubit_final_p1"] = round(self.emulator_p1(), 6)
+        results["ppus"][self.ppu].update(measurements=self.measurements,
+                                         qubit_final_p1=results["qubit_final_p1"],
+                                         qubit_seed=self.emulator_seed)
         results["model"]["qubit"] = {
             "emulator": "openqlink.gateware.qubit.QubitEmulator (in the gateware)",
             "seed": self.emulator_seed, "phase_bits": len(self.emulator.phase),

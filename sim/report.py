@@ -1,49 +1,104 @@
-"""Human-readable report of a simulation run (the timeline ``qlink sim`` prints)."""
+"""Human-readable report of a simulation run (the timeline ``qlink sim`` prints).
+
+A run of one PPU prints its timeline, RPC round trips, counters, measurements and final status.
+A run of several PPUs prints the same for all of them, each row naming its PPU, and a table of
+each PPU's program, final status, registers and measurements.
+"""
 
 from __future__ import annotations
+
+import re
 
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["print_report", "status_line"]
+__all__ = ["print_report", "status_line", "all_done", "ppu_results", "channel_ppu"]
+
+#: A PTD channel's name in the events: ``drive<ppu>.<ch>``, ``readout<ppu>.<ch>``,
+#: ``marker<ppu>.<ch>``.
+_CHANNEL_NAME = re.compile(r"[a-z]+(\d+)\.\d+")
+
+#: The registers the table of PPUs shows when they are not zero (r1..r15 always when set).
+_PPU_TABLE_REGISTERS = ("CALL_COUNT", "LAST_CALL_STATUS", "LATE_EVENTS", "STALE_RESPONSES")
+
+
+def channel_ppu(channel: str) -> int | None:
+    """The PPU index in an event's channel name (``drive1.0`` -> 1); None for another name."""
+    m = _CHANNEL_NAME.fullmatch(channel)
+    return int(m.group(1)) if m else None
+
+
+def ppu_results(results: dict) -> list[dict]:
+    """Each PPU's results (``results["ppus"]``); for results without that key, PPU 0's from
+    the top-level keys."""
+    if results.get("ppus"):
+        return results["ppus"]
+    return [{"ppu": 0, "program": results.get("program"), "status": results["status"],
+             "registers": results.get("registers", {}),
+             "measurements": results.get("measurements", []),
+             "qubit_final_p1": results.get("qubit_final_p1"),
+             "fault_location": results.get("fault_location")}]
+
+
+def all_done(results: dict) -> bool:
+    """True when every PPU of the run ended DONE (what makes ``qlink sim`` exit with 0)."""
+    return all(p["status"].get("state") == "DONE" for p in ppu_results(results))
+
+
+def _errors(status: dict) -> list[str]:
+    return [name for name, value in status.items() if name != "state" and value]
 
 
 def print_report(results: dict, console: Console | None = None) -> None:
     """Print the timeline, RPC round trips, counters and final status of ``results``."""
     console = console or Console()
     model = results["model"]
-    console.print(f"[bold]{results['program']}[/bold]  start at DTD cycle "
-                  f"{results['start_time_cycles']}")
-
+    ppus = ppu_results(results)
+    multi = len(ppus) > 1
     start = results["start_time_cycles"]
+    if multi:
+        console.print(f"[bold]{len(ppus)} PPUs[/bold], all started at DTD cycle {start}")
+        for p in ppus:
+            console.print(f"  PPU {p['ppu']}: {p['program']}")
+    else:
+        console.print(f"[bold]{results['program']}[/bold]  start at DTD cycle {start}")
+
     timeline = Table(title="Timeline (DTD cycles of the timeline counter; t-start = cycles after "
                            "the trigger's start time)")
-    for col in ("dtd_cycle", "t-start", "time_ns", "channel", "event", "detail"):
+    cols = ("dtd_cycle", "t-start", "time_ns") + (("ppu",) if multi else ()) + (
+        "channel", "event", "detail")
+    for col in cols:
         timeline.add_column(col, justify="left" if col in ("channel", "event", "detail")
                             else "right")
     for ev in results["events"]:
         detail = ", ".join(f"{k}={v}" for k, v in ev.items()
                            if k not in ("channel", "kind", "dtd_cycle", "time_ns"))
-        timeline.add_row(str(ev["dtd_cycle"]), str(ev["dtd_cycle"] - start),
-                         f"{ev['time_ns']:.1f}", ev["channel"], ev["kind"], detail)
+        row = [str(ev["dtd_cycle"]), str(ev["dtd_cycle"] - start), f"{ev['time_ns']:.1f}"]
+        if multi:
+            row.append(str(channel_ppu(ev["channel"])))
+        timeline.add_row(*row, ev["channel"], ev["kind"], detail)
     console.print(timeline)
 
     if results["rpc"]:
         rpc = Table(title="RPC (round trip at the QSC's MAC: request out -> response in)")
-        for col in ("function", "request_id", "status", "round_trip_cycles", "round_trip_ns"):
+        for col in (("ppu",) if multi else ()) + ("function", "request_id", "status",
+                                                  "round_trip_cycles", "round_trip_ns"):
             rpc.add_column(col)
         for r in results["rpc"]:
-            rpc.add_row(r["function"], f"{r['request_id']:#010x}", str(r["status"]),
+            rpc.add_row(*([str(r.get("ppu", 0))] if multi else []), r["function"],
+                        f"{r['request_id']:#010x}", str(r["status"]),
                         str(r["round_trip_cycles"]), f"{r['round_trip_ns']:.1f}")
         console.print(rpc)
         console.print(f"host turnaround: {model['host_turnaround_ns']} ns "
                       f"[italic](modelled, not measured)[/italic]")
-    regs = results.get("registers", {})
-    if regs.get("CALL_COUNT"):
-        period_ns = 1e9 / results["params"]["dtd_clk_hz"]
-        rtt = regs["LAST_RTT_CYCLES"]
-        console.print(f"last CALL at the PPU, request out -> result in register: {rtt} cycles "
-                      f"= {rtt * period_ns:.1f} ns (LAST_RTT_CYCLES)")
+    period_ns = 1e9 / results["params"]["dtd_clk_hz"]
+    for p in ppus:
+        regs = p.get("registers", {})
+        if regs.get("CALL_COUNT"):
+            rtt = regs["LAST_RTT_CYCLES"]
+            prefix = f"PPU {p['ppu']}: " if multi else ""
+            console.print(f"{prefix}last CALL at the PPU, request out -> result in register: "
+                          f"{rtt} cycles = {rtt * period_ns:.1f} ns (LAST_RTT_CYCLES)")
 
     counters = Table(title="Counters (drop counters always, the others when non-zero)")
     counters.add_column("counter")
@@ -51,22 +106,33 @@ def print_report(results: dict, console: Console | None = None) -> None:
     for name, value in results["counters"].items():
         if value or name.startswith("DROP_") or name == "PSN_GAP":
             counters.add_row(name, str(value))
-    for name in ("STALE_RESPONSES", "LATE_EVENTS"):
-        if name in regs:
-            counters.add_row(f"PPU {name}", str(regs[name]))
+    for p in ppus:
+        regs = p.get("registers", {})
+        for name in ("STALE_RESPONSES", "LATE_EVENTS"):
+            if name in regs:
+                counters.add_row(f"PPU {p['ppu']} {name}" if multi else f"PPU {name}",
+                                 str(regs[name]))
     console.print(counters)
 
-    for m in results["measurements"]:
-        console.print(f"measurement at cycle {m['dtd_cycle']}: outcome {m['outcome']} "
-                      f"(P(1) = {m['p1']:.3f})")
-    if results["measurements"] or any(e["kind"] == "play_start" for e in results["events"]):
-        console.print(f"qubit P(1) at the end: {results['qubit_final_p1']:.3f}")
+    if multi:
+        _print_ppu_table(console, ppus)
+    played = {channel_ppu(e["channel"]) for e in results["events"] if e["kind"] == "play_start"}
+    for p in ppus:
+        prefix = f"PPU {p['ppu']} " if multi else ""
+        for m in p["measurements"]:
+            console.print(f"{prefix}measurement at cycle {m['dtd_cycle']}: outcome "
+                          f"{m['outcome']} (P(1) = {m['p1']:.3f})")
+        if p["measurements"] or p["ppu"] in played:
+            console.print(f"{prefix}qubit P(1) at the end: {p['qubit_final_p1']:.3f}")
     for line in results.get("host_log", []):
         console.print(f"[yellow]host: {line}[/yellow]", markup=True, highlight=False)
     if results.get("run_limit_reached"):
-        console.print(f"[bold red]run limit reached:[/bold red] the PPU was still "
-                      f"{results['status']['state']} after {results['max_run_ns'] / 1000:g} us "
-                      "of simulated time (raise it with --max-run-us)")
+        still = [p for p in ppus if p["status"]["state"] not in ("DONE", "ERROR")]
+        who = ("the PPU was still " + results["status"]["state"] if not multi else
+               ", ".join(f"PPU {p['ppu']} was still {p['status']['state']}" for p in still))
+        console.print(f"[bold red]run limit reached:[/bold red] {who} after "
+                      f"{results['max_run_ns'] / 1000:g} us of simulated time (raise it with "
+                      "--max-run-us)")
     gpu = results.get("gpu")
     if gpu:
         p50 = gpu["service_p50_ns"]
@@ -81,14 +147,40 @@ def print_report(results: dict, console: Console | None = None) -> None:
             + (f"; host poll -> response frame sent (Python): p50 {p50 / 1000:.1f} us"
                if p50 is not None else "")
             + " (measured, wall clock)")
-    if results.get("fault_location"):
-        console.print(f"[bold]stopped at:[/bold] {results['fault_location']}")
+    for p in ppus:
+        if p.get("fault_location"):
+            prefix = f"PPU {p['ppu']} " if multi else ""
+            console.print(f"[bold]{prefix}stopped at:[/bold] {p['fault_location']}")
     console.print(status_line(results))
 
 
+def _print_ppu_table(console: Console, ppus: list[dict]) -> None:
+    """One row per PPU: its program, final state, error bits, registers and measurements."""
+    table = Table(title="PPUs (registers: r1..r15 and the CALL and event counts when non-zero)")
+    for col in ("ppu", "program", "state", "errors", "registers", "measurements"):
+        table.add_column(col, justify="right" if col == "ppu" else "left")
+    for p in ppus:
+        regs = p.get("registers", {})
+        shown = [f"r{i}={regs[f'R{i}']}" for i in range(1, 16) if regs.get(f"R{i}")]
+        shown += [f"{name}={regs[name]}" for name in _PPU_TABLE_REGISTERS if regs.get(name)]
+        outcomes = ", ".join(str(m["outcome"]) for m in p["measurements"])
+        table.add_row(str(p["ppu"]), str(p.get("program", "")).rsplit("/", 1)[-1],
+                      p["status"]["state"], ", ".join(_errors(p["status"])) or "-",
+                      " ".join(shown) or "-", outcomes or "-")
+    console.print(table)
+
+
 def status_line(results: dict) -> str:
-    """One line: the final PPU state and its error bits."""
-    status = results["status"]
-    errors = [name for name, value in status.items() if name != "state" and value]
-    return (f"final PPU status: {status['state']}"
-            + (f" (errors: {', '.join(errors)})" if errors else " (no error bits)"))
+    """One line: the final PPU state and its error bits (each PPU's, with several)."""
+    ppus = ppu_results(results)
+    if len(ppus) == 1:
+        status = ppus[0]["status"]
+        errors = _errors(status)
+        return (f"final PPU status: {status['state']}"
+                + (f" (errors: {', '.join(errors)})" if errors else " (no error bits)"))
+    parts = []
+    for p in ppus:
+        errors = _errors(p["status"])
+        parts.append(f"PPU {p['ppu']} {p['status']['state']}"
+                     + (f" (errors: {', '.join(errors)})" if errors else " (no error bits)"))
+    return "final PPU status: " + "; ".join(parts)

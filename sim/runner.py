@@ -12,6 +12,7 @@ import logging
 import re
 import shutil
 import tempfile
+from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -172,7 +173,8 @@ def run_bench(module: str, cfg: dict, *, params: QSCParams | None = None,
     return results
 
 
-def run_sim(program: str | Path, *, handlers: str | Path | None = None,
+def run_sim(program: str | Path | Sequence[str | Path], *,
+            handlers: str | Path | Sequence[str | Path | None] | None = None,
             json_path: str | Path | None = None, pcap_path: str | Path | None = None,
             waves_path: str | Path | None = None, params: QSCParams | None = None,
             build_dir: str | Path | None = None, verilog_path: str | Path | None = None,
@@ -181,34 +183,66 @@ def run_sim(program: str | Path, *, handlers: str | Path | None = None,
 
     Parameters
     ----------
-    program : path
-        PPU assembly source. Its HOST_CALL handlers come from ``handlers`` or, when that is
-        None, from the ``.py`` file of the same name beside it.
+    program : path or sequence of paths
+        PPU assembly source, or one source per PPU (PPU 0 first). Every PPU is triggered with
+        one start time. Each program's HOST_CALL handlers come from ``handlers`` or, when that
+        is None, from the ``.py`` file of the same name beside it.
+    handlers : path or sequence of paths, optional
+        One handlers file for every program, or one per program (an entry None: the ``.py``
+        beside that program).
     json_path, pcap_path, waves_path : path, optional
         Where to write the results (JSON), every frame on the simulated wire (pcap, link type
         Ethernet) and the waveforms (FST).
     params : QSCParams, optional
-        Gateware build parameters.
+        Gateware build parameters (default: the default build with one PPU per program). It
+        may have more PPUs than programs; the others stay idle.
     verilog_path : path, optional
         Pre-generated Verilog of the top (``qlink verilog --sim``) instead of elaborating it.
     **bench
-        Overrides of :func:`SimConfig` (``seed``, ``host_turnaround_ns``, ...).
+        Overrides of :func:`SimConfig` (``seed``, ``host_turnaround_ns``, ...). PPU ``n``'s
+        qubit model has seed ``seed + n``.
+
+    Returns
+    -------
+    dict
+        The keys documented in ``docs/simulation.md``: ``status``, ``registers``,
+        ``measurements`` and ``fault_location`` are PPU 0's, ``events`` and ``rpc`` every
+        PPU's, and ``ppus`` holds each PPU's own.
 
     Raises
     ------
     AssemblerError
-        The program does not assemble (checked before anything is built).
+        A program does not assemble (checked before anything is built).
     SimulationError
-        Icarus or cocotb failed, or the bench raised.
+        More programs than the build has PPUs, a handlers count that fits neither rule,
+        ``gpu`` with more than one program, Icarus or cocotb failed, or the bench raised.
     """
-    program = Path(program).resolve()
-    params = params or QSCParams()
-    assemble(program.read_text(), filename=str(program), params=params)
-    if handlers is None:
-        handlers = default_handlers_path(program)
-    # Fail fast on a bad handlers file or a missing GPU, before the build.
-    load_function_table(handlers, gpu=bool(bench.get("gpu", False)))
-    if bench.get("gpu"):
+    programs = [Path(p).resolve() for p in
+                ([program] if isinstance(program, (str, Path)) else program)]
+    if not programs:
+        raise SimulationError("no program to simulate")
+    params = params or QSCParams(num_ppus=len(programs))
+    if len(programs) > params.num_ppus:
+        raise SimulationError(f"{len(programs)} programs for a build of {params.num_ppus} "
+                              "PPU(s): give one program per PPU")
+    if handlers is None or isinstance(handlers, (str, Path)):
+        handler_list: list[str | Path | None] = [handlers] * len(programs)
+    else:
+        handler_list = list(handlers)
+        if len(handler_list) != len(programs):
+            raise SimulationError(f"{len(handler_list)} handlers files for {len(programs)} "
+                                  "programs: give one for every program or one per program")
+    gpu = bool(bench.get("gpu", False))
+    if gpu and len(programs) > 1:
+        raise SimulationError(f"the GPU dispatch path serves one PPU, not {len(programs)}")
+    resolved: list[Path | None] = []
+    for prog, hand in zip(programs, handler_list, strict=True):
+        assemble(prog.read_text(), filename=str(prog), params=params)
+        hand = default_handlers_path(prog) if hand is None else Path(hand)
+        # Fail fast on a bad handlers file or a missing GPU, before the build.
+        load_function_table(hand, gpu=gpu)
+        resolved.append(hand.resolve() if hand else None)
+    if gpu:
         from ..gpu import gpu_available
 
         ok, why = gpu_available()
@@ -216,8 +250,10 @@ def run_sim(program: str | Path, *, handlers: str | Path | None = None,
             raise SimulationError(f"--gpu needs a CUDA GPU: {why}")
     cfg = SimConfig(**bench)
     cfg.update({
-        "program": str(program),
-        "handlers": str(Path(handlers).resolve()) if handlers else None,
+        "program": str(programs[0]),
+        "handlers": str(resolved[0]) if resolved[0] else None,
+        "programs": [str(p) for p in programs],
+        "handlers_per_ppu": [str(h) if h else None for h in resolved],
         "pcap": str(Path(pcap_path).resolve()) if pcap_path else None,
     })
     results = run_bench("openqlink.sim.bench", cfg, params=params, build_dir=build_dir,
