@@ -4,6 +4,7 @@ Commands::
 
     qlink asm FILE [-o OUT.bin] [--envelopes ENV.bin] [--board NAME] [--dtd-clk-hz HZ] [--base N]
     qlink disasm FILE [--base N] [--function NAME ...] [--board NAME]
+    qlink sim [--ppus N] PROGRAM... [--json F] [--pcap F] [--waves F] [--seed N] [...]
     qlink docs memory-map [-o PATH]
     qlink docs isa-tables [-o PATH]
     qlink build --board NAME [-o DIR] [--seed N] [--seeds N] [--jobs N] [--placer P]
@@ -161,46 +162,69 @@ def isa_tables_command(output: Path | None) -> None:
 
 
 @main.command("sim")
-@click.argument("program", type=click.Path(exists=True, dir_okay=False, path_type=Path))
-@click.option("--handlers", type=click.Path(exists=True, dir_okay=False, path_type=Path),
-              default=None, help="Python file with a module-level `table` (FunctionTable) of "
-              "HOST_CALL handlers [default: PROGRAM with .py beside it]")
+@click.argument("programs", metavar="PROGRAM...", nargs=-1, required=True,
+                type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("--ppus", "num_ppus", type=click.IntRange(1, 16), default=1, show_default=True,
+              help="PPUs of the simulated build. Give exactly one PROGRAM per PPU, PPU 0 first "
+              "(a count that does not match is a usage error); all start at one start time.")
+@click.option("--handlers", multiple=True,
+              type=click.Path(exists=True, dir_okay=False, path_type=Path),
+              help="Python file with a module-level `table` (FunctionTable) of HOST_CALL "
+              "handlers [default: each PROGRAM with .py beside it]. Give it once for every "
+              "PPU, or once per PROGRAM in order.")
 @click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
-              help="Write the results (events, rpc, counters, status) as JSON.")
+              help="Write the results (events, rpc, counters, status, each PPU's) as JSON.")
 @click.option("--pcap", "pcap_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write every frame on the simulated wire (link type Ethernet).")
 @click.option("--waves", "waves_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the waveforms (FST).")
 @click.option("--seed", type=int, default=1, show_default=True,
-              help="Seed of the qubit and readout model.")
+              help="Seed of the qubit and readout model (PPU n's model: SEED + n).")
 @click.option("--host-turnaround-ns", type=int, default=1000, show_default=True,
               help="Modelled time from a request reaching the host to its response leaving.")
 @click.option("--build-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Where the Verilog and simulator build go [default: ./build/sim].")
 @click.option("--verilog", "verilog_path", type=click.Path(exists=True, dir_okay=False,
               path_type=Path), default=None,
-              help="Use this Verilog from `qlink verilog --sim` instead of elaborating the "
-              "top (for machines without Yosys).")
+              help="Use this Verilog from `qlink verilog --sim` (with --num-ppus N for --ppus "
+              "N) instead of elaborating the top (for machines without Yosys).")
 @click.option("--max-run-us", type=float, default=2000.0, show_default=True,
-              help="Simulated time the host waits for the PPU to reach DONE or ERROR.")
+              help="Simulated time the host waits for every PPU to reach DONE or ERROR.")
 @click.option("--gpu", is_flag=True,
               help="Serve the program's CALLs from the GPU unified dispatch kernel: the "
               "DEVICE_CALL handlers of the handlers file's device_table() (needs a GPU and "
-              "the [gpu] extra).")
+              "the [gpu] extra; one PPU only).")
 @click.option("--quiet", is_flag=True, help="Print only the final status line.")
-def sim_command(program: Path, handlers: Path | None, json_path: Path | None,
-                pcap_path: Path | None, waves_path: Path | None, seed: int,
-                host_turnaround_ns: int, build_dir: Path | None, verilog_path: Path | None,
-                max_run_us: float, gpu: bool, quiet: bool) -> None:
+def sim_command(programs: tuple[Path, ...], num_ppus: int, handlers: tuple[Path, ...],
+                json_path: Path | None, pcap_path: Path | None, waves_path: Path | None,
+                seed: int, host_turnaround_ns: int, build_dir: Path | None,
+                verilog_path: Path | None, max_run_us: float, gpu: bool, quiet: bool) -> None:
     """Simulate PROGRAM end to end: the QSC gateware's Verilog on Icarus (cocotb) against the
-    host package and its dispatcher. Exit status 0 when the PPU ends DONE, 1 otherwise."""
+    host package and its dispatcher. With --ppus N, PPU n runs the n-th PROGRAM (each with its
+    own QP, ring, dispatcher and qubit model), all triggered at one start time.
+
+    Exit status 0 when every PPU ends DONE, 1 otherwise, 2 for bad input."""
     from .errors import QlinkError
-    from .sim.report import print_report, status_line
+    from .memory_map import QSCParams
+    from .sim.report import all_done, print_report, status_line
     from .sim.runner import run_sim
 
+    if len(programs) != num_ppus:
+        raise click.UsageError(f"--ppus {num_ppus} takes {num_ppus} program(s), one per PPU; "
+                               f"{len(programs)} given", ctx=click.get_current_context())
+    if len(handlers) not in (0, 1, len(programs)):
+        raise click.UsageError(f"--handlers given {len(handlers)} times for {len(programs)} "
+                               "programs: give it once (every PPU) or once per program",
+                               ctx=click.get_current_context())
+    if gpu and num_ppus > 1:
+        raise click.UsageError(f"--gpu serves the CALLs of one PPU, not --ppus {num_ppus}",
+                               ctx=click.get_current_context())
+    handler_arg: Path | list[Path] | None = (
+        None if not handlers else handlers[0] if len(handlers) == 1 else list(handlers))
     try:
-        results = run_sim(program, handlers=handlers, json_path=json_path, pcap_path=pcap_path,
-                          waves_path=waves_path, build_dir=build_dir, seed=seed,
+        results = run_sim(list(programs), handlers=handler_arg, json_path=json_path,
+                          pcap_path=pcap_path, waves_path=waves_path,
+                          params=QSCParams(num_ppus=num_ppus), build_dir=build_dir, seed=seed,
                           host_turnaround_ns=host_turnaround_ns, verilog_path=verilog_path,
                           max_run_ns=round(max_run_us * 1000), gpu=gpu)
     except AssemblerError as exc:
@@ -213,7 +237,7 @@ def sim_command(program: Path, handlers: Path | None, json_path: Path | None,
         click.echo(status_line(results))
     else:
         print_report(results)
-    if results["status"].get("state") != "DONE":
+    if not all_done(results):
         raise click.exceptions.Exit(1)
 
 

@@ -108,6 +108,79 @@ def test_sim_assembles_with_the_builds_params(tmp_path):
     assert info.value.line == 2 and "env_depth = 64" in str(info.value)
 
 
+# -- qlink sim: the command line's own checks (no simulation) ----------------------------------
+
+def _sim_programs(tmp_path: Path, count: int) -> list[str]:
+    paths = []
+    for n in range(count):
+        src = tmp_path / f"p{n}.s"
+        src.write_text(f"set r1, {n + 1}\nend\n")
+        paths.append(str(src))
+    return paths
+
+
+@pytest.fixture
+def fake_run_sim(monkeypatch):
+    """Replace the simulator: record run_sim's arguments and return ``calls["results"]``
+    (without it, fail the test: the command must not have reached the simulation)."""
+    import openqlink.sim.runner
+
+    calls: dict = {}
+
+    def run_sim(programs, **kwargs):
+        if "results" not in calls:
+            raise AssertionError("qlink sim went on to simulate")
+        calls.update(programs=programs, **kwargs)
+        return calls["results"]
+
+    monkeypatch.setattr(openqlink.sim.runner, "run_sim", run_sim)
+    return calls
+
+
+@pytest.mark.parametrize(("ppus", "count"), [(2, 1), (2, 3), (1, 2), (3, 2)])
+def test_sim_program_count_not_ppus_is_a_usage_error(tmp_path, fake_run_sim, ppus, count):
+    args = ["sim", *(["--ppus", str(ppus)] if ppus != 1 else []),
+            *_sim_programs(tmp_path, count)]
+    res = CliRunner().invoke(main, args)
+    assert res.exit_code == 2, res.output
+    assert f"--ppus {ppus} takes {ppus} program(s), one per PPU; {count} given" in res.output
+    assert "Usage: " in res.output
+
+
+def test_sim_handlers_count_and_gpu_are_usage_errors(tmp_path, fake_run_sim):
+    programs = _sim_programs(tmp_path, 3)
+    handlers = tmp_path / "h.py"
+    handlers.write_text("")
+    res = CliRunner().invoke(main, ["sim", "--ppus", "3", *programs,
+                                    "--handlers", str(handlers), "--handlers", str(handlers)])
+    assert res.exit_code == 2
+    assert "--handlers given 2 times for 3 programs" in res.output
+    res = CliRunner().invoke(main, ["sim", "--ppus", "2", *programs[:2], "--gpu"])
+    assert res.exit_code == 2
+    assert "--gpu serves the CALLs of one PPU, not --ppus 2" in res.output
+
+
+def _sim_results(states: list[str]) -> dict:
+    ppus = [{"ppu": n, "program": f"p{n}.s", "status": {"state": state, "late": 0},
+             "registers": {"R1": n + 1}, "measurements": []} for n, state in enumerate(states)]
+    return {"status": ppus[0]["status"], "registers": ppus[0]["registers"], "ppus": ppus}
+
+
+@pytest.mark.parametrize(("states", "code"), [
+    (["DONE", "DONE"], 0), (["DONE", "ERROR"], 1), (["ERROR", "DONE"], 1),
+    (["DONE", "RUNNING"], 1)])
+def test_sim_exit_status_is_0_only_when_every_ppu_is_done(tmp_path, fake_run_sim, states, code):
+    programs = _sim_programs(tmp_path, 2)
+    fake_run_sim["results"] = _sim_results(states)
+    res = CliRunner().invoke(main, ["sim", "--ppus", "2", *programs, "--quiet"])
+    assert res.exit_code == code, res.output
+    assert res.output.strip() == "final PPU status: " + "; ".join(
+        f"PPU {n} {state} (no error bits)" for n, state in enumerate(states))
+    assert [str(p) for p in fake_run_sim["programs"]] == programs
+    assert fake_run_sim["params"] == QSCParams(num_ppus=2)
+    assert fake_run_sim["handlers"] is None
+
+
 def test_asm_missing_file_exit_2(tmp_path):
     res = CliRunner().invoke(main, ["asm", str(tmp_path / "nope.s")])
     assert res.exit_code == 2 and "nope.s" in res.output
