@@ -210,8 +210,10 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, handlers: tuple[Path,
     from .sim.runner import run_sim
 
     if len(programs) != num_ppus:
+        hint = f" (for {len(programs)} PPUs: --ppus {len(programs)})" if len(programs) <= 16 \
+            else ""
         raise click.UsageError(f"--ppus {num_ppus} takes {num_ppus} program(s), one per PPU; "
-                               f"{len(programs)} given", ctx=click.get_current_context())
+                               f"{len(programs)} given{hint}", ctx=click.get_current_context())
     if len(handlers) not in (0, 1, len(programs)):
         raise click.UsageError(f"--handlers given {len(handlers)} times for {len(programs)} "
                                "programs: give it once (every PPU) or once per program",

@@ -143,7 +143,8 @@ def test_sim_program_count_not_ppus_is_a_usage_error(tmp_path, fake_run_sim, ppu
             *_sim_programs(tmp_path, count)]
     res = CliRunner().invoke(main, args)
     assert res.exit_code == 2, res.output
-    assert f"--ppus {ppus} takes {ppus} program(s), one per PPU; {count} given" in res.output
+    assert (f"--ppus {ppus} takes {ppus} program(s), one per PPU; {count} given "
+            f"(for {count} PPUs: --ppus {count})") in res.output
     assert "Usage: " in res.output
 
 
