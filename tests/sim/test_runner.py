@@ -74,3 +74,52 @@ def test_handlers_file_without_table_is_refused(tmp_path):
         load_function_table(bad, gpu=True)
     with pytest.raises(DispatchError, match="device_table"):
         load_function_table(None, gpu=True)
+
+
+def test_run_sim_refuses_program_lists_that_do_not_fit_before_building(tmp_path, monkeypatch):
+    """More programs than the build's PPUs, a handlers list of another length and --gpu with
+    several programs stop run_sim before anything is built or simulated."""
+    import openqlink.sim.runner as runner
+    from openqlink.memory_map import QSCParams
+
+    def no_bench(*args, **kwargs):
+        raise AssertionError("run_sim went on to build and simulate")
+
+    monkeypatch.setattr(runner, "run_bench", no_bench)
+    programs = []
+    for n in range(3):
+        (tmp_path / f"p{n}.s").write_text("end\n")
+        programs.append(tmp_path / f"p{n}.s")
+    with pytest.raises(runner.SimulationError, match="3 programs for a build of 2 PPU"):
+        runner.run_sim(programs, params=QSCParams(num_ppus=2))
+    with pytest.raises(runner.SimulationError, match="2 handlers files for 3 programs"):
+        runner.run_sim(programs, handlers=[None, None])
+    with pytest.raises(runner.SimulationError, match="serves one PPU, not 2"):
+        runner.run_sim(programs[:2], gpu=True)
+    with pytest.raises(runner.SimulationError, match="no program"):
+        runner.run_sim([])
+
+
+def test_run_sim_gives_the_bench_one_program_and_handlers_file_per_ppu(tmp_path, monkeypatch):
+    import openqlink.sim.runner as runner
+
+    seen = {}
+
+    def fake_bench(module, cfg, *, params, **kwargs):
+        seen.update(cfg=cfg, params=params)
+        return {}
+
+    monkeypatch.setattr(runner, "run_bench", fake_bench)
+    for name in ("a", "b"):
+        (tmp_path / f"{name}.s").write_text("end\n")
+        (tmp_path / f"{name}.py").write_text("from openqlink.dispatch import FunctionTable\n"
+                                             "table = FunctionTable()\n")
+    (tmp_path / "h.py").write_text((tmp_path / "a.py").read_text())
+    runner.run_sim([tmp_path / "a.s", tmp_path / "b.s"], handlers=[tmp_path / "h.py", None],
+                   seed=5)
+    cfg = seen["cfg"]
+    assert seen["params"].num_ppus == 2
+    assert cfg["programs"] == [str(tmp_path / "a.s"), str(tmp_path / "b.s")]
+    assert cfg["handlers_per_ppu"] == [str(tmp_path / "h.py"), str(tmp_path / "b.py")]
+    assert (cfg["program"], cfg["handlers"], cfg["seed"]) == (cfg["programs"][0],
+                                                               cfg["handlers_per_ppu"][0], 5)
