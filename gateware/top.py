@@ -113,7 +113,8 @@ class QSCTop(wiring.Component):
         does not fit the receive buffer is dropped and counted (DROP_OVERFLOW).
     tx : Out(packet_signature(64))
         Frames to the MAC, ``rti`` domain, no FCS, padded to 60 bytes. Honours ``ready``.
-    ptd : Out(PTDSignature(drives_per_ppu, readouts_per_ppu, markers_per_ppu)).array(num_ppus)
+    ptd : Out(PTDSignature(drives_per_ppu, readouts_per_ppu, markers_per_ppu,
+        samples_per_cycle)).array(num_ppus)
         Physical-side interface of each PPU, ``dtd`` domain.
     timeline : Out(64)
         The shared timeline counter (DTD cycles since ``dtd_rst``, ``timeline_bits`` wide and
@@ -128,7 +129,8 @@ class QSCTop(wiring.Component):
             "rx": In(packet_signature(self.params.data_width_bits)),
             "tx": Out(packet_signature(self.params.data_width_bits)),
             "ptd": Out(PTDSignature(self.params.drives_per_ppu, self.params.readouts_per_ppu,
-                                    self.params.markers_per_ppu)).array(self.params.num_ppus),
+                                    self.params.markers_per_ppu, self.params.samples_per_cycle))
+            .array(self.params.num_ppus),
             "timeline": Out(64),
         })
 

@@ -99,6 +99,8 @@ class QSCParams:
     drives_per_ppu: int = 1           #: drive (DAC) channels of each PPU (``play 0..N-1``)
     readouts_per_ppu: int = 1         #: readout (ADC) channels of each PPU (``acquire 0..N-1``)
     timeline_bits: int = 64           #: width of the DTD timeline and every time in the PPUs
+    samples_per_cycle: int = 1        #: PTD samples per DTD cycle and converter (1, 2 or 4)
+    nco: bool = True                  #: NCOs on the drive channels and readout demodulation
     rti_clk_hz: int = 156_250_000     #: network clock (10GBASE-R MAC side)
     dtd_clk_hz: int = 250_000_000     #: PPU / timeline clock
     qpn_base: int = 0x100             #: QPN of PPU n is qpn_base + n
@@ -119,6 +121,12 @@ class QSCParams:
             v = getattr(self, name)
             if not 1 <= v <= 16:
                 raise ValueError(f"{name} must be 1..16 (a 4-bit channel field), not {v}")
+        if self.samples_per_cycle not in (1, 2, 4):
+            raise ValueError(f"samples_per_cycle must be 1, 2 or 4, not "
+                             f"{self.samples_per_cycle}")
+        if self.env_depth < 4 * self.samples_per_cycle:
+            raise ValueError(f"env_depth must hold at least 4 cycles of samples "
+                             f"({4 * self.samples_per_cycle}), not {self.env_depth}")
         if not 40 <= self.timeline_bits <= 64:
             raise ValueError(f"timeline_bits must be 40..64, not {self.timeline_bits}")
         if self.data_width_bits != 64:
@@ -128,6 +136,11 @@ class QSCParams:
     def timeline_wrap_s(self) -> float:
         """Seconds until the timeline wraps (``2**timeline_bits`` DTD cycles)."""
         return (1 << self.timeline_bits) / self.dtd_clk_hz
+
+    @property
+    def sample_rate_hz(self) -> int:
+        """PTD samples per second of each converter (``dtd_clk_hz * samples_per_cycle``)."""
+        return self.dtd_clk_hz * self.samples_per_cycle
 
     @property
     def dtd_period_ns(self) -> float:

@@ -215,7 +215,9 @@ class BoardProfile:
 
 
 def _params(**kwargs) -> QSCParams:
-    return QSCParams(rti_clk_hz=CLK_HZ, dtd_clk_hz=CLK_HZ, **kwargs)
+    # These boards have no converters: each PPU's qubit emulator takes the drive channel's
+    # envelope (on resonance), so the build has no NCOs.
+    return QSCParams(rti_clk_hz=CLK_HZ, dtd_clk_hz=CLK_HZ, nco=False, **kwargs)
 
 
 PROFILES: dict[str, BoardProfile] = {p.name: p for p in (

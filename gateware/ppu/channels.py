@@ -26,6 +26,8 @@ rises), else it is 0 a cycle later.
 # QICK tProcessor timed queues; openqlink docs/architecture.md (PTD interface).
 """
 
+import math
+
 from amaranth.hdl import (
     Cat,
     Const,
@@ -100,19 +102,21 @@ class PTDSignature(wiring.Signature):
     n_marker : int
         Digital marker outputs, 1..16.
     samples_per_cycle : int
-        PTD samples per DTD cycle and channel. Only 1 is implemented; the parameter is the seam
-        for a wider converter interface (``dac`` then becomes an array of lanes per channel).
+        ``S``: PTD samples per DTD cycle and converter, 1, 2 or 4.
 
     Members
     -------
-    dac : ``Out(ArrayLayout(signed(16), n_drive))``
-        One DAC sample per drive channel per DTD cycle, signed Q1.15; 0 when not playing.
+    dac, dac_q : ``Out(ArrayLayout(signed(16), n_drive * S))``
+        The I and Q samples of the drive channels, signed Q1.15, 0 when not playing: channel
+        ``i``'s lane ``k`` (PTD sample ``S * now + k``) at index ``S * i + k``. ``dac`` is a
+        real-IF converter's sample or an IQ mixer's I; ``dac_q`` is 0 in a build without NCOs.
     dac_active : ``Out(n_drive)``
         Bit ``i`` is high on the cycles a pulse is playing on drive channel ``i``.
     ro_window : ``Out(n_readout)``
         Bit ``i`` is high on the cycles of an ACQUIRE window of readout channel ``i``.
-    adc : ``In(ArrayLayout(signed(16), n_readout))``
-        One ADC (I) sample per readout channel per DTD cycle; integrated while ``ro_window``.
+    adc : ``In(ArrayLayout(signed(16), n_readout * S))``
+        The ADC samples, readout channel ``i``'s lane ``k`` at index ``S * i + k``; integrated
+        while ``ro_window``.
     marker : ``Out(n_marker)``
         Digital marker outputs.
     """
@@ -123,17 +127,19 @@ class PTDSignature(wiring.Signature):
                             ("n_marker", n_marker)):
             if not isinstance(value, int) or not 1 <= value <= 16:
                 raise ValueError(f"{name} must be an integer in 1..16, not {value!r}")
-        if samples_per_cycle != 1:
-            raise ValueError(f"samples_per_cycle must be 1 for now, not {samples_per_cycle!r}")
+        if samples_per_cycle not in (1, 2, 4):
+            raise ValueError(f"samples_per_cycle must be 1, 2 or 4, not {samples_per_cycle!r}")
         self.n_drive = n_drive
         self.n_readout = n_readout
         self.n_marker = n_marker
         self.samples_per_cycle = samples_per_cycle
+        lanes = samples_per_cycle
         super().__init__({
-            "dac": Out(data.ArrayLayout(signed(SAMPLE_BITS), n_drive)),
+            "dac": Out(data.ArrayLayout(signed(SAMPLE_BITS), n_drive * lanes)),
+            "dac_q": Out(data.ArrayLayout(signed(SAMPLE_BITS), n_drive * lanes)),
             "dac_active": Out(n_drive),
             "ro_window": Out(n_readout),
-            "adc": In(data.ArrayLayout(signed(SAMPLE_BITS), n_readout)),
+            "adc": In(data.ArrayLayout(signed(SAMPLE_BITS), n_readout * lanes)),
             "marker": Out(n_marker),
         })
 
@@ -148,33 +154,34 @@ class PTDSignature(wiring.Signature):
 
     def __repr__(self) -> str:
         return (f"PTDSignature(n_drive={self.n_drive}, n_readout={self.n_readout}, "
-                f"n_marker={self.n_marker})")
+                f"n_marker={self.n_marker}, samples_per_cycle={self.samples_per_cycle})")
 
 
 def drive_event(time_bits: int = 64) -> data.StructLayout:
-    """A queued PLAY (``time_bits + 96`` bits).
-
-    ``phase`` and ``freq_word`` are carried through the FIFO for the NCO of a later issue and are
-    ignored by the channel now (the DAC gets the envelope times the amplitude, no carrier).
-    """
+    """A queued PLAY (``time_bits + 97`` bits): see :class:`DriveChannel` for the NCO fields."""
     return data.StructLayout({
         "time": unsigned(time_bits),        # DTD cycle of the first sample
         "env_addr": unsigned(16),           # first envelope sample (taken mod env_depth)
         "env_len": unsigned(16),            # samples to play, one per cycle
         "amplitude": signed(16),            # Q1.15
-        "phase": unsigned(16),              # NCO phase (not used yet)
-        "freq_word": unsigned(32),          # NCO frequency word (not used yet)
+        "phase": unsigned(16),              # NCO phase offset, turns / 2**16
+        "freq_word": unsigned(32),          # NCO phase step per sample, turns / 2**32
+        "phase_reset": unsigned(1),         # NCO accumulator starts at 0 on the first sample
     })
 
 
-def readout_event(time_bits: int = 64) -> data.StructLayout:
-    """A queued ACQUIRE (``time_bits + 52`` bits)."""
-    return data.StructLayout({
+def readout_event(time_bits: int = 64, *, nco: bool = False) -> data.StructLayout:
+    """A queued ACQUIRE (``time_bits + 52`` bits, ``+ 48`` with the NCO's fields)."""
+    fields = {
         "time": unsigned(time_bits),        # DTD cycle of the first integrated sample
-        "window_cycles": unsigned(16),      # 1..65535 samples integrated
-        "threshold": signed(32),            # result bit = (sum > threshold)
+        "window_cycles": unsigned(16),      # 1..65535 cycles integrated
+        "threshold": signed(32),            # result bit = (I > threshold)
         "rd": unsigned(4),                  # register that receives the result bit
-    })
+    }
+    if nco:
+        fields["phase"] = unsigned(16)      # demodulation phase at the window's start
+        fields["freq_word"] = unsigned(32)  # demodulation phase step per sample
+    return data.StructLayout(fields)
 
 
 def marker_event(time_bits: int = 64) -> data.StructLayout:
@@ -392,14 +399,37 @@ class TimedQueue(wiring.Component):
 
 
 class DriveChannel(wiring.Component):
-    """One drive (DAC) channel: plays ``env[env_addr .. env_addr+env_len-1] * amplitude``.
+    """One drive (DAC) channel: plays ``env[env_addr ..] * amplitude``, mixed with its NCO.
 
-    Output sample ``k`` of a pulse whose event has time ``T`` is on ``dac`` on the cycle with
-    ``now == T + k``: ``dac = sat16((env * amplitude) >> 15)`` (arithmetic shift, floor; the only
-    saturating product is ``-1 * -1``, which gives 32767). ``active`` is high on exactly those
-    cycles. Envelope addresses wrap mod ``env_depth``. A new event whose time comes while a pulse
-    is still playing takes over from that cycle on (the later event wins, as on an RTIO output);
-    a PLAY with ``env_len == 0`` thus stops a playing pulse.
+    ``S = samples_per_cycle`` samples leave per DTD cycle (lanes ``0 .. S-1``, lane ``k`` at
+    PTD sample index ``S * now + k``). A pulse whose event has time ``T`` plays ``env_len``
+    samples from ``env_addr`` (both multiples of ``S``: the core refuses others): on the cycle
+    with ``now == T + j``, lane ``k`` carries envelope sample ``e = env[env_addr + S j + k]``
+    (addresses wrap mod ``env_depth``), and ``active`` is high on exactly those cycles.
+
+    Without the NCO (``nco=False``): ``dac = sat16((e * amplitude) >> 15)`` (arithmetic shift,
+    floor; the only saturating product is ``-1 * -1``, which gives 32767) and ``dac_q = 0``.
+
+    With the NCO: per channel a 32-bit phase accumulator ``acc`` (one turn = ``2**32``)
+    advances by ``S * freq_word`` every cycle, playing or not, so that a pulse's phase follows
+    from the ones before it (phase-continuous: a new ``freq_word`` takes effect on its pulse's
+    first sample, from the phase the previous frequency reached; ``phase_reset`` starts the
+    accumulator at 0 on that sample instead). Lane ``k``'s phase is
+    ``theta = acc + k * freq_word + (phase << 16)`` (mod ``2**32``, ``phase`` in turns /
+    ``2**16``, taken on the pulse's first sample like the frequency), and ::
+
+        c, s = COS[theta >> 22], COS[((theta >> 22) - 256) % 1024]   # cos, sin; Q2.16
+        a_c = clamp((amplitude * c) >> 16), a_s = clamp((amplitude * s) >> 16)  # to 16 bits
+        dac = sat16((e * a_c) >> 15),  dac_q = sat16((e * a_s) >> 15)
+
+    ``COS[i] = round(65536 * cos(2 pi i / 1024))`` (18-bit, computed once at elaboration; a
+    phase of 0 gives ``amplitude`` itself, so with ``freq_word = phase = 0`` ``dac`` equals the
+    no-NCO output bit for bit). ``I + jQ = e * amplitude * exp(j theta)``: ``dac`` is the real
+    part (the DAC of a real-IF output, or the I of an IQ mixer) and ``dac_q`` the imaginary.
+    The phase is truncated to 10 bits (spurs below -60 dBc). The NCO's state is reset with the
+    channel (``flush``). A new event whose time comes while a pulse is still playing takes over
+    from that cycle on (the later event wins, as on an RTIO output); a PLAY with ``env_len ==
+    0`` thus stops a playing pulse (and still sets the NCO's frequency and phase).
 
     Parameters
     ----------
@@ -407,6 +437,10 @@ class DriveChannel(wiring.Component):
         Samples in the PPU's envelope memory (power of two, at least 4).
     time_bits : int
         Width of the timeline and of event times (``QSCParams.timeline_bits``, 33..64).
+    samples_per_cycle : int
+        ``S``, 1, 2 or 4 lanes per cycle (the envelope memory gives 4 samples per read).
+    nco : bool
+        Mix with the NCO (two multipliers and a cosine-table read per lane more).
 
     Members
     -------
@@ -415,11 +449,11 @@ class DriveChannel(wiring.Component):
     now : ``In(time_bits)``
         The shared timeline counter.
     flush : ``In(1)``
-        Synchronous reset of the channel (FIFO and outputs).
+        Synchronous reset of the channel (FIFO, NCO and outputs).
     flush_next : ``In(1)``
         High in the cycle before ``flush`` rises (the PPU's error stage). ``dac`` is not among
         the registers that ``flush`` resets (nothing but a flip-flop follows the multiplier):
-        the product stage takes a zero amplitude while ``flush_next`` is high, so ``dac`` is 0
+        the product stage takes a zero operand while ``flush_next`` is high, so ``dac`` is 0
         from the cycle after ``flush`` rises, with the outputs that ``flush`` resets. Tie it to
         0 and ``dac`` is 0 a cycle later.
     env_rd_addr : ``Out(range(env_depth // 4))``
@@ -432,8 +466,8 @@ class DriveChannel(wiring.Component):
         (0x00 for bits ``[16i+7:16i]``, 0x80 for ``[16i+15:16i+8]``), so sample ``i`` is -32768
         iff bits ``2i`` and ``2i+1`` are set. The PPU stores the bit beside each byte in the
         block RAM (written with it), so that the saturation's compare is not behind the read.
-    dac : ``Out(signed(16))``; ``active`` : ``Out(1)``
-        The output sample and "a pulse is playing".
+    dac, dac_q : ``Out(ArrayLayout(signed(16), S))``; ``active`` : ``Out(1)``
+        The output samples (lane ``k`` at index ``k``) and "a pulse is playing".
     late : ``Out(1)``
         Pulses when the head event's time is less than ``now + LEAD_CYCLES`` (it is dropped).
     idle : ``Out(1)``
@@ -441,14 +475,25 @@ class DriveChannel(wiring.Component):
     """
 
     #: Cycles an event must be queued before its time (fire decision: four cycles before,
-    #: then envelope read, envelope word register, operand register, product register).
+    #: then envelope read, envelope word register, operand register, product register; the
+    #: NCO's table read and amplitude product run beside the envelope's).
     LEAD_CYCLES = 5
+    #: Entries of the NCO's cosine table (one turn); the phase's top 10 bits index it.
+    COS_ENTRIES = 1024
+    #: Bits of the table's entries (signed, 1.0 = 65536).
+    COS_BITS = 18
 
-    def __init__(self, env_depth: int, *, time_bits: int = 64):
+    def __init__(self, env_depth: int, *, time_bits: int = 64, samples_per_cycle: int = 1,
+                 nco: bool = True):
         if env_depth < _SAMPLES_PER_WORD or env_depth & (env_depth - 1):
             raise ValueError(f"env_depth must be a power of two >= 4, not {env_depth}")
+        if samples_per_cycle not in (1, 2, 4):
+            raise ValueError(f"samples_per_cycle must be 1, 2 or 4, not {samples_per_cycle!r}")
         self._env_depth = env_depth
+        self._spc = samples_per_cycle
+        self._nco = nco
         self._event = drive_event(time_bits)
+        lanes = data.ArrayLayout(signed(SAMPLE_BITS), samples_per_cycle)
         super().__init__({
             "event": In(stream.Signature(self._event)),
             "now": In(time_bits),
@@ -457,14 +502,23 @@ class DriveChannel(wiring.Component):
             "env_rd_addr": Out(range(env_depth // _SAMPLES_PER_WORD)),
             "env_rd_data": In(64),
             "env_rd_min": In(8),
-            "dac": Out(signed(SAMPLE_BITS)),
+            "dac": Out(lanes),
+            "dac_q": Out(lanes),
             "active": Out(1),
             "late": Out(1),
             "idle": Out(1),
         })
 
+    @classmethod
+    def cos_table(cls) -> list[int]:
+        """The NCO's table: ``round(65536 * cos(2 pi i / COS_ENTRIES))``."""
+        n = cls.COS_ENTRIES
+        return [round(65536 * math.cos(2 * math.pi * i / n)) for i in range(n)]
+
     def elaborate(self, platform):
         m = Module()
+        S = self._spc
+        lane_bits = S.bit_length() - 1          # log2(S)
         m.submodules.queue = q = TimedQueue(self._event, self.LEAD_CYCLES - 1)
         wiring.connect(m, wiring.flipped(self.event), q.event)
         fire = q.on_time
@@ -473,31 +527,33 @@ class DriveChannel(wiring.Component):
                      self.late.eq(late)]
         head = q.head
 
-        # Fire stage: sample address generator, one sample per cycle. ``addr`` and ``rem``
-        # are the next sample's address and the samples left after the one being read.
+        # Fire stage: sample address generator, S samples per cycle. ``addr`` is the next
+        # cycle's first address and ``rem`` the cycles left after the one being read.
         addr = Signal(range(self._env_depth))
         rem = Signal(16)
         more = Signal()          # rem != 0, registered
         amp = Signal(signed(SAMPLE_BITS))
         rd_addr = Signal(range(self._env_depth))
         reading = Signal()
+        head_addr = Cat(Const(0, lane_bits), head.env_addr[lane_bits:len(addr)])
+        head_cycles = head.env_len >> lane_bits
         with m.If(fire):
-            m.d.comb += [rd_addr.eq(head.env_addr[:len(addr)]), reading.eq(head.env_len != 0)]
+            m.d.comb += [rd_addr.eq(head_addr), reading.eq(head_cycles != 0)]
             m.d.sync += [
-                addr.eq(head.env_addr[:len(addr)] + 1),
-                rem.eq(Mux(head.env_len != 0, head.env_len - 1, 0)),
-                more.eq(head.env_len > 1),
+                addr.eq(head_addr + S),
+                rem.eq(Mux(head_cycles != 0, head_cycles - 1, 0)),
+                more.eq(head_cycles > 1),
                 amp.eq(head.amplitude),
             ]
         with m.Else():
             m.d.comb += [rd_addr.eq(addr), reading.eq(more)]
             with m.If(more):
-                m.d.sync += [addr.eq(addr + 1), rem.eq(rem - 1), more.eq(rem != 1)]
+                m.d.sync += [addr.eq(addr + S), rem.eq(rem - 1), more.eq(rem != 1)]
         m.d.comb += self.env_rd_addr.eq(rd_addr >> 2)
 
         # Envelope read stage: the memory's output is valid in this cycle.
         s1_valid = Signal()
-        s1_lane = Signal(2)
+        s1_lane = Signal(2)      # the first lane's sample in the word
         s1_amp = Signal(signed(SAMPLE_BITS))
         m.d.sync += [s1_valid.eq(reading), s1_lane.eq(rd_addr[:2]),
                      s1_amp.eq(Mux(fire, head.amplitude, amp))]
@@ -515,59 +571,113 @@ class DriveChannel(wiring.Component):
         m.d.sync += [s2_valid.eq(s1_valid), s2_lane.eq(s1_lane), s2_amp.eq(s1_amp),
                      s2_amp_lo.eq(s1_amp == lo), s2_word.eq(self.env_rd_data),
                      s2_min.eq(self.env_rd_min)]
+        samples = [s2_word.word_select(s2_lane + k, SAMPLE_BITS).as_signed() for k in range(S)]
+        sample_lo = [s2_min.word_select(s2_lane + k, 2).all() for k in range(S)]
+        live = s2_valid & ~self.flush_next
 
-        # Operand stage: the sample selected, and the amplitude made 0 when nothing plays (or
-        # the channel is flushed from the next cycle on) and -32767 for -1 * -1 (the only
-        # product out of range: 2**30 >> 15 = 32768; -32768 * -32767 >> 15 = 32767, the
-        # saturated value), so nothing follows the multiplier. -32767 differs from -32768 in
-        # bit 0 alone, and "the sample is -32768" is the AND of its bytes' flags.
-        sample = s2_word.word_select(s2_lane, SAMPLE_BITS).as_signed()
-        saturate = s2_min.word_select(s2_lane, 2).all() & s2_amp_lo
+        # Operand stage: each lane's sample, and the operand it is multiplied with: made 0
+        # when nothing plays (or the channel is flushed from the next cycle on), and -32767
+        # for -1 * -1 (the only product out of range: 2**30 >> 15 = 32768; -32768 * -32767
+        # >> 15 = 32767, the saturated value), so nothing follows the multiplier. -32767
+        # differs from -32768 in bit 0 alone.
         s3_valid = Signal()
-        s3_sample = Signal(signed(SAMPLE_BITS))
-        s3_amp = Signal(signed(SAMPLE_BITS))
-        m.d.sync += [
-            s3_valid.eq(s2_valid),
-            s3_sample.eq(sample),
-            s3_amp.eq(Mux(s2_valid & ~self.flush_next,
-                          Cat(s2_amp[0] | saturate, s2_amp[1:]), 0)),
-        ]
+        s3_sample = [Signal(signed(SAMPLE_BITS), name=f"s3_sample{k}") for k in range(S)]
+        s3_op = [[Signal(signed(SAMPLE_BITS), name=f"s3_op{k}_{iq}") for k in range(S)]
+                 for iq in "iq"]
+        m.d.sync += s3_valid.eq(s2_valid)
+        m.d.sync += [s3.eq(x) for s3, x in zip(s3_sample, samples, strict=True)]
+        if not self._nco:
+            for k in range(S):
+                m.d.sync += s3_op[0][k].eq(Mux(live, Cat(s2_amp[0] | (sample_lo[k] & s2_amp_lo),
+                                                         s2_amp[1:]), 0))
+        else:
+            # NCO: the phase of each lane is formed in the fire stage (the event's frequency
+            # and phase on its first sample), the table read beside the envelope's read, the
+            # amplitude multiplied in the word stage, clamped to 16 bits for the operand.
+            acc = Signal(32)
+            freq = Signal(32)
+            phase = Signal(16)
+            f_now = Mux(fire, head.freq_word, freq)
+            ph_now = Mux(fire, head.phase, phase)
+            base = Mux(fire & head.phase_reset, 0, acc)
+            m.d.sync += [acc.eq(base + f_now * S), freq.eq(f_now), phase.eq(ph_now)]
+            table = self.cos_table()
+            m.submodules.cos = cos_mem = Memory(shape=signed(self.COS_BITS),
+                                                depth=self.COS_ENTRIES, init=table)
+            quarter = self.COS_ENTRIES // 4
+            index_bits = (self.COS_ENTRIES - 1).bit_length()
+            for k in range(S):
+                theta = Signal(32, name=f"theta{k}")
+                m.d.comb += theta.eq(base + f_now * k + Cat(Const(0, 16), ph_now))
+                index = theta[32 - index_bits:]
+                for iq, addr_k in ((0, index), (1, (index - quarter)[:index_bits])):
+                    port = cos_mem.read_port()
+                    m.d.comb += port.addr.eq(addr_k)
+                    # Word stage: amplitude * table value; operand stage: clamped, 0 when
+                    # idle, -32767 for -1 * -1 as above.
+                    prod = Signal(signed(SAMPLE_BITS + self.COS_BITS), name=f"a{iq}{k}")
+                    m.d.sync += prod.eq(s1_amp * port.data)
+                    scaled = prod[16:].as_signed()              # floor(prod / 2**16)
+                    op = Mux(scaled > (1 << 15) - 1, (1 << 15) - 1, scaled)
+                    op_lo = op == lo
+                    m.d.sync += s3_op[iq][k].eq(Mux(live, Cat(op[0] | (sample_lo[k] & op_lo),
+                                                              op[1:16]), 0))
 
         # Product stage: the multiplier's output, scaled, is the output register. ``dac`` is
         # outside the flush (a synchronous reset would be a LUT between the multiplier and
         # the flip-flop, whose asynchronous reset is the domain's): the operand stage is zero
         # from the cycle ``flush_next`` is high, so the product is 0 when ``flush`` acts.
-        prod = Signal(signed(2 * SAMPLE_BITS))
-        m.d.comb += [
-            prod.eq(s3_sample * s3_amp),
-            self.idle.eq(q.empty & ~more & ~s1_valid & ~s2_valid & ~s3_valid),
-        ]
+        m.d.comb += self.idle.eq(q.empty & ~more & ~s1_valid & ~s2_valid & ~s3_valid)
         m.d.sync += self.active.eq(s3_valid)
         top = Module()
         top.submodules.flushed = ResetInserter(self.flush)(m)
-        top.d.sync += self.dac.eq(prod[SAMPLE_BITS - 1:2 * SAMPLE_BITS - 1].as_signed())
+        outs = (self.dac, self.dac_q) if self._nco else (self.dac,)
+        for iq, out in enumerate(outs):
+            for k in range(S):
+                prod = Signal(signed(2 * SAMPLE_BITS), name=f"p{iq}{k}")
+                top.d.comb += prod.eq(s3_sample[k] * s3_op[iq][k])
+                top.d.sync += out[k].eq(prod[SAMPLE_BITS - 1:2 * SAMPLE_BITS - 1].as_signed())
         return top
 
 
 class ReadoutChannel(wiring.Component):
-    """One readout (ADC) channel: integrate over a window, compare with a threshold.
+    """One readout (ADC) channel: demodulate, integrate over a window, compare with a threshold.
 
     For an event with time ``T`` and ``W = window_cycles`` (1..65535), ``window`` is high on the
-    cycles ``now = T .. T+W-1``; the signed ``adc`` samples present on exactly those cycles are
-    summed (32-bit signed; no overflow is possible for W <= 65535) and on the last cycle of the
-    window the result ``sum > threshold`` is presented on ``result_*`` (``result_valid`` high for
-    that one cycle), so the register file holds it from ``now = T+W``. Windows may follow back to
-    back (the next starting at ``T+W``); a window that starts inside an open window cannot fire
-    on time and is LATE (the PPU refuses such a window when it queues it: ``sequence``). The
-    core must not queue a window of 0 cycles (it is an illegal instruction).
+    cycles ``now = T .. T+W-1``, and the ``S = samples_per_cycle`` signed ``adc`` lanes present
+    on exactly those cycles are integrated. Windows may follow back to back (the next starting
+    at ``T+W``); a window that starts inside an open window cannot fire on time and is LATE
+    (the PPU refuses such a window when it queues it: ``sequence``). The core must not queue
+    a window of 0 cycles (it is an illegal instruction).
+
+    Without the NCO (``nco=False``): ``I`` is the sum of the samples (34 + log2 S bits, signed;
+    no overflow is possible) and ``Q = 0``; on the window's last cycle the result
+    ``I > threshold`` is presented on ``result_*`` (``result_valid`` high for that one cycle),
+    so the register file holds it from ``now = T+W``.
+
+    With the NCO: sample ``n = S j + k`` of the window (cycle ``T + j``, lane ``k``) is
+    multiplied by ``exp(-j theta_n)``, ``theta_n = (phase << 16) + n * freq_word`` (mod
+    ``2**32``: the demodulator starts at the event's ``phase`` on the window's first sample,
+    so the integrated vector's angle is the signal's phase relative to the window's start,
+    rotated by ``-phase``: ``phase`` is the channel's IQ rotation angle). With ``COS`` the drive
+    channel's table (:meth:`DriveChannel.cos_table`)::
+
+        I = sum floor(adc_n * COS[theta_n >> 22] / 2**16)
+        Q = sum floor(-adc_n * COS[((theta_n >> 22) - 256) % 1024] / 2**16)
+
+    (so ``freq_word = phase = 0`` gives the plain sum). The product stage adds one cycle: the
+    result is presented on cycle ``T+W`` and held in the register file from ``T+W+1``.
+
+    In both, ``iq_valid`` pulses with ``iq_i``/``iq_q`` holding the window's ``I`` and ``Q`` on
+    the cycle after the result.
 
     Members
     -------
-    event : ``In(stream.Signature(readout_event(time_bits)))``; now : ``In(time_bits)``;
+    event : ``In(stream.Signature(readout_event(time_bits, nco=nco)))``; now : ``In(time_bits)``;
     flush : ``In(1)``
         As :class:`DriveChannel` (``time_bits``, default 64, is the constructor's argument).
-    adc : ``In(signed(16))``
-        The ADC sample of this cycle.
+    adc : ``In(ArrayLayout(signed(16), S))``
+        The ADC samples of this cycle, lane ``k`` at index ``k``.
     window : ``Out(1)``
         High during the integration window.
     result_valid : ``Out(1)``; result_rd : ``Out(4)``; result_bit : ``Out(1)``
@@ -575,31 +685,43 @@ class ReadoutChannel(wiring.Component):
     result_hit : ``Out(16)``
         ``result_valid`` decoded by ``result_rd``, one-hot (bit ``i`` for register ``i``), from
         a register of its own: the register file's writes and scoreboard start at a flip-flop.
+    iq_valid : ``Out(1)``; iq_i, iq_q : ``Out(signed(IQ_BITS))``
+        The window's integrals (``iq_*`` hold their values until the next window's).
     late : ``Out(1)``; idle : ``Out(1)``
         As :class:`DriveChannel`.
     """
 
     #: Cycles an event must be queued before its time (fire decision: one cycle before).
     LEAD_CYCLES = 2
+    #: Width of ``iq_i`` and ``iq_q``: every window of 65535 cycles of 4 lanes fits.
+    IQ_BITS = 40
 
-    def __init__(self, *, time_bits: int = 64):
-        self._event = readout_event(time_bits)
+    def __init__(self, *, time_bits: int = 64, samples_per_cycle: int = 1, nco: bool = False):
+        if samples_per_cycle not in (1, 2, 4):
+            raise ValueError(f"samples_per_cycle must be 1, 2 or 4, not {samples_per_cycle!r}")
+        self._spc = samples_per_cycle
+        self._nco = nco
+        self._event = readout_event(time_bits, nco=nco)
         super().__init__({
             "event": In(stream.Signature(self._event)),
             "now": In(time_bits),
             "flush": In(1),
-            "adc": In(signed(SAMPLE_BITS)),
+            "adc": In(data.ArrayLayout(signed(SAMPLE_BITS), samples_per_cycle)),
             "window": Out(1),
             "result_valid": Out(1),
             "result_rd": Out(4),
             "result_hit": Out(16),
             "result_bit": Out(1),
+            "iq_valid": Out(1),
+            "iq_i": Out(signed(self.IQ_BITS)),
+            "iq_q": Out(signed(self.IQ_BITS)),
             "late": Out(1),
             "idle": Out(1),
         })
 
     def elaborate(self, platform):
         m = Module()
+        S = self._spc
 
         def onehot(rd):
             # 16 bits: a shift by a 4-bit signal is 31 bits wide before the slice.
@@ -617,9 +739,6 @@ class ReadoutChannel(wiring.Component):
         head = q.head
         rem = Signal(16)
         rem_two = Signal()       # rem == 2, from the values ``rem`` is loaded with
-        # ``acc`` starts at ``-threshold - 1`` (= ~threshold): ``sum > threshold`` is then
-        # ``acc + sum >= 0``, the sign of one adder. 34 bits hold every sum of 65535 samples.
-        acc = Signal(signed(34))
         rd = Signal(4)
         last = Signal()          # rem == 1, registered
         open_ = Signal()         # rem != 0, registered
@@ -627,40 +746,118 @@ class ReadoutChannel(wiring.Component):
         fire = q.on_time & free
         late = q.past | (q.on_time & ~free)
         m.d.comb += [q.now.eq(self.now), q.flush.eq(self.flush), q.pop.eq(q.due),
-                     self.late.eq(late)]
-
-        total = Signal(signed(34))
-        m.d.comb += [
-            total.eq(acc + self.adc),
-            self.window.eq(open_),
-            self.result_valid.eq(last),
-            self.result_rd.eq(rd),
-            self.result_bit.eq(~total[-1]),
-        ]
-        # Only ``open_`` and ``last`` depend on ``fire``. The window's data (``rem``, ``acc``,
-        # ``rd``) is loaded from the head in every cycle that a window may start (``free``, from
-        # flip-flops): they are unused until ``open_`` is set, and ``fire`` (the last signal to
-        # settle) then drives two flip-flops instead of sixty.
-        # The window that starts now (``fire``) and an open one with two cycles left never
-        # both end next cycle: ``fire`` needs ``free``, and an open window with two cycles
-        # left is not in its last. So each one's result one-hot is ready from flip-flops (the
-        # head's is the queue's ``head_tag``), and ``fire`` meets them in one LUT per bit.
+                     self.late.eq(late), self.window.eq(open_)]
         head_hit, head_last = q.head_tag[:16], q.head_tag[16]
         open_last = kept(m, open_ & rem_two, "open_last")
         open_hit = kept(m, Mux(open_last, onehot(rd), 0), "open_hit")
-        m.d.sync += [last.eq((fire & head_last) | open_last),
-                     self.result_hit.eq(Mux(fire, head_hit, 0) | open_hit)]
         with m.If(fire):
             m.d.sync += open_.eq(head.window_cycles != 0)
         with m.Elif(open_):
             m.d.sync += open_.eq(~last)
         with m.If(free):
             m.d.sync += [rem.eq(head.window_cycles), rem_two.eq(head.window_cycles == 2),
-                         acc.eq(~head.threshold), rd.eq(head.rd)]
+                         rd.eq(head.rd)]
         with m.Else():
-            m.d.sync += [rem.eq(rem - 1), rem_two.eq(rem == 3), acc.eq(total)]
+            m.d.sync += [rem.eq(rem - 1), rem_two.eq(rem == 3)]
+        lane_sum = sum(self.adc[k] for k in range(S)) if S > 1 else self.adc[0]
+        iq_i = Signal(signed(self.IQ_BITS))
+        iq_q = Signal(signed(self.IQ_BITS))
+        iq_valid = Signal()
+        m.d.comb += [self.iq_valid.eq(iq_valid), self.iq_i.eq(iq_i), self.iq_q.eq(iq_q)]
 
-        m.d.comb += self.idle.eq(q.empty & ~open_)
+        if not self._nco:
+            # ``acc`` starts at ``-threshold - 1`` (= ~threshold): ``I > threshold`` is then
+            # ``acc + I >= 0``, the sign of one adder. ``I`` is ``acc + threshold + 1``.
+            acc = Signal(signed(34 + S.bit_length() - 1))
+            thr = Signal(signed(32))
+            total = Signal.like(acc)
+            m.d.comb += [
+                total.eq(acc + lane_sum),
+                self.result_valid.eq(last),
+                self.result_rd.eq(rd),
+                self.result_bit.eq(~total[-1]),
+            ]
+            # Only ``open_`` and ``last`` depend on ``fire``. The window's data (``rem``,
+            # ``acc``, ``rd``) is loaded from the head in every cycle that a window may start
+            # (``free``, from flip-flops): they are unused until ``open_`` is set, and ``fire``
+            # (the last signal to settle) then drives two flip-flops instead of sixty.
+            # The window that starts now (``fire``) and an open one with two cycles left never
+            # both end next cycle: ``fire`` needs ``free``, and an open window with two cycles
+            # left is not in its last. So each one's result one-hot is ready from flip-flops
+            # (the head's is the queue's ``head_tag``), and ``fire`` meets them in one LUT per
+            # bit.
+            m.d.sync += [last.eq((fire & head_last) | open_last),
+                         self.result_hit.eq(Mux(fire, head_hit, 0) | open_hit)]
+            with m.If(free):
+                m.d.sync += [acc.eq(~head.threshold), thr.eq(head.threshold)]
+            with m.Else():
+                m.d.sync += acc.eq(total)
+            m.d.sync += iq_valid.eq(last)
+            with m.If(last):
+                m.d.sync += [iq_i.eq(total + thr + 1), iq_q.eq(0)]
+        else:
+            m.d.sync += last.eq((fire & head_last) | open_last)
+            # The demodulator's phase: ``ph`` is lane 0's of the next cycle. The table is read
+            # a cycle ahead of the samples (from the event's phase as the window opens).
+            ph = Signal(32)
+            freq = Signal(32)
+            thr = Signal(signed(32))
+            f_now = Mux(fire, head.freq_word, freq)
+            base = Mux(fire, Cat(Const(0, 16), head.phase), ph)
+            m.d.sync += [ph.eq(base + f_now * S), freq.eq(f_now)]
+            with m.If(free):
+                m.d.sync += thr.eq(head.threshold)
+            table = DriveChannel.cos_table()
+            m.submodules.cos = cos_mem = Memory(shape=signed(DriveChannel.COS_BITS),
+                                                depth=DriveChannel.COS_ENTRIES, init=table)
+            index_bits = (DriveChannel.COS_ENTRIES - 1).bit_length()
+            quarter = DriveChannel.COS_ENTRIES // 4
+            prods = {"i": [], "q": []}
+            for k in range(S):
+                theta = Signal(32, name=f"theta{k}")
+                m.d.comb += theta.eq(base + f_now * k)
+                index = theta[32 - index_bits:]
+                for iq, addr_k in (("i", index), ("q", (index - quarter)[:index_bits])):
+                    port = cos_mem.read_port()
+                    m.d.comb += port.addr.eq(addr_k)
+                    prod = self.adc[k] * port.data
+                    prods[iq].append(prod[16:].as_signed() if iq == "i"
+                                     else (-prod)[16:].as_signed())
+            # Product stage: each lane's products, summed, with the window's flags.
+            p_i = Signal(signed(20))
+            p_q = Signal(signed(20))
+            p_valid = Signal()
+            p_first = Signal()
+            p_last = Signal()
+            p_rd = Signal(4)
+            p_hit = Signal(16)
+            p_thr = Signal(signed(32))
+            first = Signal()         # the window's first cycle, registered
+            m.d.sync += first.eq(fire & (head.window_cycles != 0))
+            m.d.sync += [p_i.eq(sum(prods["i"])), p_q.eq(sum(prods["q"])),
+                         p_valid.eq(open_), p_first.eq(first), p_last.eq(last), p_rd.eq(rd),
+                         p_hit.eq(Mux(last, onehot(rd), 0)), p_thr.eq(thr)]
+            # Accumulate stage: the result on the window's last product.
+            acc_i = Signal(signed(self.IQ_BITS))
+            acc_q = Signal(signed(self.IQ_BITS))
+            tot_i = Signal(signed(self.IQ_BITS))
+            tot_q = Signal(signed(self.IQ_BITS))
+            m.d.comb += [
+                tot_i.eq(Mux(p_first, 0, acc_i) + p_i),
+                tot_q.eq(Mux(p_first, 0, acc_q) + p_q),
+                self.result_valid.eq(p_last),
+                self.result_rd.eq(p_rd),
+                self.result_hit.eq(p_hit),
+                self.result_bit.eq(tot_i > p_thr),
+            ]
+            with m.If(p_valid):
+                m.d.sync += [acc_i.eq(tot_i), acc_q.eq(tot_q)]
+            m.d.sync += iq_valid.eq(p_last)
+            with m.If(p_last):
+                m.d.sync += [iq_i.eq(tot_i), iq_q.eq(tot_q)]
+
+        busy = open_ if not self._nco else open_ | p_valid
+        m.d.comb += self.idle.eq(q.empty & ~busy)
         return ResetInserter(self.flush)(m)
 
 

@@ -46,7 +46,7 @@ class PPUCluster(wiring.Component):
         Exactly one answer per READ, in order, echoing the READ's tag.
     call_req : ``Out(stream.Signature(CallRequest))``
         The PPUs' CALL requests, arbitrated round robin (a request offered is held until taken).
-    ptd : ``Out(PTDSignature(n_drive, n_readout, n_marker)).array(num_ppus)``
+    ptd : ``Out(PTDSignature(n_drive, n_readout, n_marker, samples_per_cycle)).array(num_ppus)``
         The physical interface of each PPU.
     now : ``Out(params.timeline_bits)``
         The timeline counter shared by all PPUs: 0 after reset, +1 every cycle, wrapping at
@@ -68,7 +68,8 @@ class PPUCluster(wiring.Component):
             "bus_cmd": In(stream.Signature(BusCommand)),
             "bus_rdata": Out(stream.Signature(BusReadData)),
             "call_req": Out(stream.Signature(CallRequest)),
-            "ptd": Out(PTDSignature(n_drive, n_readout, n_marker)).array(params.num_ppus),
+            "ptd": Out(PTDSignature(n_drive, n_readout, n_marker, params.samples_per_cycle))
+            .array(params.num_ppus),
             "now": Out(params.timeline_bits),
         })
 

@@ -172,7 +172,7 @@ class PPU(wiring.Component):
         set for an unmapped offset.
     call_req : ``Out(stream.Signature(CallRequest))``
         CALL requests.
-    ptd : ``Out(PTDSignature(n_drive, n_readout, n_marker))``
+    ptd : ``Out(PTDSignature(n_drive, n_readout, n_marker, samples_per_cycle))``
         The physical interface.
     """
 
@@ -199,7 +199,7 @@ class PPU(wiring.Component):
             "bus_cmd": In(BusCommand),
             "bus_rdata": Out(BusReadData),
             "call_req": Out(stream.Signature(CallRequest)),
-            "ptd": Out(PTDSignature(n_drive, n_readout, n_marker)),
+            "ptd": Out(PTDSignature(n_drive, n_readout, n_marker, params.samples_per_cycle)),
         })
 
     def elaborate(self, platform):
@@ -223,8 +223,11 @@ class PPU(wiring.Component):
 
         # ---- Channels and CALL unit --------------------------------------------------------
         tb = p.timeline_bits
-        drives = [DriveChannel(p.env_depth, time_bits=tb) for _ in range(self._n_drive)]
-        readouts = [ReadoutChannel(time_bits=tb) for _ in range(self._n_readout)]
+        spc = p.samples_per_cycle
+        drives = [DriveChannel(p.env_depth, time_bits=tb, samples_per_cycle=spc, nco=p.nco)
+                  for _ in range(self._n_drive)]
+        readouts = [ReadoutChannel(time_bits=tb, samples_per_cycle=spc, nco=p.nco)
+                    for _ in range(self._n_readout)]
         markers = [MarkerChannel(time_bits=tb) for _ in range(self._n_marker)]
         for kind, chans in (("drive", drives), ("readout", readouts), ("marker", markers)):
             for i, ch in enumerate(chans):
@@ -239,11 +242,13 @@ class PPU(wiring.Component):
                 port.addr.eq(ch.env_rd_addr),
                 ch.env_rd_data.eq(port.data),
                 ch.env_rd_min.eq(port.flags),
-                self.ptd.dac[i].eq(ch.dac),
+                *(self.ptd.dac[spc * i + k].eq(ch.dac[k]) for k in range(spc)),
+                *(self.ptd.dac_q[spc * i + k].eq(ch.dac_q[k]) for k in range(spc)),
                 self.ptd.dac_active[i].eq(ch.active),
             ]
         for i, ch in enumerate(readouts):
-            m.d.comb += [ch.adc.eq(self.ptd.adc[i]), self.ptd.ro_window[i].eq(ch.window)]
+            m.d.comb += [*(ch.adc[k].eq(self.ptd.adc[spc * i + k]) for k in range(spc)),
+                         self.ptd.ro_window[i].eq(ch.window)]
         for i, ch in enumerate(markers):
             m.d.comb += self.ptd.marker[i].eq(ch.marker)
 
@@ -814,11 +819,14 @@ class PPU(wiring.Component):
         for ch in drives:
             o = x.operands.play
             m.d.comb += payload(ch, time=x_time, env_addr=o.env_addr, env_len=o.env_len,
-                                amplitude=o.amplitude, phase=o.phase, freq_word=o.freq_word)
+                                amplitude=o.amplitude, phase=o.phase, freq_word=o.freq_word,
+                                phase_reset=o.phase_reset)
         for ch in readouts:
             o = x.operands.acquire
             m.d.comb += payload(ch, time=x_time, window_cycles=o.window_cycles,
                                 threshold=o.threshold, rd=o.rd)
+            if p.nco:
+                m.d.comb += payload(ch, phase=o.phase, freq_word=o.freq_word)
         for ch in markers:
             m.d.comb += payload(ch, time=x_time,
                                 duration_cycles=x.operands.marker.duration_cycles)

@@ -22,7 +22,7 @@ __all__ = [
 ]
 
 #: Bumped whenever the instruction layout or semantics change; reported by the version register.
-ISA_VERSION = 1
+ISA_VERSION = 2
 INSTRUCTION_BITS = 128
 INSTRUCTION_BYTES = INSTRUCTION_BITS // 8
 #: General registers r0..r15, 32 bits each; r0 always reads 0 and ignores writes.
@@ -58,13 +58,14 @@ class Cond(enum.Enum, shape=4):
 
 class PlayOperands(data.Struct):
     channel: unsigned(4)
-    _rsv: unsigned(4)
+    phase_reset: unsigned(1)      #: the NCO's accumulator starts at 0 on the first sample
+    _rsv: unsigned(3)
     offset_cycles: unsigned(16)   #: event time = t + offset_cycles
-    env_addr: unsigned(16)        #: first sample in envelope memory (16-bit samples)
-    env_len: unsigned(16)         #: samples to play, one per DTD cycle per lane
+    env_addr: unsigned(16)        #: first sample in envelope memory (a multiple of S)
+    env_len: unsigned(16)         #: samples to play, S per DTD cycle (a multiple of S)
     amplitude: signed(16)         #: Q1.15 scale of the envelope
-    phase: unsigned(16)           #: NCO phase, turns / 2**16 (NCO: a later issue)
-    freq_word: unsigned(32)       #: NCO frequency word (NCO: a later issue)
+    phase: unsigned(16)           #: NCO phase offset, turns / 2**16
+    freq_word: unsigned(32)       #: NCO phase step per sample, turns / 2**32
 
 
 class AcquireOperands(data.Struct):
@@ -72,7 +73,9 @@ class AcquireOperands(data.Struct):
     rd: unsigned(4)               #: measurement register: gets 1 if integral > threshold
     offset_cycles: unsigned(16)
     window_cycles: unsigned(16)   #: integration window length
-    threshold: signed(32)         #: compared with the signed sum of ADC I samples
+    threshold: signed(32)         #: compared with the window's demodulated I integral
+    phase: unsigned(16)           #: demodulation phase at the window's start (IQ rotation)
+    freq_word: unsigned(32)       #: demodulation phase step per sample, turns / 2**32
 
 
 class MarkerOperands(data.Struct):

@@ -22,14 +22,16 @@ from openqlink.memory_map import (
 from openqlink.wire.rpc import Response
 
 __all__ = [
-    "PARAMS", "make_sim", "bus_write", "bus_read", "write32", "read32", "read_reg",
+    "PARAMS", "NCO_PARAMS", "make_sim", "bus_write", "bus_read", "write32", "read32", "read_reg",
     "write_reg", "upload", "upload_env", "trigger", "status", "wait_state", "write_mailbox",
     "send_response",
     "Monitor", "nop", "end", "wait", "sync", "play", "acquire", "marker", "set_", "add",
     "branch", "call",
 ]
 
-PARAMS = QSCParams(num_ppus=2, imem_depth=64, env_depth=64)
+#: The boards' configuration (no NCOs: the readout's result a cycle sooner); NCO_PARAMS with.
+PARAMS = QSCParams(num_ppus=2, imem_depth=64, env_depth=64, nco=False)
+NCO_PARAMS = QSCParams(num_ppus=2, imem_depth=64, env_depth=64, nco=True)
 
 
 def make_sim(params: QSCParams = PARAMS, **channels) -> tuple[PPUCluster, Simulator]:
@@ -65,14 +67,16 @@ def sync(slack_cycles: int) -> int:
 
 
 def play(channel: int, offset: int, env_addr: int, env_len: int, amplitude: int,
-         phase: int = 0, freq_word: int = 0) -> int:
+         phase: int = 0, freq_word: int = 0, phase_reset: int = 0) -> int:
     return _ins(Op.PLAY, "play", channel=channel, offset_cycles=offset, env_addr=env_addr,
-                env_len=env_len, amplitude=amplitude, phase=phase, freq_word=freq_word)
+                env_len=env_len, amplitude=amplitude, phase=phase, freq_word=freq_word,
+                phase_reset=phase_reset)
 
 
-def acquire(channel: int, rd: int, offset: int, window: int, threshold: int) -> int:
+def acquire(channel: int, rd: int, offset: int, window: int, threshold: int,
+            phase: int = 0, freq_word: int = 0) -> int:
     return _ins(Op.ACQUIRE, "acquire", channel=channel, rd=rd, offset_cycles=offset,
-                window_cycles=window, threshold=threshold)
+                window_cycles=window, threshold=threshold, phase=phase, freq_word=freq_word)
 
 
 def marker(channel: int, offset: int, duration: int) -> int:
@@ -215,10 +219,11 @@ class Monitor:
         ptd = self.dut.ptd[self.ppu]
         if self.drive_adc is not None:
             ctx.set(ptd.adc[0], self.drive_adc(0))
-        async for _clk, _rst, now, dac, active, window, mark in ctx.tick().sample(
-                self.dut.now, ptd.dac[0], ptd.dac_active, ptd.ro_window, ptd.marker):
-            self.rows.append({"now": now, "dac": dac, "active": active, "window": window,
-                              "marker": mark})
+        async for _clk, _rst, now, dac, dac_q, active, window, mark in ctx.tick().sample(
+                self.dut.now, ptd.dac[0], ptd.dac_q[0], ptd.dac_active, ptd.ro_window,
+                ptd.marker):
+            self.rows.append({"now": now, "dac": dac, "dac_q": dac_q, "active": active,
+                              "window": window, "marker": mark})
             if self.drive_adc is not None:
                 ctx.set(ptd.adc[0], self.drive_adc(now + 1))
 

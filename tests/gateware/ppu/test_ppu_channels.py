@@ -103,7 +103,7 @@ def test_readout_back_to_back_and_overlap_is_late():
     dut = ReadoutChannel()
 
     async def bench(ctx):
-        ctx.set(dut.adc, 3)
+        ctx.set(dut.adc[0], 3)
         await _push(ctx, dut, time=20, window_cycles=4, threshold=11, rd=5)
         await _push(ctx, dut, time=24, window_cycles=2, threshold=5, rd=6)
         await _push(ctx, dut, time=25, window_cycles=2, threshold=0, rd=7)  # overlaps
@@ -131,7 +131,7 @@ def test_readout_one_cycle_windows_queued_deep():
     events = [(30 + k, k + 1, (0, 9)[k % 2]) for k in range(5)]   # time, rd, threshold
 
     async def bench(ctx):
-        ctx.set(dut.adc, 3)
+        ctx.set(dut.adc[0], 3)
         for time, rd, threshold in events:
             await _push(ctx, dut, time=time, window_cycles=1, threshold=threshold, rd=rd)
         results = []
@@ -174,7 +174,7 @@ def test_drive_preemption_and_lead():
         while ctx.get(dut.now) < 40:
             addr = ctx.get(dut.env_rd_addr)
             word = sum((env[4 * addr + k] & 0xFFFF) << (16 * k) for k in range(4))
-            _, _, now, dac, active = await ctx.tick().sample(dut.now, dut.dac, dut.active)
+            _, _, now, dac, active = await ctx.tick().sample(dut.now, dut.dac[0], dut.active)
             ctx.set(dut.env_rd_data, word)        # a 1-cycle-latency read port model
             ctx.set(dut.env_rd_min, sum(1 << i for i in range(8)
                                         if (word >> 8 * i) & 0xFF == (0x80 if i % 2 else 0)))
@@ -198,8 +198,10 @@ def _raises(exc: type[Exception], match: str, build) -> None:
 def test_parameter_errors():
     _raises(ValueError, r"n_marker must be an integer in 1\.\.16, not 17",
             lambda: PTDSignature(n_marker=17))
-    _raises(ValueError, "samples_per_cycle must be 1 for now, not 2",
-            lambda: PTDSignature(samples_per_cycle=2))
+    for build in (lambda: PTDSignature(samples_per_cycle=3),
+                  lambda: DriveChannel(16, samples_per_cycle=3),
+                  lambda: ReadoutChannel(samples_per_cycle=8)):
+        _raises(ValueError, "samples_per_cycle must be 1, 2 or 4, not [38]", build)
     _raises(ValueError, "env_depth must be a power of two >= 4, not 12", lambda: DriveChannel(12))
     assert PTDSignature(2, 1, 4) == PTDSignature(2, 1, 4) != PTDSignature(1, 1, 4)
 

@@ -9,6 +9,7 @@ import warnings
 import pytest
 from amaranth.back import verilog
 from ppu_bench import (
+    NCO_PARAMS,
     PARAMS,
     Monitor,
     acquire,
@@ -1295,11 +1296,13 @@ def test_parameter_errors():
 # ---- Latency ------------------------------------------------------------------------------
 
 #: Measurement -> conditional pulse: last ADC sample of an ACQUIRE window -> first DAC sample
-#: of the PLAY that a BRANCH on its result selects (the smallest PLAY time that is not LATE).
-MEAS_TO_PULSE_CYCLES = 8
+#: of the PLAY that a BRANCH on its result selects (the smallest PLAY time that is not LATE),
+#: without and with the NCOs (the demodulator's product stage is one cycle more).
+MEAS_TO_PULSE_CYCLES = {False: 8, True: 9}
 
 
-def _conditional_pulse(taken: bool, lead: int) -> tuple[int, bool, list[int]]:
+def _conditional_pulse(taken: bool, lead: int, params: QSCParams = PARAMS
+                       ) -> tuple[int, bool, list[int]]:
     """ACQUIRE over s+10..s+17, BRANCH on it, PLAY at ``s + 17 + lead`` on the selected path.
 
     Returns (last ADC sample cycle, late, DAC active cycles)."""
@@ -1321,15 +1324,44 @@ def _conditional_pulse(taken: bool, lead: int) -> tuple[int, bool, list[int]]:
                 break
         out["late"] = bool(st.late)
 
-    mon = run(tb, adc=lambda now: 100)
+    mon = run(tb, params=params, adc=lambda now: 100)
     s = out["s"]
     return s + last, out["late"], mon.cycles("active")
 
 
+@pytest.mark.parametrize("nco", [False, True])
 @pytest.mark.parametrize("taken", [True, False])
-def test_measurement_to_conditional_pulse_latency(taken):
-    last, late, active = _conditional_pulse(taken, MEAS_TO_PULSE_CYCLES)
-    assert not late and active[0] - last == MEAS_TO_PULSE_CYCLES
-    assert MEAS_TO_PULSE_CYCLES <= 8
-    _, late, active = _conditional_pulse(taken, MEAS_TO_PULSE_CYCLES - 1)
+def test_measurement_to_conditional_pulse_latency(taken, nco):
+    params = NCO_PARAMS if nco else PARAMS
+    cycles = MEAS_TO_PULSE_CYCLES[nco]
+    last, late, active = _conditional_pulse(taken, cycles, params)
+    assert not late and active[0] - last == cycles
+    assert MEAS_TO_PULSE_CYCLES[False] <= 8
+    _, late, active = _conditional_pulse(taken, cycles - 1, params)
     assert late and active == []
+
+
+def test_play_and_acquire_carry_the_nco_fields_to_their_channels():
+    """Through the core: a PLAY's phase turns its I into Q (90 degrees: I = 0, Q = the
+    envelope times the amplitude) and its frequency word turns it sample by sample; an
+    ACQUIRE's phase rotates the integral (180 degrees: a positive signal integrates below
+    the threshold)."""
+    out = {}
+    quarter = 1 << 14                      # 90 degrees in turns / 2**16
+
+    async def tb(ctx, dut):
+        await upload_env(ctx, dut, 0, [1000] * 8)
+        out["s"] = await start(ctx, dut, [
+            play(0, 10, 0, 4, 0x4000, phase=quarter),
+            play(0, 20, 0, 8, 0x4000, freq_word=1 << 30, phase_reset=1),   # a quarter turn
+            acquire(0, 1, 10, 4, 0), acquire(0, 2, 20, 4, 0, phase=2 * quarter),
+            end()])
+        await wait_state(ctx, dut, 0, PPUState.DONE)
+        out["r"] = [await read_reg(ctx, dut, 0, r) for r in ("R1", "R2")]
+
+    mon = run(tb, params=NCO_PARAMS, adc=lambda now: 100)
+    s = out["s"]
+    rows = {r["now"] - s: (r["dac"], r["dac_q"]) for r in mon.rows if r["active"]}
+    assert [rows[k] for k in range(10, 14)] == [(0, 500)] * 4
+    assert [rows[k] for k in range(20, 28)] == [(500, 0), (0, 500), (-500, 0), (0, -500)] * 2
+    assert out["r"] == [1, 0]
