@@ -10,9 +10,11 @@ Syntax summary (one instruction per line, ``;`` starts a comment)::
     .envelope name, gaussian, length=64, sigma=16, amp=1.0   ; allocate envelope memory
     .envelope name, square, length=32, amp=0.5
     .word 0x...                             ; one raw 128-bit instruction word
-    label:  play 0, name, amp=0.5, offset=0, phase=0, freq=0
+    label:  play 0, name, amp=0.5, offset=0, phase=0, freq=0, phase_reset=0
             play 0, addr=0, len=64, amp=0.5 ; explicit envelope memory range
-            acquire 0, r1, window=100, threshold=0, offset=0
+            play 0, name, amp=0.5, phase=90deg, freq=-12.5MHz, phase_reset=1
+            acquire 0, r1, window=100, threshold=0, offset=0, phase=0, freq=0
+            acquire 0, r1, window=400ns, phase=1.5708rad, freq=25MHz
             marker 0, duration=10, offset=0
             wait 400ns                      ; times: cycles, or ns/us at dtd_clk_hz
             sync 16
@@ -31,11 +33,27 @@ when written without a unit; with ``ns`` or ``us`` they are converted at ``dtd_c
 value may name another ``.equ`` or a label, defined before or after it; names are followed when
 the value is used.
 
+A ``phase`` (PLAY's NCO phase offset, ACQUIRE's demodulation phase) is an integer in turns / 2**16,
+the field as is, or an angle in ``deg`` or ``rad``: ``round(angle / 360deg * 2**16) mod 2**16``,
+rounded to the nearest step with ties to even (``90deg`` is 16384, ``-90deg`` 49152; ``rad`` uses
+the double nearest to pi). A ``freq`` is an integer word in turns / 2**32 per sample, the field
+as is, or a frequency in ``Hz``, ``kHz``, ``MHz`` or ``GHz`` (case as written):
+``round(f / sample_rate_hz * 2**32) mod 2**32``, ties to even, with ``sample_rate_hz =
+dtd_clk_hz * samples_per_cycle`` of the build (``31.25MHz`` at 250 MHz is ``2**29``; a negative
+frequency is the two's complement word). A frequency must be below the Nyquist frequency,
+``sample_rate_hz / 2``, in magnitude, and must not round to the word ``2**31`` (which is both
++Nyquist and -Nyquist). ``phase_reset=1`` starts the drive channel's NCO accumulator at 0 on the
+pulse's first sample. The number before a unit is taken exactly, as for times.
+
 Every operand must fit its field and the build (:class:`openqlink.memory_map.QSCParams`): a
 PLAY, ACQUIRE or MARKER channel below ``drives_per_ppu``, ``readouts_per_ppu`` or
 ``markers_per_ppu``, a PLAY's samples ``addr .. addr + len - 1`` inside the ``env_depth``-sample
 envelope memory, a branch target below ``imem_depth`` (anywhere in the ring: code appended later
-may be there).
+may be there). A build with ``samples_per_cycle = S > 1`` takes a PLAY's ``addr`` and ``len`` (given
+or from an envelope) only as multiples of S, and an ``.envelope`` length only as a multiple of S
+(refused, not padded: the length stays the pulse's); envelopes are allocated in order from sample
+0, so each starts at a multiple of S. A build with ``nco = False`` takes ``phase``, ``freq`` and
+``phase_reset`` only as 0.
 
 Errors raise :class:`openqlink.errors.AssemblerError` carrying file, line and the bad token.
 
@@ -84,9 +102,18 @@ __all__ = [
 #: The most argument bits a CALL can carry (one 32-bit register).
 MAX_CALL_ARG_BITS = 32
 
-#: The largest power of ten a time may be written with (``1e-40us``): beyond it the exact value
-#: and its message grow without bound.
-_MAX_TIME_EXPONENT = 40
+#: The largest power of ten a time, phase or frequency may be written with (``1e-40us``): beyond
+#: it the exact value and its message grow without bound.
+_MAX_EXPONENT = 40
+
+#: Steps of a full turn in a ``phase`` field (turns / 2**16) and in a ``freq_word`` (turns / 2**32
+#: per sample).
+_PHASE_STEPS = 1 << 16
+_FREQ_STEPS = 1 << 32
+#: pi as the double nearest to it, exactly (``rad`` phases are converted with it).
+_PI = Fraction(math.pi)
+#: Frequency units and their value in Hz (case-sensitive: ``mHz`` would be millihertz).
+_FREQ_UNITS: dict[str, int] = {"Hz": 1, "kHz": 10**3, "MHz": 10**6, "GHz": 10**9}
 
 _Q15_ONE = 1 << 15
 
@@ -115,8 +142,9 @@ _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
 _IDENT_RE = re.compile(rf"^{_IDENT}$")
 _LABEL_RE = re.compile(rf"^({_IDENT})\s*:(.*)$")
 _REG_RE = re.compile(r"^[rR]([0-9]+)$")
-_TIME_RE = re.compile(
-    r"^(?P<num>[-+]?(?:0[xX][0-9a-fA-F_]+|0[bB][01_]+|0[oO][0-7_]+|[0-9][0-9_]*(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?"
+_QUANTITY_RE = re.compile(
+    r"^(?P<num>[-+]?(?:0[xX][0-9a-fA-F_]+|0[bB][01_]+|0[oO][0-7_]+"
+    r"|[0-9][0-9_]*(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?"
     r"|\.[0-9]+(?:[eE][-+]?[0-9]+)?))\s*(?P<unit>[A-Za-z]*)$")
 _CALL_RE = re.compile(r"^(?P<fn>[^\s(]+)\s*\((?P<args>[^()]*)\)\s*(?:->\s*(?P<rd>\S+))?$")
 _MNEMONIC_RE = re.compile(r"^(\S+)\s*(.*)$")
@@ -214,6 +242,13 @@ _BUILD_LIMITS: dict[Op, dict[str, str]] = {
 }
 
 
+#: Operand fields that only a build with NCOs (``QSCParams.nco``) can execute when non-zero.
+_NCO_FIELDS: dict[Op, tuple[str, ...]] = {
+    Op.PLAY: ("phase", "freq_word", "phase_reset"),
+    Op.ACQUIRE: ("phase", "freq_word"),
+}
+
+
 def _build_fault(op: Op, fields: Mapping[str, Any], params: QSCParams) -> tuple[str, str] | None:
     """Why ``params``'s build cannot execute ``op`` with ``fields`` (each in its field's range):
     ``(field, message)`` for the first operand at fault, or ``None`` when it can."""
@@ -229,6 +264,17 @@ def _build_fault(op: Op, fields: Mapping[str, Any], params: QSCParams) -> tuple[
             return "env_len", (f"env_addr + env_len = {addr} + {length} = {addr + length} is out "
                                f"of range for PLAY (0..{depth}: the build has env_depth = "
                                f"{depth})")
+        spc = params.samples_per_cycle
+        for name, value in (("env_addr", addr), ("env_len", length)):
+            if value % spc:
+                return name, (f"{name} = {value} is not a multiple of {spc} for PLAY (the build "
+                              f"has samples_per_cycle = {spc}: {spc} samples per DTD cycle)")
+    if not params.nco:
+        for name in _NCO_FIELDS.get(op, ()):
+            value = int(fields.get(name, 0))
+            if value:
+                return name, (f"{name} = {value} is not allowed for {op.name}: the build has no "
+                              f"NCO (nco = False), so it must be 0")
     if op == Op.ACQUIRE and fields.get("window_cycles", 0) == 0:
         return "window_cycles", "window must be at least 1 cycle"
     if op == Op.CALL and fields.get("arg_bits", 0) > MAX_CALL_ARG_BITS:
@@ -455,25 +501,32 @@ class _Assembler:
         except ValueError as exc:
             raise self.error(str(exc), token) from None
 
-    def cycles(self, token: str, what: str) -> int:
-        """A time: integer DTD cycles, or ``ns``/``us`` converted at ``dtd_clk_hz``."""
+    def quantity(self, token: str, what: str, kind: str) -> tuple[Fraction, str, str]:
+        """A number with an optional unit, exactly as written: ``(value, unit, text)``, with
+        ``unit`` ``""`` when there is none and ``text`` the token after ``.equ`` names."""
         text = self.resolve(token)
-        m = _TIME_RE.match(text)
+        m = _QUANTITY_RE.match(text)
         if not m:
             if _IDENT_RE.match(text):
                 raise self.error(f"unknown symbol {text!r} for {what}{self.via(token)}", token)
-            raise self.error(f"bad time {text!r} for {what}{self.via(token)}", token)
-        num, unit = m["num"], m["unit"]
+            raise self.error(f"bad {kind} {text!r} for {what}{self.via(token)}", token)
+        num = m["num"]
         radix = num.lstrip("+-")[:2].lower() in ("0x", "0b", "0o")
         exponent = "" if radix else num.lower().partition("e")[2]
-        if exponent and abs(int(exponent)) > _MAX_TIME_EXPONENT:
+        if exponent and abs(int(exponent)) > _MAX_EXPONENT:
             raise self.error(f"{what} {text!r}: exponent out of range "
-                             f"(-{_MAX_TIME_EXPONENT}..{_MAX_TIME_EXPONENT})", token)
+                             f"(-{_MAX_EXPONENT}..{_MAX_EXPONENT})", token)
         try:
             # Exact: the number as written (3.9999999999999999999 is not 4.0).
             value = Fraction(int(num, 0)) if radix else Fraction(num.replace("_", ""))
         except (ValueError, ZeroDivisionError):
-            raise self.error(f"bad time {text!r} for {what}{self.via(token)}", token) from None
+            raise self.error(f"bad {kind} {text!r} for {what}{self.via(token)}",
+                             token) from None
+        return value, m["unit"], text
+
+    def cycles(self, token: str, what: str) -> int:
+        """A time: integer DTD cycles, or ``ns``/``us`` converted at ``dtd_clk_hz``."""
+        value, unit, text = self.quantity(token, what, "time")
         if unit == "":
             cycles = value
         elif unit == "ns":
@@ -487,6 +540,50 @@ class _Assembler:
             raise self.error(f"{what} {text!r} is not a whole number of DTD cycles at "
                              f"{self.hz} Hz ({_exact(cycles)} cycles)", token)
         return int(cycles)
+
+    def phase(self, token: str) -> int:
+        """A phase: an integer in turns / 2**16 (the field as is), or an angle in ``deg`` or
+        ``rad``, rounded to the nearest step (ties to even) and wrapped mod 2**16."""
+        value, unit, text = self.quantity(token, "phase", "phase")
+        if unit == "":
+            return self.integer(token, "phase")
+        if unit == "deg":
+            turns = value / 360
+        elif unit == "rad":
+            turns = value / (2 * _PI)
+        else:
+            raise self.error(f"bad unit {unit!r} in {text!r} (use deg or rad, or none for "
+                             f"turns / 2**16)", token)
+        return round(turns * _PHASE_STEPS) % _PHASE_STEPS
+
+    def frequency(self, token: str) -> int:
+        """A frequency word: an integer in turns / 2**32 per sample (the field as is), or a
+        frequency in ``Hz``, ``kHz``, ``MHz`` or ``GHz``, converted at the build's sample rate
+        to ``round(f / sample_rate_hz * 2**32) mod 2**32`` (ties to even); it must be below the
+        Nyquist frequency, ``sample_rate_hz / 2``, in magnitude."""
+        value, unit, text = self.quantity(token, "freq", "frequency")
+        if unit == "":
+            return self.integer(token, "freq")
+        if unit not in _FREQ_UNITS:
+            raise self.error(f"bad unit {unit!r} in {text!r} (use {', '.join(_FREQ_UNITS)}, or "
+                             f"none for the word in turns / 2**32 per sample)", token)
+        hz = value * _FREQ_UNITS[unit]
+        spc = self.params.samples_per_cycle
+        rate = self.hz * spc
+        build = (f"the build has sample_rate_hz = dtd_clk_hz * samples_per_cycle = "
+                 f"{self.hz} * {spc} = {rate}")
+        if abs(hz) >= Fraction(rate, 2):
+            raise self.error(f"freq {text!r} is at or beyond the Nyquist frequency: |freq| must "
+                             f"be below {_exact(Fraction(rate, 2))} Hz (sample_rate_hz / 2; "
+                             f"{build})", token)
+        word = round(hz / rate * _FREQ_STEPS)
+        if abs(word) >= _FREQ_STEPS // 2:
+            raise self.error(f"freq {text!r} is within half a step "
+                             f"({_exact(Fraction(rate, 2 * _FREQ_STEPS))} Hz) of the Nyquist "
+                             f"frequency, {_exact(Fraction(rate, 2))} Hz: it would round to the "
+                             f"word 0x80000000, which is also -Nyquist (sample_rate_hz / 2; "
+                             f"{build})", token)
+        return word % _FREQ_STEPS
 
     def register(self, token: str, what: str) -> int:
         text = self.expand(token)[0]
@@ -585,6 +682,14 @@ class _Assembler:
         if not 1 <= length <= 0xFFFF:
             raise self.error(f"envelope length {length} is outside 1..65535 samples",
                              a["length"] or "")
+        spc = self.params.samples_per_cycle
+        if length % spc:
+            # Refused, not padded: the length is the pulse's, and code may time with it.
+            down = length - length % spc
+            near = " or ".join(str(n) for n in (down, down + spc) if 0 < n <= 0xFFFF)
+            raise self.error(f"envelope length {length} is not a multiple of {spc} (the build has "
+                             f"samples_per_cycle = {spc}: PLAY takes {spc} samples per DTD "
+                             f"cycle); use {near}", a["length"] or "")
         amp_token = a["amp"] or ""
         amp = self.real(amp_token, "envelope amplitude")
         if not -1.0 <= amp <= 1.0:
@@ -634,7 +739,7 @@ class _Assembler:
             return self.play(text)
         if m == "acquire":
             a = self.bind(text, [("channel", R), ("rd", R), ("window", R), ("threshold", "0"),
-                                 ("offset", "0")])
+                                 ("offset", "0"), ("phase", "0"), ("freq", "0")])
             window = self.cycles(a["window"], "window")
             if window == 0:
                 raise self.error("window must be at least 1 cycle", a["window"])
@@ -644,6 +749,8 @@ class _Assembler:
                 "window_cycles": (window, a["window"]),
                 "threshold": (self.integer(a["threshold"], "threshold"), a["threshold"]),
                 "offset_cycles": (self.cycles(a["offset"], "offset"), a["offset"]),
+                "phase": (self.phase(a["phase"]), a["phase"]),
+                "freq_word": (self.frequency(a["freq"]), a["freq"]),
             })
         if m == "marker":
             a = self.bind(text, [("channel", R), ("duration", R), ("offset", "0")])
@@ -698,7 +805,8 @@ class _Assembler:
     def play(self, text: str) -> int:
         R = self._REQUIRED
         a = self.bind(text, [("channel", R), ("env", None), ("amp", R), ("offset", "0"),
-                             ("phase", "0"), ("freq", "0"), ("addr", None), ("len", None)])
+                             ("phase", "0"), ("freq", "0"), ("addr", None), ("len", None),
+                             ("phase_reset", "0")])
         if a["env"] is not None:
             if a["addr"] is not None or a["len"] is not None:
                 raise self.error("give an envelope name or addr= and len=, not both", a["env"])
@@ -717,8 +825,9 @@ class _Assembler:
             "env_addr": addr,
             "env_len": length,
             "amplitude": (self.amplitude(a["amp"]), a["amp"]),
-            "phase": (self.integer(a["phase"], "phase"), a["phase"]),
-            "freq_word": (self.integer(a["freq"], "freq"), a["freq"]),
+            "phase": (self.phase(a["phase"]), a["phase"]),
+            "freq_word": (self.frequency(a["freq"]), a["freq"]),
+            "phase_reset": (self.integer(a["phase_reset"], "phase_reset"), a["phase_reset"]),
         })
 
     def call(self, text: str) -> int:
@@ -804,9 +913,12 @@ def assemble(source: str, filename: str = "<asm>", *, params: QSCParams | None =
         Build parameters (default ``QSCParams()``): ``imem_depth`` bounds the program and its
         branch targets, ``env_depth`` its envelopes and PLAY ranges, ``drives_per_ppu``,
         ``readouts_per_ppu`` and ``markers_per_ppu`` the PLAY, ACQUIRE and MARKER channels;
-        ``dtd_clk_hz`` converts times given in ``ns``/``us``.
+        ``dtd_clk_hz`` converts times given in ``ns``/``us``, ``dtd_clk_hz * samples_per_cycle``
+        (``sample_rate_hz``) frequencies given in ``Hz``..``GHz``; ``samples_per_cycle`` aligns
+        PLAY ranges and envelope lengths; ``nco = False`` refuses non-zero ``phase``, ``freq``
+        and ``phase_reset``.
     dtd_clk_hz : int, optional
-        Overrides ``params.dtd_clk_hz``.
+        Overrides ``params.dtd_clk_hz`` (for times and for the sample rate).
     base : int
         Instruction index of the first instruction (labels and branch targets are absolute).
 
@@ -855,14 +967,18 @@ def _format(op: Op, f: Mapping[str, Any], label_of: Mapping[int, str],
     if op == Op.PLAY:
         text = (f"play {f['channel']}, addr={f['env_addr']}, len={f['env_len']}, "
                 f"amp={format_amplitude(int(f['amplitude']))}")
-        for key, name in (("offset", "offset_cycles"), ("phase", "phase"), ("freq", "freq_word")):
+        for key, name in (("offset", "offset_cycles"), ("phase", "phase"), ("freq", "freq_word"),
+                          ("phase_reset", "phase_reset")):
             if f[name]:
                 text += f", {key}={f[name]}"
         return text
     if op == Op.ACQUIRE:
         text = (f"acquire {f['channel']}, r{f['rd']}, window={f['window_cycles']}, "
                 f"threshold={f['threshold']}")
-        return text + (f", offset={f['offset_cycles']}" if f["offset_cycles"] else "")
+        for key, name in (("offset", "offset_cycles"), ("phase", "phase"), ("freq", "freq_word")):
+            if f[name]:
+                text += f", {key}={f[name]}"
+        return text
     if op == Op.MARKER:
         text = f"marker {f['channel']}, duration={f['duration_cycles']}"
         return text + (f", offset={f['offset_cycles']}" if f["offset_cycles"] else "")
@@ -897,7 +1013,9 @@ def disassemble(words: Iterable[int] | bytes | bytearray | memoryview, *, base: 
     hexadecimal function_id. A word that is not a canonical instruction (unknown opcode or
     condition, reserved bits set, more than 32 CALL argument bits, an ACQUIRE window of 0) or
     that the build ``params`` (default ``QSCParams()``) cannot execute (a channel, envelope
-    range or branch target it does not have) becomes ``.word 0x...``.
+    range or branch target it does not have, a PLAY range that is not a multiple of
+    ``samples_per_cycle``, a non-zero ``phase``, ``freq_word`` or ``phase_reset`` without NCOs)
+    becomes ``.word 0x...``. ``phase`` and ``freq`` are printed as their integer fields, exact.
     ``assemble(disassemble(ws, base=b, params=p), base=b, params=p).instructions == ws`` for
     every list of words.
 

@@ -68,7 +68,7 @@ def test_play_with_envelope_and_explicit_range():
     op, f = decode(prog.instructions[0])
     assert op == Op.PLAY
     assert f == {"channel": 3, "offset_cycles": 2, "env_addr": 8, "env_len": 64,
-                 "amplitude": 16384, "phase": 7, "freq_word": 256}
+                 "amplitude": 16384, "phase": 7, "freq_word": 256, "phase_reset": 0}
     assert decode(prog.instructions[1])[1]["env_addr"] == 5
     assert decode(prog.instructions[1])[1]["amplitude"] == -32768
     assert decode(prog.instructions[2])[1]["amplitude"] == 32767
@@ -78,7 +78,8 @@ def test_play_with_envelope_and_explicit_range():
 def test_acquire_marker():
     assert one("acquire 1, r7, window=100, threshold=-3, offset=2",
                params=QSCParams(readouts_per_ppu=2)) == (Op.ACQUIRE, {
-        "channel": 1, "rd": 7, "offset_cycles": 2, "window_cycles": 100, "threshold": -3})
+        "channel": 1, "rd": 7, "offset_cycles": 2, "window_cycles": 100, "threshold": -3,
+        "phase": 0, "freq_word": 0})
     assert one("acquire 0, r1, 400ns")[1]["threshold"] == 0
     assert one("marker 2, duration=1us, offset=4") == (Op.MARKER, {
         "channel": 2, "offset_cycles": 4, "duration_cycles": 250})
@@ -277,6 +278,30 @@ ERRORS = [
     (".equ X, FOO\nset r1, X", 2, "X", "unknown symbol 'FOO' for imm (.equ X -> FOO)"),
     (".equ R, x1\nset R, 1", 2, "R", "bad register 'x1' for rd (r0..r15) (.equ R -> x1)"),
     (".equ A, B\n.equ B, A\nwait A", 3, "A", "circular .equ (A -> B -> A)"),
+    # phases and frequencies (default build: NCOs, 250 MHz, one sample per cycle)
+    ("play 0, addr=0, len=4, amp=0, phase=1turn", 1, "1turn",
+     "bad unit 'turn' in '1turn' (use deg or rad, or none for turns / 2**16)"),
+    ("play 0, addr=0, len=4, amp=0, phase=1.5", 1, "1.5", "bad number '1.5' for phase"),
+    ("play 0, addr=0, len=4, amp=0, phase=65536", 1, "65536",
+     "phase = 65536 is out of range for PLAY (0..65535)"),
+    ("play 0, addr=0, len=4, amp=0, phase=-1", 1, "-1", "phase = -1 is out of range"),
+    ("acquire 0, r1, window=4, phase=1e99deg", 1, "1e99deg", "exponent out of range"),
+    ("acquire 0, r1, window=4, phase=PH", 1, "PH", "unknown symbol 'PH' for phase"),
+    ("acquire 0, r1, window=4, phase=9..0deg", 1, "9..0deg", "bad phase '9..0deg'"),
+    ("play 0, addr=0, len=4, amp=0, freq=10mhz", 1, "10mhz",
+     "bad unit 'mhz' in '10mhz' (use Hz, kHz, MHz, GHz, or none for the word"),
+    ("play 0, addr=0, len=4, amp=0, freq=10mHz", 1, "10mHz", "bad unit 'mHz'"),
+    ("acquire 0, r1, window=4, freq=2.5", 1, "2.5", "bad number '2.5' for freq"),
+    ("acquire 0, r1, window=4, freq=0x100000000", 1, "0x100000000",
+     "freq_word = 4294967296 is out of range for ACQUIRE (0..4294967295)"),
+    ("acquire 0, r1, window=4, freq=-1", 1, "-1", "freq_word = -1 is out of range"),
+    ("play 0, addr=0, len=4, amp=0, freq=12..5MHz", 1, "12..5MHz", "bad frequency"),
+    ("play 0, addr=0, len=4, amp=0, phase_reset=2", 1, "2",
+     "phase_reset = 2 is out of range for PLAY (0..1)"),
+    ("play 0, addr=0, len=4, amp=0, phase_reset=yes", 1, "yes",
+     "unknown symbol 'yes' for phase_reset"),
+    ("acquire 0, r1, window=4, phase_reset=1", 1, "phase_reset=1", "unknown operand"),
+    ("marker 0, duration=4, phase=1", 1, "phase=1", "unknown operand 'phase'"),
 ]
 
 
@@ -311,18 +336,26 @@ def test_program_too_long():
 
 # --- the build's limits -----------------------------------------------------------------------
 
-#: Builds of every shape the parameters allow (the ring must hold the one-instruction programs).
-BUILDS = st.builds(
-    QSCParams,
-    imem_depth=st.sampled_from([1 << k for k in range(1, 17)]),
-    env_depth=st.sampled_from([1 << k for k in range(2, 18)]),
-    drives_per_ppu=st.integers(1, 16),
-    readouts_per_ppu=st.integers(1, 16),
-    markers_per_ppu=st.integers(1, 16),
-)
+@st.composite
+def builds(draw) -> QSCParams:
+    """Builds of every shape the parameters allow (the ring must hold the one-instruction
+    programs; the envelope memory holds at least 4 cycles of samples)."""
+    spc = draw(st.sampled_from([1, 2, 4]))
+    return QSCParams(
+        imem_depth=draw(st.sampled_from([1 << k for k in range(1, 17)])),
+        env_depth=draw(st.sampled_from([1 << k for k in range(1 + spc.bit_length(), 18)])),
+        drives_per_ppu=draw(st.integers(1, 16)),
+        readouts_per_ppu=draw(st.integers(1, 16)),
+        markers_per_ppu=draw(st.integers(1, 16)),
+        samples_per_cycle=spc,
+        nco=draw(st.booleans()),
+    )
+
+
+BUILDS = builds()
 
 CHANNEL_OPS = {
-    "play": ("play {}, addr=0, len=1, amp=0.5", "drives_per_ppu"),
+    "play": ("play {}, addr=0, len=4, amp=0.5", "drives_per_ppu"),
     "acquire": ("acquire {}, r1, window=4", "readouts_per_ppu"),
     "marker": ("marker {}, duration=4", "markers_per_ppu"),
 }
@@ -367,14 +400,20 @@ def test_branch_targets_are_checked_against_the_ring(params, target, template):
 @given(BUILDS, st.integers(0, 0xFFFF), st.integers(0, 0xFFFF))
 def test_play_ranges_are_checked_against_envelope_memory(params, addr, length):
     source = f"; the range on line 2\nplay 0, addr={addr}, len={length}, amp=0.5"
-    depth = params.env_depth
-    if addr < depth and addr + length <= depth:
+    depth, spc = params.env_depth, params.samples_per_cycle
+    aligned = addr % spc == 0 and length % spc == 0
+    if addr < depth and addr + length <= depth and aligned:
         f = decode(assemble(source, params=params).instructions[0])[1]
         assert (f["env_addr"], f["env_len"]) == (addr, length)
         return
     err = refused(source, params=params)
     assert err.line == 2
-    if addr >= depth:
+    if addr < depth and addr + length <= depth:
+        name, value = ("env_addr", addr) if addr % spc else ("env_len", length)
+        assert err.token == str(value)
+        assert f"{name} = {value} is not a multiple of {spc} for PLAY (the build has " \
+               f"samples_per_cycle = {spc}" in str(err)
+    elif addr >= depth:
         assert err.token == str(addr)
         assert f"env_addr = {addr} is out of range for PLAY (0..{depth - 1}: the build has " \
                f"env_depth = {depth})" in str(err)
@@ -513,10 +552,15 @@ def instructions(draw, params: QSCParams) -> int:
             elif fname == "target":
                 fields[fname] = draw(st.integers(0, params.imem_depth - 1))
             elif fname == "env_addr":
-                fields[fname] = draw(st.integers(0, min(params.env_depth, 1 << 16) - 1))
+                spc = params.samples_per_cycle
+                last = (min(params.env_depth, 1 << 16) - 1) // spc
+                fields[fname] = spc * draw(st.integers(0, last))
             elif fname == "env_len":
+                spc = params.samples_per_cycle
                 end = min(params.env_depth, (1 << 16) - 1 + fields["env_addr"])
-                fields[fname] = draw(st.integers(0, end - fields["env_addr"]))
+                fields[fname] = spc * draw(st.integers(0, (end - fields["env_addr"]) // spc))
+            elif fname in ("phase", "freq_word", "phase_reset") and not params.nco:
+                fields[fname] = 0
             else:
                 fields[fname] = draw(_field_strategy(fld.shape))
     return encode(op, fields)
@@ -586,3 +630,308 @@ def test_disassembled_amplitudes_are_short_and_exact():
     assert all(amplitude_to_q15(float(format_amplitude(q))) == q for q in range(-32768, 32768))
     text = disassemble(assemble("play 0, addr=0, len=4, amp=1.0\nend").instructions)
     assert "amp=1.0" in text
+
+
+# --- phases, frequencies and phase_reset (NCO operands) -----------------------------------------
+
+#: A PLAY and an ACQUIRE, each with ``{}`` for more operands.
+NCO_OPS = {"play": "play 0, addr=0, len=4, amp=0.5, {}", "acquire": "acquire 0, r1, window=4, {}"}
+
+
+def nco_fields(mnemonic: str, operands: str, **kw) -> dict:
+    op, f = one(NCO_OPS[mnemonic].format(operands), **kw)
+    assert op == (Op.PLAY if mnemonic == "play" else Op.ACQUIRE)
+    return f
+
+
+@pytest.mark.parametrize("mnemonic", sorted(NCO_OPS))
+@pytest.mark.parametrize("text,word", [
+    ("0", 0), ("7", 7), ("0xFFFF", 65535),
+    ("90deg", 16384), ("180deg", 32768), ("-90deg", 49152), ("270 deg", 49152),
+    ("360deg", 0), ("-360deg", 0), ("450deg", 16384), ("0deg", 0), ("-0.0deg", 0),
+    ("1deg", 182),                          # 65536 / 360 = 182.04: the nearest step
+    ("0.0054931640625deg", 1),              # 360 / 2**16: one step, exactly
+    ("0.00274658203125deg", 0),             # half a step: ties to even, down to 0
+    ("0.00823974609375deg", 2),             # a step and a half: ties to even, up to 2
+    ("-0.00274658203125deg", 0),
+    ("1.5708rad", 16384), ("-1.5708rad", 49152),
+    ("3.141592653589793rad", 32768), ("6.283185307179586rad", 0), ("0rad", 0),
+])
+def test_phase_units(mnemonic, text, word):
+    assert nco_fields(mnemonic, f"phase={text}")["phase"] == word
+
+
+@pytest.mark.parametrize("mnemonic", sorted(NCO_OPS))
+@pytest.mark.parametrize("text,word", [
+    ("0", 0), ("0x100", 256), ("0xFFFFFFFF", 2**32 - 1),
+    ("31.25MHz", 2**29), ("-31.25MHz", 2**32 - 2**29), ("62.5MHz", 2**30),
+    ("31250kHz", 2**29), ("31250000Hz", 2**29), ("0.03125GHz", 2**29), ("0MHz", 0),
+    ("-12.5MHz", 2**32 - 214748365),        # -0.05 * 2**32 = -214748364.8: the nearest word
+    ("12.5MHz", 214748365),
+    ("1kHz", 17180),                        # 17179.869...
+    ("0.05820766091346740722656250Hz", 1),  # sample_rate / 2**32: one step, exactly
+    ("0.02910383045673370361328125Hz", 0),  # half a step: ties to even, down to 0
+    ("0.08731149137020111083984375Hz", 2),  # a step and a half: ties to even, up to 2
+    ("124.999MHz", round(Fraction(124_999_000, 250_000_000) * 2**32)),
+    ("-124.999MHz", 2**32 - round(Fraction(124_999_000, 250_000_000) * 2**32)),
+])
+def test_freq_units(mnemonic, text, word):
+    assert nco_fields(mnemonic, f"freq={text}")["freq_word"] == word
+
+
+def test_freq_uses_the_sample_rate_of_the_build():
+    # samples_per_cycle multiplies the sample rate: 125 MHz at 4 x 250 MHz is 1/8 turn/sample.
+    for spc, word in ((1, 2**29), (2, 2**28), (4, 2**27)):
+        params = QSCParams(samples_per_cycle=spc)
+        assert params.sample_rate_hz == 250_000_000 * spc
+        assert nco_fields("play", "freq=31.25MHz", params=params)["freq_word"] == word
+        assert nco_fields("acquire", "freq=31.25MHz", params=params)["freq_word"] == word
+    assert nco_fields("play", "freq=125MHz", params=QSCParams(samples_per_cycle=4)) \
+        ["freq_word"] == 2**29
+    # dtd_clk_hz= overrides the build's clock for frequencies as it does for times
+    assert nco_fields("play", "freq=31.25MHz", dtd_clk_hz=125_000_000)["freq_word"] == 2**30
+    assert nco_fields("play", "freq=31.25MHz", params=QSCParams(dtd_clk_hz=125_000_000))[
+        "freq_word"] == 2**30
+    # an integer word is the field as is, whatever the build
+    assert nco_fields("play", "freq=1234", params=QSCParams(samples_per_cycle=4))[
+        "freq_word"] == 1234
+
+
+def test_phase_and_freq_through_equ():
+    src = ".equ F, IF\n.equ IF, -12.5MHz\n.equ P, 90deg\n" \
+          "play 0, addr=0, len=4, amp=0.5, phase=P, freq=F\n" \
+          "acquire 0, r1, window=4, freq=F, phase=P"
+    prog = assemble(src)
+    for w in prog.instructions:
+        f = decode(w)[1]
+        assert (f["phase"], f["freq_word"]) == (16384, 2**32 - 214748365)
+    with pytest.raises(AssemblerError, match=r"bad unit 'turn' .*") as info:
+        assemble(".equ P, 1turn\nplay 0, addr=0, len=4, amp=0.5, phase=P")
+    assert (info.value.line, info.value.token) == (2, "P")
+
+
+@pytest.mark.parametrize("mnemonic", sorted(NCO_OPS))
+@pytest.mark.parametrize("spc,text,limit,rate", [
+    (1, "125MHz", "125000000", "250000000 * 1 = 250000000"),
+    (1, "-125MHz", "125000000", "250000000 * 1 = 250000000"),
+    (1, "125000000Hz", "125000000", "250000000 * 1 = 250000000"),
+    (1, "0.2GHz", "125000000", "250000000 * 1 = 250000000"),
+    (1, "-1GHz", "125000000", "250000000 * 1 = 250000000"),
+    (2, "250MHz", "250000000", "250000000 * 2 = 500000000"),
+    (4, "500MHz", "500000000", "250000000 * 4 = 1000000000"),
+    (4, "-500.000001MHz", "500000000", "250000000 * 4 = 1000000000"),
+])
+def test_freq_at_or_beyond_nyquist_is_refused(mnemonic, spc, text, limit, rate):
+    err = refused("nop\n" + NCO_OPS[mnemonic].format(f"freq={text}"),
+                  params=QSCParams(samples_per_cycle=spc))
+    assert (err.line, err.token) == (2, text)
+    assert f"freq '{text}' is at or beyond the Nyquist frequency: |freq| must be below " \
+           f"{limit} Hz (sample_rate_hz / 2; the build has sample_rate_hz = dtd_clk_hz * " \
+           f"samples_per_cycle = {rate})" in str(err)
+
+
+@pytest.mark.parametrize("text,hz", [("124999999.98Hz", "124999999.98"),
+                                     ("-124999999.98Hz", "-124999999.98"),
+                                     ("124.99999998MHz", "124999999.98")])
+def test_freq_rounding_to_the_nyquist_word_is_refused(text, hz):
+    # A step is 250 MHz / 2**32 = 0.058 Hz: 0.02 Hz below Nyquist rounds to the word +-2**31.
+    assert abs(round(Fraction(hz) / 250_000_000 * 2**32)) == 2**31
+    err = refused(NCO_OPS["play"].format(f"freq={text}"))
+    assert err.token == text
+    assert "is within half a step (0.02910383045673370361328125 Hz) of the Nyquist frequency, " \
+           "125000000 Hz: it would round to the word 0x80000000" in str(err)
+    # the step below still assembles
+    assert nco_fields("play", "freq=124999999.94Hz")["freq_word"] == 2**31 - 1
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(-(1 << 20), 1 << 20))
+def test_whole_steps_of_phase_in_degrees_are_exact(k):
+    """``k`` steps of 360 / 2**16 degrees, written out exactly, are the word ``k mod 2**16``."""
+    text = _decimal(Fraction(360 * k, 1 << 16))
+    assert nco_fields("acquire", f"phase={text}deg")["phase"] == k % (1 << 16)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.sampled_from([1, 2, 4]), st.integers(-(1 << 31) + 1, (1 << 31) - 1))
+def test_whole_steps_of_frequency_are_exact(spc, k):
+    """``k`` steps of sample_rate / 2**32 Hz, written out exactly, are the word ``k mod 2**32``
+    (every word but the Nyquist one, 2**31, is some frequency below Nyquist)."""
+    params = QSCParams(samples_per_cycle=spc)
+    text = _decimal(Fraction(k * params.sample_rate_hz, 1 << 32))
+    assert nco_fields("play", f"freq={text}Hz", params=params)["freq_word"] == k % (1 << 32)
+
+
+def _decimal(x: Fraction) -> str:
+    """``x`` (a fraction with a power of two as its denominator) as an exact decimal."""
+    places = x.denominator.bit_length() - 1
+    assert x.denominator == 1 << places
+    digits = str(abs(x.numerator) * 5**places).rjust(places + 1, "0")
+    sign = "-" if x < 0 else ""
+    return f"{sign}{digits[:len(digits) - places]}.{digits[len(digits) - places:] or '0'}"
+
+
+def test_phase_reset():
+    assert nco_fields("play", "phase_reset=1")["phase_reset"] == 1
+    assert nco_fields("play", "phase_reset=0")["phase_reset"] == 0
+    assert nco_fields("play", "phase=1")["phase_reset"] == 0
+    f = one("play 0, addr=0, len=4, amp=0.5, phase_reset=1, freq=25MHz")[1]
+    assert (f["phase_reset"], f["freq_word"]) == (1, 429496730)     # 2**32 / 10, rounded
+    word = encode(Op.PLAY, {"phase_reset": 1})
+    assert word == Op.PLAY.value | 1 << 12        # bit 12, just above the channel
+
+
+# --- the build: NCOs and samples per cycle ------------------------------------------------------
+
+NO_NCO = QSCParams(nco=False)
+
+
+@pytest.mark.parametrize("source,token,message", [
+    ("play 0, addr=0, len=4, amp=0.5, phase=1", "1", "phase = 1 is not allowed for PLAY"),
+    ("play 0, addr=0, len=4, amp=0.5, phase=90deg", "90deg",
+     "phase = 16384 is not allowed for PLAY"),
+    ("play 0, addr=0, len=4, amp=0.5, freq=25MHz", "25MHz",
+     "freq_word = 429496730 is not allowed for PLAY"),
+    ("play 0, addr=0, len=4, amp=0.5, freq=0xFFFFFFFF", "0xFFFFFFFF",
+     "freq_word = 4294967295 is not allowed for PLAY"),
+    ("play 0, addr=0, len=4, amp=0.5, phase_reset=1", "1",
+     "phase_reset = 1 is not allowed for PLAY"),
+    ("acquire 0, r1, window=4, phase=-1.5708rad", "-1.5708rad",
+     "phase = 49152 is not allowed for ACQUIRE"),
+    ("acquire 0, r1, window=4, freq=-1Hz", "-1Hz",
+     "freq_word = 4294967279 is not allowed for ACQUIRE"),
+])
+def test_nco_operands_need_a_build_with_ncos(source, token, message):
+    assert assemble(source).instructions           # the default build has NCOs
+    err = refused("; line 2\n" + source, params=NO_NCO)
+    assert (err.line, err.token) == (2, token)
+    assert f"{message}: the build has no NCO (nco = False), so it must be 0" in str(err)
+
+
+def test_zero_nco_operands_in_a_build_without_ncos():
+    src = ("play 0, addr=0, len=4, amp=0.5, phase=0, freq=0, phase_reset=0\n"
+           "play 0, addr=0, len=4, amp=0.5, phase=0deg, freq=0MHz\n"
+           "play 0, addr=0, len=4, amp=0.5, phase=360deg\n"      # wraps to 0
+           "acquire 0, r1, window=4, phase=0rad, freq=0Hz\nend")
+    prog = assemble(src, params=NO_NCO)
+    assert prog.instructions == assemble(src).instructions
+    assert all(decode(w)[1].get("phase", 0) == decode(w)[1].get("freq_word", 0) == 0
+               for w in prog.instructions)
+    fw = (ROOT / "firmware" / "active_reset.s").read_text()
+    assert assemble(fw, params=NO_NCO).instructions == assemble(fw).instructions
+
+
+@pytest.mark.parametrize("spc", [2, 4])
+@pytest.mark.parametrize("operands,field,value,token", [
+    ("addr={a}, len={n}", None, None, None),
+    ("addr={a1}, len={n}", "env_addr", "{a1}", "{a1}"),
+    ("addr={a}, len={n1}", "env_len", "{n1}", "{n1}"),
+    ("addr={a1}, len={n1}", "env_addr", "{a1}", "{a1}"),
+    ("addr={a3}, len=0", "env_addr", "{a3}", "{a3}"),
+])
+def test_play_ranges_must_be_whole_cycles(spc, operands, field, value, token):
+    names = {"a": 8 * spc, "n": 4 * spc, "a1": 8 * spc + 1, "n1": 4 * spc - 1,
+             "a3": spc - 1 + 4 * spc}
+    source = f"; line 2\nplay 0, {operands.format(**names)}, amp=0.5"
+    params = QSCParams(samples_per_cycle=spc)
+    if field is None:
+        f = decode(assemble(source, params=params).instructions[0])[1]
+        assert (f["env_addr"], f["env_len"]) == (names["a"], names["n"])
+        return
+    assert assemble(source).instructions                # one sample per cycle takes it
+    err = refused(source, params=params)
+    assert (err.line, err.token) == (2, token.format(**names))
+    assert f"{field} = {value.format(**names)} is not a multiple of {spc} for PLAY (the build " \
+           f"has samples_per_cycle = {spc}: {spc} samples per DTD cycle)" in str(err)
+
+
+@pytest.mark.parametrize("spc,length,near", [(2, 7, "6 or 8"), (4, 6, "4 or 8"), (4, 3, "4"),
+                                             (4, 65535, "65532"), (2, 1, "2")])
+def test_envelope_lengths_must_be_whole_cycles(spc, length, near):
+    source = f".envelope a, square, length=8\n.envelope b, gaussian, length={length}, sigma=2"
+    big = {"env_depth": 1 << 17}
+    assert assemble(source, params=QSCParams(**big)).envelopes["b"].length == length
+    err = refused(source, params=QSCParams(samples_per_cycle=spc, **big))
+    assert (err.line, err.token) == (2, str(length))
+    assert f"envelope length {length} is not a multiple of {spc} (the build has " \
+           f"samples_per_cycle = {spc}: PLAY takes {spc} samples per DTD cycle); use {near}" \
+           in str(err)
+
+
+@pytest.mark.parametrize("spc", [1, 2, 4])
+def test_envelopes_are_allocated_at_whole_cycles(spc):
+    params = QSCParams(samples_per_cycle=spc)
+    src = (f".envelope a, square, length={4 * spc}\n.envelope b, gaussian, length={12 * spc}, "
+           f"sigma=3\n.envelope c, square, length={spc}\nplay 0, c, amp=1.0\nplay 0, b, amp=0.5")
+    prog = assemble(src, params=params)
+    assert [(e.addr, e.length) for e in prog.envelopes.values()] == [
+        (0, 4 * spc), (4 * spc, 12 * spc), (16 * spc, spc)]
+    assert [(decode(w)[1]["env_addr"], decode(w)[1]["env_len"]) for w in prog.instructions] == [
+        (16 * spc, spc), (4 * spc, 12 * spc)]
+
+
+# --- NCO operands in the disassembler -----------------------------------------------------------
+
+
+def test_disassemble_nco_operands():
+    src = ("play 0, addr=0, len=4, amp=0.5, phase=90deg, freq=-12.5MHz, phase_reset=1\n"
+           "play 0, addr=0, len=4, amp=0.5, phase_reset=1\n"
+           "acquire 0, r1, window=4, threshold=-2, phase=180deg, freq=31.25MHz\n"
+           "acquire 0, r2, window=4, offset=3, freq=1\n"
+           "acquire 0, r3, window=4, phase=1\n"
+           "acquire 0, r4, window=4\nend")
+    prog = assemble(src)
+    lines = [line.strip() for line in disassemble(prog.instructions).splitlines()[1:]]
+    assert lines == [
+        f"play 0, addr=0, len=4, amp=0.5, phase=16384, freq={2**32 - 214748365}, phase_reset=1",
+        "play 0, addr=0, len=4, amp=0.5, phase_reset=1",
+        f"acquire 0, r1, window=4, threshold=-2, phase=32768, freq={2**29}",
+        "acquire 0, r2, window=4, threshold=0, offset=3, freq=1",
+        "acquire 0, r3, window=4, threshold=0, phase=1",
+        "acquire 0, r4, window=4, threshold=0",
+        "end",
+    ]
+    assert assemble("\n".join(lines)).instructions == prog.instructions
+
+
+def test_disassemble_nco_and_unaligned_words_per_build():
+    words = [encode(Op.PLAY, {"env_len": 4, "phase": 1}),
+             encode(Op.PLAY, {"env_len": 4, "freq_word": 2**31}),     # the Nyquist word
+             encode(Op.PLAY, {"env_len": 4, "phase_reset": 1}),
+             encode(Op.ACQUIRE, {"window_cycles": 1, "phase": 2}),
+             encode(Op.ACQUIRE, {"window_cycles": 1, "freq_word": 3}),
+             encode(Op.PLAY, {"env_addr": 2, "env_len": 4}),
+             encode(Op.PLAY, {"env_addr": 4, "env_len": 6})]
+    text = disassemble(words)                            # NCOs, one sample per cycle: all run
+    assert ".word" not in text and "freq=2147483648" in text
+    assert assemble(text).instructions == words
+    text = disassemble(words, params=NO_NCO)
+    assert text.count(".word") == 5 and "play 0, addr=2, len=4" in text
+    assert assemble(text, params=NO_NCO).instructions == words
+    spc4 = QSCParams(samples_per_cycle=4)
+    text = disassemble(words, params=spc4)
+    assert text.count(".word") == 2 and "phase_reset=1" in text
+    assert assemble(text, params=spc4).instructions == words
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.sampled_from(sorted(NCO_OPS)), st.integers(0, 0xFFFF), st.integers(0, 2**32 - 1),
+       st.integers(0, 1), st.sampled_from([1, 2, 4]))
+def test_round_trip_nco_operands(mnemonic, phase, freq, reset, spc):
+    params = QSCParams(samples_per_cycle=spc)
+    fields = {"phase": phase, "freq_word": freq}
+    if mnemonic == "play":
+        op = Op.PLAY
+        fields |= {"phase_reset": reset, "env_addr": 4 * spc, "env_len": 8 * spc}
+    else:
+        op = Op.ACQUIRE
+        fields |= {"window_cycles": 5}
+    words = [encode(op, fields)]
+    text = disassemble(words, params=params)
+    assert ".word" not in text
+    assert assemble(text, params=params).instructions == words
+    nco_set = phase or freq or (reset and mnemonic == "play")
+    text = disassemble(words, params=QSCParams(samples_per_cycle=spc, nco=False))
+    assert (".word" in text) == bool(nco_set)
+    assert assemble(text, params=QSCParams(samples_per_cycle=spc, nco=False)).instructions \
+        == words
