@@ -18,9 +18,13 @@ Parts (cocotb's driver / monitor / model / checker split):
   function table, its ring, its mailbox), stepped by a coroutine, each request handled
   ``host_turnaround_ns`` (modelled: PCIe, polling and handler time of a real host) after its
   last byte reached the host.
-* :class:`~openqlink.sim.qubit.QubitModel`: the PTD side of each PPU (drive integration, seeded
-  readout; PPU ``n``'s model has seed ``seed + n``).
-* The monitor of the PTD outputs records every channel event with its DTD cycle.
+* :class:`~openqlink.sim.qubit.QubitSystem`: the PTD side of each PPU, ``cfg["qubits"]`` qubits
+  (PPU ``n``'s seeded ``seed + n``, its parameters from ``cfg["model"]``), wired to the PTD
+  channels as :mod:`openqlink.sim.channel_map` says: drive channel ``q`` drives qubit ``q``,
+  drive channel ``Q + q`` is the coupler of qubits ``q`` and ``q + 1``, readout channel ``q``
+  reads qubit ``q``.
+* The monitor of the PTD outputs feeds the models every drive sample (I and Q, each lane) and
+  every ADC sample, and records every channel event with its DTD cycle.
 
 Everything is driven by simulated time, so two runs with the same inputs give the same results.
 """
@@ -38,7 +42,7 @@ from pathlib import Path
 import cocotb
 from cocotb.clock import Clock
 from cocotb.task import bridge, resume
-from cocotb.triggers import Event, RisingEdge, Timer
+from cocotb.triggers import Event, First, RisingEdge, Timer, ValueChange
 
 from ..dispatch import Dispatcher, SlotRing
 from ..isa import PPUState, PPUStatus
@@ -50,9 +54,10 @@ from ..wire.packet import parse_frame
 from ..wire.roce import Opcode
 from ..wire.rpc import HEADER_BYTES, Request, Response
 from ..wire.udp import ROCEV2_PORT
+from .channel_map import channel_map, channel_roles, check_build, make_system
 from .handlers import load_function_table
 from .mac import PacketSink, PacketSource
-from .qubit import QubitModel
+from .qubit import QubitSystem
 from .report import channel_ppu
 from .transport import SimTransport
 
@@ -91,7 +96,9 @@ class TB:
     runs, PPU 0 first; ``cfg["handlers_per_ppu"]`` (or ``cfg["handlers"]``) their handlers
     files. A build may have more PPUs than programs: the others stay idle. ``self.ppu`` is
     PPU 0, and ``self.qubit``, ``self.program``, ``self.ring`` and ``self.dispatcher`` are
-    PPU 0's.
+    PPU 0's. ``cfg["qubits"]`` (default 1) is the qubits behind each PPU, which the build's
+    channels must fit (:func:`~openqlink.sim.channel_map.check_build`), and ``cfg["model"]``
+    (a checked model file's object, see :mod:`openqlink.sim.channel_map`) their parameters.
     """
 
     def __init__(self, dut, cfg: dict):
@@ -110,7 +117,10 @@ class TB:
         self._requests: dict[tuple[int, int], dict] = {}
         self.dtd_cycle = 0
         self.pcap = PcapWriter(cfg["pcap"]) if cfg.get("pcap") else None
-        self.qubits = [self._make_qubit(n) for n in range(self.num_run)]
+        self.qubit_count: int = cfg.get("qubits", 1)
+        check_build(self.params, self.qubit_count)
+        #: Each running PPU's model of its qubits, PPU 0 first.
+        self.qubits: list[QubitSystem] = [self._make_qubit(n) for n in range(self.num_run)]
         self.qubit = self.qubits[0]
         self.turnaround_ns = cfg["host_turnaround_ns"]
         self.host_qpn = cfg["host_qpn"]
@@ -131,9 +141,12 @@ class TB:
 
     # --- models -------------------------------------------------------------------------------
 
-    def _make_qubit(self, n: int) -> QubitModel:
-        """The PTD-side model of PPU ``n``: a qubit of its own, seeded ``seed + n``."""
-        return QubitModel(seed=self.cfg["seed"] + n, **self.cfg.get("qubit", {}))
+    def _make_qubit(self, n: int) -> QubitSystem:
+        """The PTD-side model of PPU ``n``: ``cfg["qubits"]`` qubits of its own with the
+        parameters of ``cfg["model"]``, seeded ``seed + n``, at the build's PTD sample rate
+        (``dtd_clk_hz * samples_per_cycle`` samples per second)."""
+        return make_system(self.cfg.get("model"), self.qubit_count, seed=self.cfg["seed"] + n,
+                           sample_rate_hz=self.params.sample_rate_hz)
 
     # --- set-up -------------------------------------------------------------------------------
 
@@ -240,60 +253,144 @@ class TB:
                             "time_ns": round(cycle * self.dtd_period_ps / 1000, 3), **extra})
 
     async def _ptd_monitor(self) -> None:
-        """Sample the PTD outputs of every running PPU on every DTD edge (see :meth:`_ptd_port`).
+        """Sample the PTD outputs of every running PPU on DTD edges (see :meth:`_ptd_port`).
 
         ``dtd_cycle`` is the gateware's timeline value in the cycle whose outputs we see, so an
-        event scheduled for DTD time T is reported at cycle T.
+        event scheduled for DTD time T is reported at cycle T. While a pulse plays or a window
+        is open somewhere, every edge is sampled; otherwise the monitor sleeps until a PPU's
+        ``dac_active``, ``ro_window`` or ``marker`` changes (what it would have read on the
+        edges in between is what it read last), then samples the edge that ends that cycle.
         """
         dut = self.dut
         steps = [self._ptd_port(n) for n in range(self.num_run)]
+        changes = [ValueChange(getattr(dut, f"ptd__{n}__{name}"))
+                   for n in range(self.num_run) for name in ("dac_active", "ro_window", "marker")]
+        edge = RisingEdge(dut.dtd_clk)
+        busy = False
         while True:
-            await RisingEdge(dut.dtd_clk)
+            if not busy:
+                # Outputs change just after an edge: the next edge ends their first cycle.
+                await First(*changes)
+            await edge
             # Read at the edge: the timeline value and the outputs of the cycle that just ended.
             self.dtd_cycle = int(dut.timeline.value)
+            busy = False
             for step in steps:
-                step()
+                busy = step() or busy
 
-    def _ptd_port(self, n: int) -> Callable[[], None]:
+    def _ptd_port(self, n: int) -> Callable[[], bool]:
         """PPU ``n``'s PTD side, all in one place: finds its ports on the top
-        (``ptd__<n>__*``) and returns the step the monitor runs on each DTD edge, which reads
-        its outputs, drives its qubit model, records its channel events and sets its ADC
-        sample for the next cycle."""
+        (``ptd__<n>__*``) and returns the step the monitor runs on a DTD edge. The step reads
+        the outputs of the cycle ``c`` that just ended and returns whether PPU ``n`` needs the
+        next edge too (a pulse playing or a window open).
+
+        With ``S = samples_per_cycle``, cycle ``c``'s lane ``k`` is PTD sample
+        ``S * c + k``. The step, in sample order:
+
+        * opens a readout on each ``ro_window`` bit that rose: its qubit is projected at the
+          window's first sample ``S * c`` (:meth:`QubitSystem.begin_readout`);
+        * feeds each playing drive channel's ``dac``/``dac_q`` lanes (``dac_active`` set),
+          sample by sample across the channels: channel ``q < Q`` to
+          :meth:`QubitSystem.drive` of qubit ``q``, channel ``Q + q`` to
+          :meth:`QubitSystem.couple` of coupler ``q``;
+        * closes the readouts whose bit fell;
+        * records the channel events, and sets the ``adc`` lanes of each open window for cycle
+          ``c + 1`` from :meth:`QubitSystem.adc_sample`. The ADC's answer thus starts one cycle
+          after the window opens (the first cycle of a window integrates zeros), and the tone's
+          time is counted from the window's first sample, where the gateware's demodulator
+          starts its phase.
+        """
         dut = self.dut
-        qubit = self.qubits[n]
+        system = self.qubits[n]
+        S = self.params.samples_per_cycle
+        q_count = self.qubit_count
+        roles = channel_roles(q_count)
         dac = getattr(dut, f"ptd__{n}__dac")
+        dac_q = getattr(dut, f"ptd__{n}__dac_q")
         dac_active = getattr(dut, f"ptd__{n}__dac_active")
         ro_window = getattr(dut, f"ptd__{n}__ro_window")
         marker = getattr(dut, f"ptd__{n}__marker")
         adc = self._adc(n)
-        prev = {"play": 0, "ro": 0, "marker": 0}
+        #: Per drive channel: (coupler?, the model's drive or coupler index, lane bit offsets).
+        drive_lanes = [(role == "coupler", ch if role == "drive" else ch - q_count,
+                        [16 * (S * ch + k) for k in range(S)])
+                       for ch, (role, _) in enumerate(roles)]
+        adc_lanes = [[16 * (S * ch + k) for k in range(S)]
+                     for ch in range(self.params.readouts_per_ppu)]
+        window_start = [0] * self.params.readouts_per_ppu   # sample of each window's start
+        prev = {"play": 0, "ro": 0, "marker": 0, "adc": 0}
 
-        def step() -> None:
-            active = int(dac_active.value) & 1
-            window = int(ro_window.value) & 1
+        def bits(word: int) -> list[int]:
+            return [b for b in range(word.bit_length()) if word >> b & 1]
+
+        def lane(word: int, shift: int) -> int:
+            v = word >> shift & 0xFFFF
+            return v - ((v & 0x8000) << 1)
+
+        def step() -> bool:
+            c = self.dtd_cycle
+            base = S * c
+            active = int(dac_active.value)
+            window = int(ro_window.value)
             marks = int(marker.value)
+            opened, closed = window & ~prev["ro"], prev["ro"] & ~window
+            started, ended = active & ~prev["play"], prev["play"] & ~active
+            # A pulse that ended played its last sample last cycle: its P(1) before anything
+            # of this cycle (a readout opening now) touches the qubit.
+            plays = [(ch, "play_end", self._play_detail(system, ch, None)) for ch in bits(ended)]
+            acquires = []
+            for ch in bits(opened):
+                outcome = system.begin_readout(ch, base)
+                record = system.measurements[-1]
+                window_start[ch] = base
+                acquires.append((ch, "acquire_start", {"qubit": record.qubit,
+                                                       "outcome": outcome,
+                                                       "p1": round(record.p1, 6)}))
+            for ch in bits(started):
+                plays.append((ch, "play_start", self._play_detail(system, ch, base)))
             if active:
-                qubit.drive(dac.value.to_signed())
-            if active != prev["play"]:
-                self._event(f"drive{n}.0", "play_start" if active else "play_end",
-                            p1=round(qubit.p1, 6))
-            if window != prev["ro"]:
-                if window:
-                    outcome = qubit.begin_readout(self.dtd_cycle)
-                    self._event(f"readout{n}.0", "acquire_start", outcome=outcome,
-                                p1=round(qubit.measurements[-1].p1, 6))
-                else:
-                    qubit.end_readout()
-                    self._event(f"readout{n}.0", "acquire_end")
+                words = int(dac.value), int(dac_q.value)
+                playing = [drive_lanes[ch] for ch in bits(active)]
+                for k in range(S):
+                    for coupler, index, shifts in playing:
+                        i, q = lane(words[0], shifts[k]), lane(words[1], shifts[k])
+                        if coupler:
+                            system.couple(index, base + k, i, q)
+                        else:
+                            system.drive(index, base + k, i, q)
+            for ch in bits(closed):
+                system.end_readout(ch)
+                acquires.append((ch, "acquire_end", {"qubit": system.readouts[ch].qubit}))
+            for ch, kind, detail in plays:
+                self._event(f"drive{n}.{ch}", kind, **detail)
+            for ch, kind, detail in acquires:
+                self._event(f"readout{n}.{ch}", kind, **detail)
             if marks != prev["marker"]:
                 for bit in range(len(marker)):
                     was, now = (prev["marker"] >> bit) & 1, (marks >> bit) & 1
                     if was != now:
                         self._event(f"marker{n}.{bit}", "marker_on" if now else "marker_off")
-            adc.value = qubit.adc_sample() if window else 0
-            prev.update(play=active, ro=window, marker=marks)
+            samples = 0
+            if window:
+                nxt = base + S      # the next cycle's first sample
+                for ch in bits(window):
+                    first = nxt - window_start[ch]
+                    for k, shift in enumerate(adc_lanes[ch]):
+                        samples |= (system.adc_sample(ch, first + k) & 0xFFFF) << shift
+            if samples or prev["adc"]:
+                adc.value = samples
+            prev.update(play=active, ro=window, marker=marks, adc=samples)
+            return bool(active or window)
 
         return step
+
+    def _play_detail(self, system: QubitSystem, channel: int, sample: int | None) -> dict:
+        """A play event's detail on drive ``channel``: the qubit it drives and that qubit's
+        P(1) at ``sample`` (None: after its latest event), or a coupler's two qubits."""
+        role, targets = channel_roles(self.qubit_count)[channel]
+        if role == "coupler":
+            return {"qubits": list(targets)}
+        return {"qubit": targets[0], "p1": round(system.p1(targets[0], sample), 6)}
 
     # --- the host session (runs in a bridge thread) -------------------------------------------
 
@@ -407,14 +504,15 @@ class TB:
                 "host_turnaround_ns": self.turnaround_ns,
                 "host_turnaround_note": "modelled: the simulated host answers this long after "
                                         "the request's last byte reaches it",
-                "qubit": {"seed": self.qubit.seed, "pi_area": self.qubit.pi_area,
-                          "readout_amplitude": self.qubit.readout_amplitude,
-                          "noise_sigma": self.qubit.noise_sigma},
+                "qubits": self.qubit_count,
+                "channel_map": channel_map(self.qubit_count),
+                "qubit": self.qubit.describe(),
             },
             "start_time_cycles": host["start_time_cycles"],
             "events": self.events,
             "measurements": first["measurements"],
             "qubit_final_p1": first["qubit_final_p1"],
+            "qubits_final_p1": first["qubits_final_p1"],
             "rpc": self.rpc,
             "counters": host["counters"],
             "registers": first["registers"],
@@ -430,9 +528,12 @@ class TB:
 
     def _ppu_results(self, n: int, status, registers: dict, program: str,
                      handlers: str | None) -> dict:
-        """What PPU ``n`` did: its program, final status and registers, its qubit's
-        measurements, its channel events and its CALLs."""
-        qubit = self.qubits[n]
+        """What PPU ``n`` did: its program, final status and registers, its qubits'
+        measurements and P(1) after their last events, its model's settings, its channel events
+        and its CALLs."""
+        system = self.qubits[n]
+        S = self.params.samples_per_cycle
+        final = [round(system.p1(q), 6) for q in range(len(system.qubits))]
         return {
             "ppu": n,
             "program": program,
@@ -441,9 +542,12 @@ class TB:
             "registers": registers,
             "fault_location": self._fault_location(status, registers, n),
             "measurements": [{"outcome": m.outcome, "p1": round(m.p1, 6),
-                              "dtd_cycle": m.dtd_cycle} for m in qubit.measurements],
-            "qubit_seed": qubit.seed,
-            "qubit_final_p1": round(qubit.p1, 6),
+                              "dtd_cycle": m.sample // S, "qubit": m.qubit,
+                              "channel": m.channel} for m in system.measurements],
+            "qubit_seed": system.seed,
+            "qubit_final_p1": final[0],
+            "qubits_final_p1": final,
+            "model": system.describe(),
             "events": [e for e in self.events if channel_ppu(e["channel"]) == n],
             "rpc": [r for r in self.rpc if r["ppu"] == n],
             "calls_answered": self.dispatchers[n].processed,

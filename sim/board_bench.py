@@ -165,7 +165,7 @@ class BoardTB(TB):
                 else:
                     outcome = int(emu.outcome.value)
                     self.measurements.append({"outcome": outcome, "p1": round(p1, 6),
-                                              "dtd_cycle": start})
+                                              "dtd_cycle": start, "qubit": 0, "channel": 0})
                     self._event(f"readout{n}.0", "acquire_end", outcome=outcome)
             if marks != prev["marker"]:
                 # The top's marker output is registered once: its edges are one cycle late.
@@ -179,13 +179,16 @@ class BoardTB(TB):
         results = await super().run()
         results["measurements"] = self.measurements
         results["qubit_final_p1"] = round(self.emulator_p1(), 6)
-        results["ppus"][self.ppu].update(measurements=self.measurements,
-                                         qubit_final_p1=results["qubit_final_p1"],
-                                         qubit_seed=self.emulator_seed)
-        results["model"]["qubit"] = {
+        results["qubits_final_p1"] = [results["qubit_final_p1"]]
+        emulator = {
             "emulator": "openqlink.gateware.qubit.QubitEmulator (in the gateware)",
             "seed": self.emulator_seed, "phase_bits": len(self.emulator.phase),
         }
+        results["ppus"][self.ppu].update(measurements=self.measurements,
+                                         qubit_final_p1=results["qubit_final_p1"],
+                                         qubits_final_p1=results["qubits_final_p1"],
+                                         qubit_seed=self.emulator_seed, model=emulator)
+        results["model"]["qubit"] = emulator
         results["wire"] = {"rgmii_frames_from_qsc": self.sink.frames}
         return results
 

@@ -1,8 +1,9 @@
 """Human-readable report of a simulation run (the timeline ``qlink sim`` prints).
 
-A run of one PPU prints its timeline, RPC round trips, counters, measurements and final status.
-A run of several PPUs prints the same for all of them, each row naming its PPU, and a table of
-each PPU's program, final status, registers and measurements.
+A run of one PPU prints the PTD channel map with the model's parameters, its timeline, RPC
+round trips, counters, measurements and final status. A run of several PPUs prints the same
+for all of them, each row naming its PPU, and a table of each PPU's program, final status,
+registers and measurements.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import re
 from rich.console import Console
 from rich.table import Table
 
-__all__ = ["print_report", "status_line", "all_done", "ppu_results", "channel_ppu"]
+__all__ = ["print_report", "status_line", "all_done", "ppu_results", "channel_ppu",
+           "channel_map_table"]
 
 #: A PTD channel's name in the events: ``drive<ppu>.<ch>``, ``readout<ppu>.<ch>``,
 #: ``marker<ppu>.<ch>``.
@@ -62,6 +64,9 @@ def print_report(results: dict, console: Console | None = None) -> None:
             console.print(f"  PPU {p['ppu']}: {p['program']}")
     else:
         console.print(f"[bold]{results['program']}[/bold]  start at DTD cycle {start}")
+    table = channel_map_table(model)
+    if table is not None:
+        console.print(table)
 
     timeline = Table(title="Timeline (DTD cycles of the timeline counter; t-start = cycles after "
                            "the trigger's start time)")
@@ -119,11 +124,19 @@ def print_report(results: dict, console: Console | None = None) -> None:
     played = {channel_ppu(e["channel"]) for e in results["events"] if e["kind"] == "play_start"}
     for p in ppus:
         prefix = f"PPU {p['ppu']} " if multi else ""
+        final = p.get("qubits_final_p1") or [p["qubit_final_p1"]]
         for m in p["measurements"]:
-            console.print(f"{prefix}measurement at cycle {m['dtd_cycle']}: outcome "
+            which = (f" of qubit {m['qubit']} (readout {m['channel']})"
+                     if len(final) > 1 and "qubit" in m else "")
+            console.print(f"{prefix}measurement{which} at cycle {m['dtd_cycle']}: outcome "
                           f"{m['outcome']} (P(1) = {m['p1']:.3f})")
         if p["measurements"] or p["ppu"] in played:
-            console.print(f"{prefix}qubit P(1) at the end: {p['qubit_final_p1']:.3f}")
+            if len(final) == 1:
+                console.print(f"{prefix}qubit P(1) after its last pulse or readout: "
+                              f"{final[0]:.3f}")
+            else:
+                console.print(f"{prefix}P(1) after each qubit's last pulse or readout: "
+                              + ", ".join(f"qubit {q} {v:.3f}" for q, v in enumerate(final)))
     for line in results.get("host_log", []):
         console.print(f"[yellow]host: {line}[/yellow]", markup=True, highlight=False)
     if results.get("run_limit_reached"):
@@ -152,6 +165,47 @@ def print_report(results: dict, console: Console | None = None) -> None:
             prefix = f"PPU {p['ppu']} " if multi else ""
             console.print(f"[bold]{prefix}stopped at:[/bold] {p['fault_location']}")
     console.print(status_line(results))
+
+
+def _g(value: float | None, unit: str = "") -> str:
+    """A parameter for the table: ``inf`` for None (no decay), else ``%g`` and its unit."""
+    return "inf" if value is None else f"{value:g}{unit}"
+
+
+def channel_map_table(model: dict) -> Table | None:
+    """The PTD channel map of ``results["model"]`` with PPU 0's model parameters (one row per
+    channel); None for results without a channel map (the board bench's emulator)."""
+    cmap = model.get("channel_map")
+    system = model.get("qubit") or {}
+    if not cmap or "qubits" not in system:
+        return None
+    seed = system.get("seed")
+    rate = system.get("sample_rate_hz", 0.0)
+    table = Table(title=f"PTD channels -> qubit model ({cmap['qubits']} qubit(s) per PPU, "
+                        f"{rate / 1e6:g} MS/s; PPU n's model seeded {seed} + n)")
+    for col in ("channel", "drives / reads", "parameters"):
+        table.add_column(col)
+    qubits = system["qubits"]
+    couplers = system.get("couplers", [])
+    readouts = system.get("readouts", [])
+    for d in cmap["drive"]:
+        if d["role"] == "drive":
+            qp = qubits[d["qubit"]]
+            table.add_row(f"drive {d['channel']}", f"qubit {d['qubit']}",
+                          f"if {_g(qp['if_hz'], ' Hz')}, T1 {_g(qp['t1_ns'], ' ns')}, "
+                          f"T2 {_g(qp['t2_ns'], ' ns')}, pi_area {qp['pi_area']:.4g}")
+        else:
+            cz = couplers[d["coupler"]]["cz_area"] if d["coupler"] < len(couplers) else None
+            a, b = d["qubits"]
+            table.add_row(f"drive {d['channel']}", f"coupler of qubits {a}, {b}",
+                          f"cz_area {_g(cz)}")
+    for r in cmap["readout"]:
+        ro = readouts[r["channel"]]
+        table.add_row(f"readout {r['channel']}", f"qubit {r['qubit']}",
+                      f"ro_if {_g(ro['ro_if_hz'], ' Hz')}, amplitude "
+                      f"{_g(ro['readout_amplitude'])}, phase 0/1 {ro['phase0_rad']:.4g}/"
+                      f"{ro['phase1_rad']:.4g} rad, noise {_g(ro['noise_sigma'])}")
+    return table
 
 
 def _print_ppu_table(console: Console, ppus: list[dict]) -> None:

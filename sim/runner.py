@@ -12,13 +12,14 @@ import logging
 import re
 import shutil
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
 from ..errors import QlinkError
 from ..isa.asm import assemble
 from ..memory_map import QSCParams
+from .channel_map import ModelError, check_build, check_model, load_model, make_system, sim_params
 from .handlers import default_handlers_path, load_function_table
 
 __all__ = [
@@ -98,7 +99,8 @@ def SimConfig(**overrides) -> dict:
         "status_poll_ns": 2000,
         "max_run_ns": 2_000_000,
         "gpu": False,
-        "qubit": {},
+        "qubits": 1,
+        "model": None,
     }
     cfg.update(overrides)
     return cfg
@@ -178,6 +180,7 @@ def run_sim(program: str | Path | Sequence[str | Path], *,
             json_path: str | Path | None = None, pcap_path: str | Path | None = None,
             waves_path: str | Path | None = None, params: QSCParams | None = None,
             build_dir: str | Path | None = None, verilog_path: str | Path | None = None,
+            qubits: int = 1, model: Mapping | str | Path | None = None,
             **bench: object) -> dict:
     """Simulate ``program`` end to end and return the results dictionary.
 
@@ -194,10 +197,18 @@ def run_sim(program: str | Path | Sequence[str | Path], *,
         Where to write the results (JSON), every frame on the simulated wire (pcap, link type
         Ethernet) and the waveforms (FST).
     params : QSCParams, optional
-        Gateware build parameters (default: the default build with one PPU per program). It
-        may have more PPUs than programs; the others stay idle.
+        Gateware build parameters (default: :func:`~openqlink.sim.channel_map.sim_params`
+        with one PPU per program and ``qubits``). It may have more PPUs than programs; the
+        others stay idle. Its drive and readout channels must be those of the channel map of
+        ``qubits``.
     verilog_path : path, optional
         Pre-generated Verilog of the top (``qlink verilog --sim``) instead of elaborating it.
+    qubits : int
+        Qubits behind each PPU (1..5), on the PTD channels of
+        :mod:`openqlink.sim.channel_map`.
+    model : mapping or path, optional
+        The model's parameters: a model file's object or its path (checked before the build;
+        keys in :mod:`openqlink.sim.channel_map`); default: the model's defaults.
     **bench
         Overrides of :func:`SimConfig` (``seed``, ``host_turnaround_ns``, ...). PPU ``n``'s
         qubit model has seed ``seed + n``.
@@ -215,13 +226,21 @@ def run_sim(program: str | Path | Sequence[str | Path], *,
         A program does not assemble (checked before anything is built).
     SimulationError
         More programs than the build has PPUs, a handlers count that fits neither rule,
-        ``gpu`` with more than one program, Icarus or cocotb failed, or the bench raised.
+        ``gpu`` with more than one program, a model or build that does not fit ``qubits``
+        (the message names the key), Icarus or cocotb failed, or the bench raised.
     """
     programs = [Path(p).resolve() for p in
                 ([program] if isinstance(program, (str, Path)) else program)]
     if not programs:
         raise SimulationError("no program to simulate")
-    params = params or QSCParams(num_ppus=len(programs))
+    try:
+        params = params or sim_params(len(programs), qubits)
+        check_build(params, qubits)
+        model_data = (None if model is None else load_model(model, qubits)
+                      if isinstance(model, (str, Path)) else check_model(model, qubits))
+        make_system(model_data, qubits, seed=0, sample_rate_hz=params.sample_rate_hz)
+    except ModelError as exc:
+        raise SimulationError(str(exc)) from None
     if len(programs) > params.num_ppus:
         raise SimulationError(f"{len(programs)} programs for a build of {params.num_ppus} "
                               "PPU(s): give one program per PPU")
@@ -250,6 +269,8 @@ def run_sim(program: str | Path | Sequence[str | Path], *,
             raise SimulationError(f"--gpu needs a CUDA GPU: {why}")
     cfg = SimConfig(**bench)
     cfg.update({
+        "qubits": qubits,
+        "model": model_data,
         "program": str(programs[0]),
         "handlers": str(resolved[0]) if resolved[0] else None,
         "programs": [str(p) for p in programs],

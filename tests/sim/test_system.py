@@ -28,7 +28,7 @@ pytestmark = [
 FIRMWARE = Path(__file__).resolve().parents[2] / "firmware"
 PROGRAM = FIRMWARE / "active_reset.s"
 #: Seeds of the qubit model whose single measurement gives 1 and 0 (checked by the tests).
-SEED_ONE, SEED_ZERO = 1, 2
+SEED_ONE, SEED_ZERO = 1, 4
 
 
 @pytest.fixture(scope="module")
@@ -52,6 +52,10 @@ def test_active_reset_with_outcome_one_plays_the_reset_pulse(run_one):
     results, _ = run_one
     assert results["status"]["state"] == "DONE"
     assert [m["outcome"] for m in results["measurements"]] == [1]
+    # The pi/2 pulse left the qubit in an even superposition (less 64 cycles of T1 decay).
+    (meas,) = results["measurements"]
+    assert meas["p1"] == pytest.approx(0.5, abs=0.01)
+    assert (meas["qubit"], meas["channel"]) == (0, 0)
     plays = _plays(results)
     assert len(plays) == 2
     # The first pulse starts exactly at the trigger's start time (the timeline is exact).
