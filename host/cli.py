@@ -4,7 +4,8 @@ Commands::
 
     qlink asm FILE [-o OUT.bin] [--envelopes ENV.bin] [--board NAME] [--dtd-clk-hz HZ] [--base N]
     qlink disasm FILE [--base N] [--function NAME ...] [--board NAME]
-    qlink sim [--ppus N] PROGRAM... [--json F] [--pcap F] [--waves F] [--seed N] [...]
+    qlink sim [--ppus N] [--qubits Q] [--samples-per-cycle S] [--model F] PROGRAM...
+              [--json F] [--pcap F] [--waves F] [--seed N] [...]
     qlink docs memory-map [-o PATH]
     qlink docs isa-tables [-o PATH]
     qlink build --board NAME [-o DIR] [--seed N] [--seeds N] [--jobs N] [--placer P]
@@ -167,6 +168,17 @@ def isa_tables_command(output: Path | None) -> None:
 @click.option("--ppus", "num_ppus", type=click.IntRange(1, 16), default=1, show_default=True,
               help="PPUs of the simulated build. Give exactly one PROGRAM per PPU, PPU 0 first "
               "(a count that does not match is a usage error); all start at one start time.")
+@click.option("--qubits", type=click.IntRange(1, 5), default=1, show_default=True,
+              help="Qubits behind each PPU: drive channels 0..Q-1 drive qubits 0..Q-1, drive "
+              "channels Q..2Q-2 are the couplers of qubits (q, q+1), readout channels 0..Q-1 "
+              "read qubits 0..Q-1 (a build of 2Q-1 drive and Q readout channels per PPU).")
+@click.option("--samples-per-cycle", type=click.Choice(["1", "2", "4"]), default="1",
+              show_default=True,
+              help="PTD samples per DTD cycle and converter (QSCParams.samples_per_cycle).")
+@click.option("--model", "model_path", type=click.Path(exists=True, dir_okay=False,
+              path_type=Path), default=None,
+              help="JSON file of the qubit model's parameters (keys: qubits, readouts, "
+              "couplers, trotter_fraction; docs/simulation.md) [default: the model's own].")
 @click.option("--handlers", multiple=True,
               type=click.Path(exists=True, dir_okay=False, path_type=Path),
               help="Python file with a module-level `table` (FunctionTable) of HOST_CALL "
@@ -187,7 +199,8 @@ def isa_tables_command(output: Path | None) -> None:
 @click.option("--verilog", "verilog_path", type=click.Path(exists=True, dir_okay=False,
               path_type=Path), default=None,
               help="Use this Verilog from `qlink verilog --sim` (with --num-ppus N for --ppus "
-              "N) instead of elaborating the top (for machines without Yosys).")
+              "N, and the same --qubits and --samples-per-cycle) instead of elaborating the "
+              "top (for machines without Yosys).")
 @click.option("--max-run-us", type=float, default=2000.0, show_default=True,
               help="Simulated time the host waits for every PPU to reach DONE or ERROR.")
 @click.option("--gpu", is_flag=True,
@@ -195,17 +208,19 @@ def isa_tables_command(output: Path | None) -> None:
               "DEVICE_CALL handlers of the handlers file's device_table() (needs a GPU and "
               "the [gpu] extra; one PPU only).")
 @click.option("--quiet", is_flag=True, help="Print only the final status line.")
-def sim_command(programs: tuple[Path, ...], num_ppus: int, handlers: tuple[Path, ...],
+def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
+                samples_per_cycle: str, model_path: Path | None, handlers: tuple[Path, ...],
                 json_path: Path | None, pcap_path: Path | None, waves_path: Path | None,
                 seed: int, host_turnaround_ns: int, build_dir: Path | None,
                 verilog_path: Path | None, max_run_us: float, gpu: bool, quiet: bool) -> None:
     """Simulate PROGRAM end to end: the QSC gateware's Verilog on Icarus (cocotb) against the
     host package and its dispatcher. With --ppus N, PPU n runs the n-th PROGRAM (each with its
-    own QP, ring, dispatcher and qubit model), all triggered at one start time.
+    own QP, ring, dispatcher and qubit model), all triggered at one start time. With --qubits
+    Q, each PPU's model has Q qubits and Q-1 couplers on its PTD channels.
 
     Exit status 0 when every PPU ends DONE, 1 otherwise, 2 for bad input."""
     from .errors import QlinkError
-    from .memory_map import QSCParams
+    from .sim.channel_map import ModelError, load_model, make_system, sim_params
     from .sim.report import all_done, print_report, status_line
     from .sim.runner import run_sim
 
@@ -223,10 +238,22 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, handlers: tuple[Path,
                                ctx=click.get_current_context())
     handler_arg: Path | list[Path] | None = (
         None if not handlers else handlers[0] if len(handlers) == 1 else list(handlers))
+    params = sim_params(num_ppus, qubits, int(samples_per_cycle))
+    model = None
+    if model_path is not None:
+        try:
+            model = load_model(model_path, qubits)
+            make_system(model, qubits, seed=seed, sample_rate_hz=params.sample_rate_hz)
+        except ModelError as exc:
+            message = str(exc)
+            if not message.startswith(str(model_path)):
+                message = f"{model_path}: {message}"
+            raise click.BadParameter(message, ctx=click.get_current_context(),
+                                     param_hint="'--model'") from None
     try:
         results = run_sim(list(programs), handlers=handler_arg, json_path=json_path,
-                          pcap_path=pcap_path, waves_path=waves_path,
-                          params=QSCParams(num_ppus=num_ppus), build_dir=build_dir, seed=seed,
+                          pcap_path=pcap_path, waves_path=waves_path, params=params,
+                          build_dir=build_dir, seed=seed, qubits=qubits, model=model,
                           host_turnaround_ns=host_turnaround_ns, verilog_path=verilog_path,
                           max_run_ns=round(max_run_us * 1000), gpu=gpu)
     except AssemblerError as exc:
@@ -247,16 +274,23 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, handlers: tuple[Path,
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Output file [default: stdout].")
 @click.option("--num-ppus", type=int, default=1, show_default=True)
+@click.option("--qubits", type=click.IntRange(1, 5), default=1, show_default=True,
+              help="The channels of `qlink sim --qubits Q`: 2Q-1 drive and Q readout channels "
+              "per PPU.")
+@click.option("--samples-per-cycle", type=click.Choice(["1", "2", "4"]), default="1",
+              show_default=True, help="PTD samples per DTD cycle and converter.")
 @click.option("--sim", "for_sim", is_flag=True,
               help="Make Yosys's combinational processes evaluate at time 0 on Icarus "
               "(openqlink.sim.runner.icarus_compatible); what `qlink sim --verilog` takes.")
-def verilog_command(output: Path | None, num_ppus: int, for_sim: bool) -> None:
-    """Elaborate the QSC top (default parameters) and write it as Verilog."""
+def verilog_command(output: Path | None, num_ppus: int, qubits: int, samples_per_cycle: str,
+                    for_sim: bool) -> None:
+    """Elaborate the QSC top (default parameters, or the simulation build of --qubits and
+    --samples-per-cycle) and write it as Verilog."""
     from .gateware.top import generate_verilog
-    from .memory_map import QSCParams
+    from .sim.channel_map import sim_params
 
     try:
-        params = QSCParams(num_ppus=num_ppus)
+        params = sim_params(num_ppus, qubits, int(samples_per_cycle))
     except ValueError as exc:
         _fail(f"qlink verilog: {exc}")
         return
