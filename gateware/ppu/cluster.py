@@ -92,6 +92,16 @@ class PPUCluster(wiring.Component):
             m.d.comb += ppu.now.eq(self.now)
             wiring.connect(m, wiring.flipped(self.ptd[n]), ppu.ptd)
 
+        # ---- BARRIER -----------------------------------------------------------------------
+        # The PPUs waiting at a BARRIER, registered: every PPU of a mask sees the last one's
+        # arrival in the same cycle and is released in it (a PPU's own arrival counts a cycle
+        # late, like the others'), so they re-anchor their ``t`` at the same ``now``.
+        arrived = Signal(n_ppus)
+        m.d.sync += arrived.eq(Cat(*(ppu.barrier_arrive for ppu in ppus)))
+        for ppu in ppus:
+            mask = ppu.barrier_mask[:n_ppus]
+            m.d.comb += ppu.barrier_go.eq(ppu.barrier_arrive & ((arrived & mask) == mask))
+
         # ---- Bus decoder -------------------------------------------------------------------
         cmd = self.bus_cmd.payload
         window = cmd.word_addr[LOCAL_ADDR_BITS:]

@@ -174,6 +174,12 @@ class PPU(wiring.Component):
         CALL requests.
     ptd : ``Out(PTDSignature(n_drive, n_readout, n_marker, samples_per_cycle))``
         The physical interface.
+    barrier_arrive : ``Out(1)``; barrier_mask : ``Out(16)``
+        A BARRIER waits in the execute stage, for the PPUs of ``barrier_mask`` (this one's bit
+        set).
+    barrier_go : ``In(1)``
+        Releases it in this cycle (the cluster's answer, the same cycle for every PPU of the
+        mask; tie to ``barrier_arrive`` for a PPU alone).
     """
 
     #: Cycles from a READ on ``bus_valid`` to its answer on ``bus_rdata``: command stage,
@@ -200,6 +206,9 @@ class PPU(wiring.Component):
             "bus_rdata": Out(BusReadData),
             "call_req": Out(stream.Signature(CallRequest)),
             "ptd": Out(PTDSignature(n_drive, n_readout, n_marker, params.samples_per_cycle)),
+            "barrier_arrive": Out(1),
+            "barrier_mask": Out(16),
+            "barrier_go": In(1),
         })
 
     def elaborate(self, platform):
@@ -492,8 +501,16 @@ class PPU(wiring.Component):
                            .bit_select(arg_bits[:5], 1) for i in range(REGISTER_BITS)))
 
             # Each op's operand checks, kept apart from the op compare.
+            play_bad = chan >= self._n_drive
+            lane_bits = p.samples_per_cycle.bit_length() - 1
+            if lane_bits:
+                play_bad = play_bad | (ins.operands.play.env_addr[:lane_bits] != 0) | \
+                    (ins.operands.play.env_len[:lane_bits] != 0)
+            barrier_mask = ins.operands.barrier.mask
             bad = {
-                Op.PLAY: chan >= self._n_drive,
+                Op.PLAY: play_bad,
+                Op.BARRIER: (barrier_mask[p.num_ppus:] != 0 if p.num_ppus < 16
+                             else Const(0, 1)),
                 Op.MARKER: chan >= self._n_marker,
                 Op.ACQUIRE: (chan >= self._n_readout) |
                             kept(m, zero(ins.operands.acquire.window_cycles, "window"),
@@ -718,6 +735,10 @@ class PPU(wiring.Component):
                 *(getattr(xd, k).eq(Mux(load_tgt, getattr(tgt_dec, k), getattr(f_dec, k)))
                   for k in wide),
             ]
+        with m.Elif(xd.barrier):
+            # A BARRIER waiting in the stage: its anchor follows SYNC's, so that the cycle it
+            # is released in anchors it as a SYNC executing then.
+            m.d.sync += x_base.eq(sync_anchor)
         # Each group's OR for the three candidates (target, fetched, staying), chosen last.
         for j in range(NUM_REGISTERS // 4):
             group = slice(4 * j, 4 * j + 4)
@@ -899,6 +920,12 @@ class PPU(wiring.Component):
 
         with m.If(run & x_valid & x_illegal):
             m.d.comb += err_illegal.eq(1)
+        # BARRIER: waiting in the execute stage is "arrived"; the cluster answers ``barrier_go``
+        # in the cycle that every PPU of the mask (this one's bit implied) has arrived.
+        m.d.comb += [
+            self.barrier_arrive.eq(ex & x_is[Op.BARRIER] & ~error_set),
+            self.barrier_mask.eq(x.operands.barrier.mask | (1 << self._index)),
+        ]
         # The CALL unit takes its request while it is idle, every cycle; ``issue`` starts it.
         m.d.comb += [
             call.function_id.eq(x.operands.call.function_id),
@@ -913,6 +940,7 @@ class PPU(wiring.Component):
         writes = (x_is[Op.SET] & wr_ok) | (x_is[Op.ADD] & wr_ok & rs_ok) | done_call
         m.d.comb += [
             x_done.eq(ex & (x_is[Op.NOP] | x_is[Op.WAIT] | x_is[Op.SYNC] | ready_sel | writes |
+                            (x_is[Op.BARRIER] & self.barrier_go) |
                             (x_is[Op.BRANCH] & br_ready &
                              (~br_taken | tgt_dec_valid | tgt_none)))),
             core_we.eq(ex & writes),
@@ -925,7 +953,7 @@ class PPU(wiring.Component):
             with m.If(x_is[Op.END]):
                 set_mode(_CoreMode.DRAIN)
                 kill_fetch()
-            with m.If(x_is[Op.WAIT] | x_is[Op.SYNC]):
+            with m.If(x_is[Op.WAIT] | x_is[Op.SYNC] | (x_is[Op.BARRIER] & self.barrier_go)):
                 # One carry chain between flip-flops.
                 m.d.sync += [t.eq(x_base + x_cycles), t_hi_p1.eq((x_base + x_cycles_p)[16:])]
             with m.If(x_is[Op.BRANCH]):

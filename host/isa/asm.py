@@ -18,6 +18,7 @@ Syntax summary (one instruction per line, ``;`` starts a comment)::
             marker 0, duration=10, offset=0
             wait 400ns                      ; times: cycles, or ns/us at dtd_clk_hz
             sync 16
+            barrier 0b11, 16                ; wait for PPUs 0 and 1, then t = now + 16
             set r1, 5
             add r1, r2, -1
             beq r2, 1, label                ; also bne, blt, bge; jmp label
@@ -124,6 +125,7 @@ _OPERANDS_OF: dict[Op, str] = {
     Op.MARKER: "marker",
     Op.WAIT: "wait",
     Op.SYNC: "sync",
+    Op.BARRIER: "barrier",
     Op.SET: "set",
     Op.ADD: "add",
     Op.BRANCH: "branch",
@@ -134,7 +136,7 @@ _BRANCH_ALIASES: dict[str, Cond] = {"beq": Cond.EQ, "bne": Cond.NE, "blt": Cond.
 
 #: Every mnemonic the assembler accepts (directives start with a dot and are not listed).
 MNEMONICS: tuple[str, ...] = (
-    "nop", "end", "wait", "sync", "play", "acquire", "marker", "set", "add",
+    "nop", "end", "wait", "sync", "barrier", "play", "acquire", "marker", "set", "add",
     "branch", "beq", "bne", "blt", "bge", "jmp", "call",
 )
 
@@ -257,6 +259,10 @@ def _build_fault(op: Op, fields: Mapping[str, Any], params: QSCParams) -> tuple[
         if value >= count:
             return name, (f"{name} = {value} is out of range for {op.name} (0..{count - 1}: the "
                           f"build has {count_name} = {count})")
+    if op == Op.BARRIER and int(fields.get("mask", 0)) >> params.num_ppus:
+        return "mask", (f"mask = {int(fields['mask']):#x} names a PPU the build does not have "
+                        f"(PPUs 0..{params.num_ppus - 1}: the build has num_ppus = "
+                        f"{params.num_ppus})")
     if op == Op.PLAY:
         addr, length = int(fields.get("env_addr", 0)), int(fields.get("env_len", 0))
         depth = params.env_depth
@@ -735,6 +741,12 @@ class _Assembler:
             op, fname = (Op.WAIT, "cycles") if m == "wait" else (Op.SYNC, "slack_cycles")
             a = self.bind(text, [(fname, R)])
             return self.encode(op, {fname: (self.cycles(a[fname], fname), a[fname])})
+        if m == "barrier":
+            a = self.bind(text, [("mask", R), ("slack", "0")])
+            return self.encode(Op.BARRIER, {
+                "mask": (self.integer(a["mask"], "mask"), a["mask"]),
+                "slack_cycles": (self.cycles(a["slack"], "slack"), a["slack"]),
+            })
         if m == "play":
             return self.play(text)
         if m == "acquire":
@@ -964,6 +976,8 @@ def _format(op: Op, f: Mapping[str, Any], label_of: Mapping[int, str],
         return f"wait {f['cycles']}"
     if op == Op.SYNC:
         return f"sync {f['slack_cycles']}"
+    if op == Op.BARRIER:
+        return f"barrier {int(f['mask']):#x}, {f['slack_cycles']}"
     if op == Op.PLAY:
         text = (f"play {f['channel']}, addr={f['env_addr']}, len={f['env_len']}, "
                 f"amp={format_amplitude(int(f['amplitude']))}")

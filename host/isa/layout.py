@@ -17,12 +17,12 @@ from amaranth.lib import data, enum
 __all__ = [
     "ISA_VERSION", "INSTRUCTION_BITS", "INSTRUCTION_BYTES", "NUM_REGISTERS", "REGISTER_BITS",
     "Op", "Cond", "PlayOperands", "AcquireOperands", "MarkerOperands", "WaitOperands",
-    "SyncOperands", "SetOperands", "AddOperands", "BranchOperands", "CallOperands",
-    "Operands", "Instruction", "PPUState", "PPUStatus",
+    "SyncOperands", "BarrierOperands", "SetOperands", "AddOperands", "BranchOperands",
+    "CallOperands", "Operands", "Instruction", "PPUState", "PPUStatus",
 ]
 
 #: Bumped whenever the instruction layout or semantics change; reported by the version register.
-ISA_VERSION = 2
+ISA_VERSION = 3
 INSTRUCTION_BITS = 128
 INSTRUCTION_BYTES = INSTRUCTION_BITS // 8
 #: General registers r0..r15, 32 bits each; r0 always reads 0 and ignores writes.
@@ -37,6 +37,7 @@ class Op(enum.Enum, shape=8):
     END = 0x01      #: stop with state DONE
     WAIT = 0x02     #: t += cycles
     SYNC = 0x03     #: t = max(now, START_TIME) + slack_cycles (re-anchor after a CALL, input)
+    BARRIER = 0x04  #: wait for the PPUs in mask, then t = now + slack_cycles on each of them
     PLAY = 0x10     #: queue a pulse: envelope x amplitude on a drive channel at t + offset
     ACQUIRE = 0x11  #: queue a readout window at t + offset; integrate, threshold -> rd
     MARKER = 0x12   #: queue a digital marker pulse at t + offset
@@ -93,6 +94,11 @@ class SyncOperands(data.Struct):
     slack_cycles: unsigned(32)
 
 
+class BarrierOperands(data.Struct):
+    slack_cycles: unsigned(32)    #: t = (the release cycle) + slack_cycles, as SYNC's
+    mask: unsigned(16)            #: PPUs that meet here (bit n: PPU n; its own bit implied)
+
+
 class SetOperands(data.Struct):
     rd: unsigned(4)
     _rsv: unsigned(4)
@@ -125,6 +131,7 @@ class Operands(data.Union):
     marker: MarkerOperands
     wait: WaitOperands
     sync: SyncOperands
+    barrier: BarrierOperands
     set: SetOperands
     add: AddOperands
     branch: BranchOperands

@@ -935,3 +935,16 @@ def test_round_trip_nco_operands(mnemonic, phase, freq, reset, spc):
     assert (".word" in text) == bool(nco_set)
     assert assemble(text, params=QSCParams(samples_per_cycle=spc, nco=False)).instructions \
         == words
+
+
+def test_barrier_syntax_build_check_and_round_trip():
+    params = QSCParams(num_ppus=2, dtd_clk_hz=250_000_000)
+    prog = assemble("barrier 0b11, 16ns\nbarrier 1\nend\n", params=params)
+    assert [decode(w)[1] for w in prog.instructions[:2]] == [
+        {"slack_cycles": 4, "mask": 3}, {"slack_cycles": 0, "mask": 1}]
+    text = disassemble(prog.instructions, params=params)
+    assert "barrier 0x3, 4" in text
+    assert assemble(text, params=params).instructions == prog.instructions
+    with pytest.raises(AssemblerError, match=r"mask = 0x5 names a PPU the build does not have "
+                                             r"\(PPUs 0\.\.1: the build has num_ppus = 2\)"):
+        assemble("barrier 0b101, 0\nend\n", params=params)

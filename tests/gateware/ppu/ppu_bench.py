@@ -26,7 +26,7 @@ __all__ = [
     "write_reg", "upload", "upload_env", "trigger", "status", "wait_state", "write_mailbox",
     "send_response",
     "Monitor", "nop", "end", "wait", "sync", "play", "acquire", "marker", "set_", "add",
-    "branch", "call",
+    "branch", "call", "barrier",
 ]
 
 #: The boards' configuration (no NCOs: the readout's result a cycle sooner); NCO_PARAMS with.
@@ -82,6 +82,10 @@ def acquire(channel: int, rd: int, offset: int, window: int, threshold: int,
 def marker(channel: int, offset: int, duration: int) -> int:
     return _ins(Op.MARKER, "marker", channel=channel, offset_cycles=offset,
                 duration_cycles=duration)
+
+
+def barrier(mask: int, slack_cycles: int) -> int:
+    return _ins(Op.BARRIER, "barrier", mask=mask, slack_cycles=slack_cycles)
 
 
 def set_(rd: int, imm: int) -> int:

@@ -14,6 +14,7 @@ from ppu_bench import (
     Monitor,
     acquire,
     add,
+    barrier,
     branch,
     bus_commit,
     bus_read,
@@ -1365,3 +1366,52 @@ def test_play_and_acquire_carry_the_nco_fields_to_their_channels():
     assert [rows[k] for k in range(10, 14)] == [(0, 500)] * 4
     assert [rows[k] for k in range(20, 28)] == [(500, 0), (0, 500), (-500, 0), (0, -500)] * 2
     assert out["r"] == [1, 0]
+
+
+def test_barrier_releases_every_ppu_of_its_mask_in_one_cycle():
+    """PPU 1 reaches the BARRIER only once its ACQUIRE's result (a window 300 cycles after the
+    start) lands, PPU 0 at once: both leave it in the same cycle and re-anchor ``t`` there
+    (their next MARKERs at offset 0 fire together, ``slack`` after the release), and PPU 0
+    does not leave before PPU 1 arrived."""
+    dut, sim = make_sim(PARAMS)
+    mons = [Monitor(dut, n) for n in range(2)]
+    for mon in mons:
+        mon.add_to(sim)
+    out = {}
+
+    async def bench(ctx):
+        progs = [[marker(0, 0, 1), barrier(0b11, 12), marker(0, 0, 2), end()],
+                 [acquire(0, 1, 300, 4, 0), add(2, 1, 0), barrier(0b11, 12), marker(0, 0, 2),
+                  end()]]
+        for n, prog in enumerate(progs):
+            await upload(ctx, dut, n, prog)
+        s = out["s"] = ctx.get(dut.now) + LEAD
+        for n, prog in enumerate(progs):
+            await trigger(ctx, dut, n, s, len(prog))
+        for n in range(2):
+            st = await wait_state(ctx, dut, n, PPUState.DONE)
+            assert not st.late and not st.sequence and not st.illegal_instruction
+
+    sim.add_testbench(bench)
+    sim.run()
+    s = out["s"]
+    marks = [rel(mon.cycles("marker", 0), s) for mon in mons]
+    release = marks[1][0] - 12
+    assert marks[0] == [0, release + 12, release + 13]
+    assert marks[1] == [release + 12, release + 13]
+    assert 303 < release < 303 + 12          # the window's last sample, its result, the ADD
+
+
+def test_barrier_of_one_ppu_is_a_sync_and_a_mask_beyond_the_build_is_illegal():
+    out = {}
+
+    async def bench(ctx, dut):
+        out["s"] = await start(ctx, dut, [barrier(0, 7), marker(0, 0, 1), end()])
+        await wait_state(ctx, dut, 0, PPUState.DONE)
+        await start(ctx, dut, [barrier(0b100, 7), marker(0, 0, 1), end()])
+        st = await wait_state(ctx, dut, 0, PPUState.ERROR)
+        assert st.illegal_instruction
+
+    mon = run(bench)
+    (fired, *rest) = rel(mon.cycles("marker", 0), out["s"])
+    assert rest == [] and 7 <= fired <= 7 + 4         # SYNC's: now + slack at the start
