@@ -10,6 +10,7 @@ building the top) and the tests check it from several sides.
 from __future__ import annotations
 
 import json
+import math
 import shutil
 from pathlib import Path
 
@@ -17,7 +18,8 @@ import pytest
 from click.testing import CliRunner
 
 from openqlink.cli import main
-from openqlink.sim.channel_map import channel_map
+from openqlink.isa.asm import assemble
+from openqlink.sim.channel_map import channel_map, make_system, sim_params
 
 pytestmark = [
     pytest.mark.cocotb,
@@ -163,3 +165,88 @@ def test_active_reset_with_two_samples_per_cycle(two_lanes):
     # The reset pulse (64 samples, 32 cycles) really resets the qubit.
     assert len(plays) == 4 and plays[3][1] - plays[2][1] == 32
     assert results["qubit_final_p1"] < 1e-3
+
+
+#: Ramsey shots on one ideal qubit (no decay) at IF 0: two pi/2 pulses T apart whose NCO runs
+#: at the detuning df (phase-continuous: the second pulse's axis is 2 pi df T further on), so
+#: from |0> P(1) = cos^2(pi df T). The first shot has no detuning (the two pulses make a pi
+#: pulse), the last the same T at 250 kHz (a half turn of the axis: nothing).
+RAMSEY = """\
+.equ PULSE, 64
+.envelope half, gaussian, length=PULSE, sigma=16, amp=1.0   ; amp 0.5 = pi/2
+        play 0, half, amp=0.5, freq=0
+        wait 2us
+        play 0, half, amp=0.5, freq=0
+        wait PULSE
+        acquire 0, r1, window=100, threshold=0
+        wait 108
+        play 0, half, amp=0.5, freq=250kHz
+        wait 500ns
+        play 0, half, amp=0.5, freq=250kHz
+        wait PULSE
+        acquire 0, r2, window=100, threshold=0
+        wait 108
+        play 0, half, amp=0.5, freq=250kHz
+        wait 1us
+        play 0, half, amp=0.5, freq=250kHz
+        wait PULSE
+        acquire 0, r3, window=100, threshold=0
+        wait 108
+        play 0, half, amp=0.5, freq=250kHz
+        wait 2us
+        play 0, half, amp=0.5, freq=250kHz
+        wait PULSE
+        acquire 0, r4, window=100, threshold=0
+        wait 100
+        end
+"""
+#: Each shot's detuning (Hz) and the time between its pulses' starts (DTD cycles at 250 MHz).
+#: The pulses' own 256 ns at the detuning shift P(1) from cos^2(pi df T) by up to 0.04.
+RAMSEY_SHOTS = [(0.0, 500), (250e3, 125), (250e3, 250), (250e3, 500)]
+IDEAL = {"qubits": {"t1_ns": None, "t2_ns": None}}
+
+
+@pytest.fixture(scope="module")
+def ramsey(tmp_path_factory):
+    """``qlink sim --model ideal.json ramsey.s``: the result and the JSON."""
+    out = tmp_path_factory.mktemp("ramsey")
+    (out / "ramsey.s").write_text(RAMSEY)
+    (out / "ideal.json").write_text(json.dumps(IDEAL))
+    return _run(out, tmp_path_factory.mktemp("ramsey_build"),
+                ["--model", str(out / "ideal.json"), str(out / "ramsey.s")])
+
+
+def _shot_p1(env: list[int], word: int, t_cycles: int) -> float:
+    """P(1) from |0> after two pulses of ``env`` at amplitude 0.5, ``t_cycles`` apart, mixed
+    with an ideal NCO of ``word`` (turns / 2**32 per sample): the model's own prediction."""
+    system = make_system(IDEAL, 1, seed=1, sample_rate_hz=250e6)
+    for start in (0, t_cycles):
+        for k, e in enumerate(env):
+            n = start + k
+            theta = 2 * math.pi * (n * word % 2**32) / 2**32
+            system.drive(0, n, round(e * 0.5 * math.cos(theta)),
+                         round(e * 0.5 * math.sin(theta)))
+    return system.p1(0)
+
+
+def test_a_drive_detuned_by_the_nco_gives_ramsey_fringes(ramsey):
+    res, results = ramsey
+    assert res.exit_code == 0, res.output
+    env = assemble(RAMSEY, params=sim_params()).envelopes["half"].samples
+    measured = results["measurements"]
+    assert len(measured) == len(RAMSEY_SHOTS)
+    before = 0          # each shot starts from the previous shot's outcome
+    for (df, t_cycles), m, reg in zip(RAMSEY_SHOTS, measured, ("R1", "R2", "R3", "R4"),
+                                      strict=True):
+        word = round(df / 250e6 * 2**32)
+        from_zero = _shot_p1(env, word, t_cycles)
+        # The NCO's samples through the bench give the model's own prediction ...
+        assert m["p1"] == pytest.approx(from_zero if before == 0 else 1 - from_zero, abs=0.01)
+        # ... which follows the detuning: cos^2(pi df T), the pulses' own length aside.
+        fringe = math.cos(math.pi * (word / 2**32 * 250e6) * t_cycles * 4e-9) ** 2
+        assert from_zero == pytest.approx(fringe, abs=0.06)
+        assert results["registers"][reg] == m["outcome"]
+        before = m["outcome"]
+    # The same T without and with the detuning: a pi pulse, then nothing.
+    assert _shot_p1(env, 0, 500) > 0.99 and _shot_p1(env, round(250e3 / 250e6 * 2**32), 500) \
+        < 0.01
