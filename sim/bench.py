@@ -311,6 +311,14 @@ class TB:
         ro_window = getattr(dut, f"ptd__{n}__ro_window")
         marker = getattr(dut, f"ptd__{n}__marker")
         adc = self._adc(n)
+        for name, port, width in (("dac", dac, 16 * self.params.drives_per_ppu * S),
+                                  ("adc", adc, 16 * self.params.readouts_per_ppu * S)):
+            if len(port) != width:
+                raise ValueError(
+                    f"the top's ptd__{n}__{name} has {len(port)} bits, not the {width} of "
+                    f"{self.params.drives_per_ppu} drive and {self.params.readouts_per_ppu} "
+                    f"readout channel(s) of {S} sample(s) per cycle: a Verilog file of another "
+                    "build (make it with the same --ppus, --qubits and --samples-per-cycle)")
         #: Per drive channel: (coupler?, the model's drive or coupler index, lane bit offsets).
         drive_lanes = [(role == "coupler", ch if role == "drive" else ch - q_count,
                         [16 * (S * ch + k) for k in range(S)])

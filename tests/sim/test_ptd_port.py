@@ -119,3 +119,13 @@ def test_a_readout_projects_at_the_windows_first_sample_and_fills_its_adc_lanes(
         ("readout0.1", "acquire_start", 30), ("readout0.1", "acquire_end", 34)]
     (m,) = tb.qubits[0].measurements
     assert (m.qubit, m.channel, m.sample, m.outcome) == (1, 1, 60, 0)
+
+
+def test_a_top_of_another_build_is_named():
+    """``qlink sim --verilog`` with a Verilog file of another build: the port's width says so."""
+    params = sim_params(1, Q, S)
+    cfg = SimConfig(params=asdict(params), qubits=Q, model=IDEAL, program="p.s", pcap=None)
+    tb = TB(Top(sim_params()), cfg)
+    with pytest.raises(ValueError, match="ptd__0__dac has 32 bits, not the 96 of 3 drive and 2 "
+                                         "readout channel\\(s\\) of 2 sample\\(s\\) per cycle"):
+        tb._ptd_port(0)

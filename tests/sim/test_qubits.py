@@ -1,7 +1,8 @@
-"""System tests of ``qlink sim --qubits 2`` and ``--samples-per-cycle 2``: the gateware's NCO
-I/Q samples drive the :class:`~openqlink.sim.qubit.QubitSystem` of the bench through the
-documented channel map, and its ADC samples come back through the demodulating readouts (the
-QSC top's Verilog on Icarus, through cocotb).
+"""System tests of ``qlink sim --qubits 2``, ``--samples-per-cycle 2`` and a drive detuned by
+its NCO (Ramsey): the gateware's NCO I/Q samples drive the
+:class:`~openqlink.sim.qubit.QubitSystem` of the bench through the documented channel map, and
+its ADC samples come back through the demodulating readouts (the QSC top's Verilog on Icarus,
+through cocotb).
 
 Each module fixture runs one simulation (about a minute and a half on 2 cores, most of it
 building the top) and the tests check it from several sides.
