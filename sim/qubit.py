@@ -3,11 +3,13 @@
 Two models live here:
 
 * :class:`QubitModel`: one qubit driven on resonance about X by real DAC samples, and a readout
-  that puts ``+/-readout_amplitude`` plus noise on a real ADC. This is what the bench uses.
+  that puts ``+/-readout_amplitude`` plus noise on a real ADC: the reference of the boards'
+  on-FPGA qubit emulator (:mod:`openqlink.gateware.qubit`).
 * :class:`QubitSystem`: up to five qubits with their own intermediate frequencies, complex (I/Q)
   drive channels seen in each qubit's rotating frame, T1/T2 decay, CZ-like couplers, and
   dispersive readout channels that put a tone at an intermediate frequency on the ADC. See its
-  docstring for the physics, the time base and the rotating frame.
+  docstring for the physics, the time base and the rotating frame. This is what the bench
+  puts behind each PPU (:mod:`openqlink.sim.channel_map` says which channel is which).
 
 QubitModel
 ----------
