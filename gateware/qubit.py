@@ -1,7 +1,8 @@
 """An on-FPGA qubit emulator: the PTD side of a PPU for a board with no analog front end.
 
-It answers a PPU's drive and readout as the bench's seeded model (:mod:`openqlink.sim.qubit`)
-does, in a few hundred LUTs, one ``DP16KD`` and one ``MULT18X18D``: the two agree in
+It answers a PPU's drive and readout as the seeded one-qubit reference model
+(:class:`openqlink.sim.qubit.QubitModel`) does, in a few hundred LUTs, one ``DP16KD`` and one
+``MULT18X18D``: the two agree in
 distribution, not bit for bit. The physics, as in the model: the qubit is driven on resonance
 about X, so its state is the rotation angle ``theta`` from ``|0>``; each DAC sample ``s`` (signed
 Q1.15) rotates it by ``pi * s / pi_area``; a readout window projects it (outcome 1 with
