@@ -13,8 +13,7 @@ import math
 import random
 
 import pytest
-from amaranth.hdl import Module
-from amaranth.sim import Simulator
+from test_ppu_channels import _push, _run
 
 from openqlink.gateware.ppu.channels import DriveChannel, ReadoutChannel
 
@@ -25,23 +24,6 @@ TURN = 1 << 32
 def _table(theta: int) -> tuple[int, int]:
     i = (theta % TURN) >> 22
     return COS[i], COS[(i - 256) % 1024]
-
-
-def _sim(dut, bench) -> None:
-    m = Module()
-    m.submodules.dut = dut
-    m.d.sync += dut.now.eq(dut.now + 1)
-    sim = Simulator(m)
-    sim.add_clock(4e-9)
-    sim.add_testbench(bench)
-    sim.run()
-
-
-async def _push(ctx, dut, **payload):
-    ctx.set(dut.event.payload, payload)
-    ctx.set(dut.event.valid, 1)
-    await ctx.tick().until(dut.event.ready)
-    ctx.set(dut.event.valid, 0)
 
 
 def _s16(x: int) -> int:
@@ -107,7 +89,7 @@ def _drive_run(lanes: int, nco: bool, events: list[dict], env: list[int], until:
             if active:
                 got[now] = [(_s16(int(dac[k])), _s16(int(dac_q[k]))) for k in range(lanes)]
 
-    _sim(dut, bench)
+    _run(dut, bench)
     model = DriveModel(env, lanes, nco)
     starts = {ev["time"]: ev for ev in events}
     want = {}
@@ -223,7 +205,7 @@ def _readout_run(lanes: int, nco: bool, events: list[dict], adc_of, until: int):
             if iq_valid:
                 iqs.append((iq_i, iq_q))
 
-    _sim(dut, bench)
+    _run(dut, bench)
     return results, iqs, windows
 
 
