@@ -1,6 +1,7 @@
 ; barrier_a.s - PPU 0 of a two-PPU pair that meets at a BARRIER (with firmware/barrier_b.s).
 ;
 ; Run with:  qlink sim --ppus 2 firmware/barrier_a.s firmware/barrier_b.s --json result.json
+; Assemble alone with:  qlink asm --ppus 2 firmware/barrier_a.s (a build of two PPUs)
 ;
 ; PPU 0 measures its qubit first; PPU 1 (barrier_b.s) waits at the BARRIER meanwhile. A PPU
 ; reaches a BARRIER when its core does (the core runs ahead of the timeline), so this one gets

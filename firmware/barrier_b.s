@@ -1,6 +1,7 @@
 ; barrier_b.s - PPU 1 of a two-PPU pair that meets at a BARRIER (with firmware/barrier_a.s).
 ;
 ; Run with:  qlink sim --ppus 2 firmware/barrier_a.s firmware/barrier_b.s --json result.json
+; Assemble alone with:  qlink asm --ppus 2 firmware/barrier_b.s (a build of two PPUs)
 ;
 ; This PPU reaches the BARRIER at once and waits there (the core, not the timeline) until
 ; PPU 0 has measured its qubit and arrived too; then both re-anchor t at the same cycle and

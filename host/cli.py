@@ -84,10 +84,29 @@ def main() -> None:
               help="DTD clock for times in ns/us (default: the build's).")
 @click.option("--base", type=int, default=0, show_default=True,
               help="Instruction index of the first instruction.")
+@click.option("--ppus", type=click.IntRange(1, 16), default=None,
+              help="Assemble for qlink sim's build of this many PPUs (default 1).")
+@click.option("--qubits", type=click.IntRange(1, 5), default=None,
+              help="... and qubits per PPU (qlink sim --qubits; default 1).")
+@click.option("--samples-per-cycle", type=click.Choice(["1", "2", "4"]), default=None,
+              help="... and PTD samples per DTD cycle (qlink sim --samples-per-cycle).")
 def asm_command(source: Path, output: Path | None, env_output: Path | None, board: str | None,
-                dtd_clk_hz: int | None, base: int) -> None:
-    """Assemble a PPU program for a build: every operand is checked against its parameters."""
-    params = _board_profile("asm", board).params if board else None
+                dtd_clk_hz: int | None, base: int, ppus: int | None, qubits: int | None,
+                samples_per_cycle: str | None) -> None:
+    """Assemble a PPU program for a build: every operand is checked against its parameters.
+
+    The build is the board's (``--board``) or the simulation build of ``qlink sim`` with the
+    same ``--ppus``, ``--qubits`` and ``--samples-per-cycle``."""
+    sim_build = (ppus, qubits, samples_per_cycle) != (None, None, None)
+    if board and sim_build:
+        raise click.UsageError("--board and --ppus/--qubits/--samples-per-cycle name two "
+                               "builds: give one")
+    if board:
+        params = _board_profile("asm", board).params
+    else:
+        from .sim.channel_map import sim_params
+        params = sim_params(num_ppus=ppus or 1, qubits=qubits or 1,
+                            samples_per_cycle=int(samples_per_cycle or 1))
     text = _read_text(source)
     try:
         prog = assemble(text, str(source), params=params, dtd_clk_hz=dtd_clk_hz, base=base)

@@ -361,3 +361,19 @@ def test_program_with_no_board_attached_one_line_exit_1(loader_without_board):
     assert res.output.splitlines() == [
         "qlink program: no LambdaConcept ECPIX-5 85F loaded over cable ft2232: JTAG init "
         "failed with: unable to open ftdi device: -3 (device not found)"]
+
+
+def test_asm_for_the_simulation_build_of_several_ppus(tmp_path):
+    """barrier_a.s names PPUs 0 and 1: refused for the default one-PPU build, assembled for
+    ``--ppus 2`` (qlink sim's build); ``--board`` with a simulation option is a usage error."""
+    src = str(ROOT / "firmware" / "barrier_a.s")
+    one = CliRunner().invoke(main, ["asm", src, "-o", str(tmp_path / "a.bin")])
+    assert one.exit_code != 0 and "num_ppus = 1" in one.output
+    two = CliRunner().invoke(main, ["asm", src, "--ppus", "2", "-o", str(tmp_path / "a.bin")])
+    assert two.exit_code == 0, two.output
+    assert (tmp_path / "a.bin").stat().st_size == 16 * 9
+    both = CliRunner().invoke(main, ["asm", src, "--ppus", "2", "--board", "colorlight-5a-75b"])
+    assert both.exit_code == 2 and "name two builds" in both.output
+    q = CliRunner().invoke(main, ["asm", src, "--ppus", "2", "--qubits", "2",
+                                  "--samples-per-cycle", "4", "-o", str(tmp_path / "b.bin")])
+    assert q.exit_code == 0, q.output
