@@ -4,6 +4,7 @@ import pytest
 
 from openqlink.control import ControlClient
 from openqlink.errors import ControlPlaneError, FieldRangeError, PPUTimeoutError
+from openqlink.isa.layout import ISA_VERSION
 from openqlink.memory_map import global_reg, ppu_reg, version_word
 from openqlink.wire.control import Command, Flags, Status
 from openqlink.wire.packet import build_udp_frame
@@ -32,7 +33,7 @@ def test_works_over_a_threaded_peer(threaded_qsc):
 
 def test_read_write_and_sequence_numbers(link):
     client, peer = link
-    assert client.read(global_reg("VERSION")) == version_word(1)
+    assert client.read(global_reg("VERSION")) == version_word(ISA_VERSION)
     client.write(SCRATCH, 0xCAFEF00D)
     assert client.read(SCRATCH) == 0xCAFEF00D
     log = peer.control_log

@@ -7,7 +7,7 @@ import time
 import pytest
 
 from openqlink.errors import FieldRangeError, QlinkError, UploadError, VersionMismatchError
-from openqlink.isa import INSTRUCTION_BYTES, PPUState
+from openqlink.isa import INSTRUCTION_BYTES, ISA_VERSION, PPUState
 from openqlink.memory_map import (
     COUNTERS,
     ENV_OFFSET,
@@ -60,14 +60,14 @@ def ready(make):
 
 def test_connect_reads_version_and_ppus(make):
     qsc, peer, _ = make()
-    assert qsc.connect() == version_word(1)
+    assert qsc.connect() == version_word(ISA_VERSION)
     assert qsc.num_ppus == 2
 
 
 @pytest.mark.parametrize(("version", "match"), [
-    (version_word(1) ^ (1 << 24), "major"),
-    (version_word(1) ^ (3 << 8), "ISA version"),
-    (version_word(1) & ~0xFF, "tag byte"),
+    (version_word(ISA_VERSION) ^ (1 << 24), "major"),
+    (version_word(ISA_VERSION) ^ (3 << 8), "ISA version"),
+    (version_word(ISA_VERSION) & ~0xFF, "tag byte"),
 ])
 def test_connect_refuses_other_versions(make, version, match):
     qsc, peer, _ = make()
@@ -78,7 +78,7 @@ def test_connect_refuses_other_versions(make, version, match):
 
 def test_connect_accepts_other_minor_and_checks_num_ppus(make):
     qsc, peer, _ = make()
-    peer.regs[global_reg("VERSION")] = version_word(1) ^ (5 << 16)
+    peer.regs[global_reg("VERSION")] = version_word(ISA_VERSION) ^ (5 << 16)
     qsc.connect()
     qsc2, peer2, _ = make(QSCParams(num_ppus=1))
     peer2.regs[global_reg("NUM_PPUS")] = 3
