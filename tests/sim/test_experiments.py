@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from fringe_fit import fringe_frequency
 
 from openqlink.cli import main
 
@@ -87,35 +88,9 @@ def test_ramsey_fringes_at_the_ncos_detuning(ramsey):
     blocks = _blocks(ramsey, 8)
     p1 = [sum(s["p1"] for s in shots) / len(shots) for shots in blocks]
 
-    def residual(f_mhz: float) -> float:
-        # Least squares of p1 = a + b cos(2 pi f t) + c sin(2 pi f t) at frequency f.
-        rows = [(1.0, math.cos(2 * math.pi * f_mhz * t / 1e3),
-                 math.sin(2 * math.pi * f_mhz * t / 1e3)) for t in delays_ns]
-        ata = [[sum(r[i] * r[j] for r in rows) for j in range(3)] for i in range(3)]
-        atb = [sum(r[i] * y for r, y in zip(rows, p1, strict=True)) for i in range(3)]
-        x = _solve3(ata, atb)
-        return sum((sum(r[i] * x[i] for i in range(3)) - y) ** 2
-                   for r, y in zip(rows, p1, strict=True))
-
-    grid = [0.3 + 0.001 * k for k in range(1700)]          # 0.3 .. 2.0 MHz
-    best = min(grid, key=residual)
+    best = fringe_frequency([t * 1e-9 for t in delays_ns], p1, lo_hz=0.3e6, hi_hz=2e6) / 1e6
     assert abs(best - 1.0) < 0.03, best
     assert max(p1) - min(p1) > 0.8                         # a fringe, not noise
     for shots in blocks:
         assert _binomial_ok(shots), [s["outcome"] for s in shots]
 
-
-def _solve3(a: list[list[float]], b: list[float]) -> list[float]:
-    """``a x = b`` for a 3x3 system (Cramer's rule)."""
-    def det(m):
-        return (m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1])
-                - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
-                + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]))
-    d = det(a)
-    out = []
-    for i in range(3):
-        m = [row[:] for row in a]
-        for r in range(3):
-            m[r][i] = b[r]
-        out.append(det(m) / d)
-    return out
