@@ -398,6 +398,30 @@ class TimedQueue(wiring.Component):
         return m
 
 
+def _cos_sin_reads(m: Module, thetas: list) -> list[tuple[Value, Value]]:
+    """Read ``cos`` and ``sin`` of each 32-bit phase in ``thetas`` (one turn = ``2**32``) from
+    the NCO's table (:meth:`DriveChannel.cos_table`, added to ``m`` once as ``cos``), two
+    synchronous read ports per phase: the values are valid the cycle after the phases.
+    ``sin`` is the table a quarter turn back. Signals ``theta<k>`` name the phases."""
+    m.submodules.cos = table = Memory(shape=signed(DriveChannel.COS_BITS),
+                                      depth=DriveChannel.COS_ENTRIES,
+                                      init=DriveChannel.cos_table())
+    index_bits = (DriveChannel.COS_ENTRIES - 1).bit_length()
+    quarter = DriveChannel.COS_ENTRIES // 4
+    reads = []
+    for k, value in enumerate(thetas):
+        theta = Signal(32, name=f"theta{k}")
+        m.d.comb += theta.eq(value)
+        index = theta[32 - index_bits:]
+        ports = []
+        for addr in (index, (index - quarter)[:index_bits]):
+            port = table.read_port()
+            m.d.comb += port.addr.eq(addr)
+            ports.append(port.data)
+        reads.append(tuple(ports))
+    return reads
+
+
 class DriveChannel(wiring.Component):
     """One drive (DAC) channel: plays ``env[env_addr ..] * amplitude``, mixed with its NCO.
 
@@ -601,22 +625,13 @@ class DriveChannel(wiring.Component):
             ph_now = Mux(fire, head.phase, phase)
             base = Mux(fire & head.phase_reset, 0, acc)
             m.d.sync += [acc.eq(base + f_now * S), freq.eq(f_now), phase.eq(ph_now)]
-            table = self.cos_table()
-            m.submodules.cos = cos_mem = Memory(shape=signed(self.COS_BITS),
-                                                depth=self.COS_ENTRIES, init=table)
-            quarter = self.COS_ENTRIES // 4
-            index_bits = (self.COS_ENTRIES - 1).bit_length()
-            for k in range(S):
-                theta = Signal(32, name=f"theta{k}")
-                m.d.comb += theta.eq(base + f_now * k + Cat(Const(0, 16), ph_now))
-                index = theta[32 - index_bits:]
-                for iq, addr_k in ((0, index), (1, (index - quarter)[:index_bits])):
-                    port = cos_mem.read_port()
-                    m.d.comb += port.addr.eq(addr_k)
+            thetas = [base + f_now * k + Cat(Const(0, 16), ph_now) for k in range(S)]
+            for k, cos_sin in enumerate(_cos_sin_reads(m, thetas)):
+                for iq, data_k in enumerate(cos_sin):
                     # Word stage: amplitude * table value; operand stage: clamped, 0 when
                     # idle, -32767 for -1 * -1 as above.
                     prod = Signal(signed(SAMPLE_BITS + self.COS_BITS), name=f"a{iq}{k}")
-                    m.d.sync += prod.eq(s1_amp * port.data)
+                    m.d.sync += prod.eq(s1_amp * data_k)
                     scaled = prod[16:].as_signed()              # floor(prod / 2**16)
                     op = Mux(scaled > (1 << 15) - 1, (1 << 15) - 1, scaled)
                     op_lo = op == lo
@@ -807,22 +822,11 @@ class ReadoutChannel(wiring.Component):
             m.d.sync += [ph.eq(base + f_now * S), freq.eq(f_now)]
             with m.If(free):
                 m.d.sync += thr.eq(head.threshold)
-            table = DriveChannel.cos_table()
-            m.submodules.cos = cos_mem = Memory(shape=signed(DriveChannel.COS_BITS),
-                                                depth=DriveChannel.COS_ENTRIES, init=table)
-            index_bits = (DriveChannel.COS_ENTRIES - 1).bit_length()
-            quarter = DriveChannel.COS_ENTRIES // 4
             prods = {"i": [], "q": []}
-            for k in range(S):
-                theta = Signal(32, name=f"theta{k}")
-                m.d.comb += theta.eq(base + f_now * k)
-                index = theta[32 - index_bits:]
-                for iq, addr_k in (("i", index), ("q", (index - quarter)[:index_bits])):
-                    port = cos_mem.read_port()
-                    m.d.comb += port.addr.eq(addr_k)
-                    prod = self.adc[k] * port.data
-                    prods[iq].append(prod[16:].as_signed() if iq == "i"
-                                     else (-prod)[16:].as_signed())
+            cos_sin = _cos_sin_reads(m, [base + f_now * k for k in range(S)])
+            for k, (cos_k, sin_k) in enumerate(cos_sin):
+                prods["i"].append((self.adc[k] * cos_k)[16:].as_signed())
+                prods["q"].append((-(self.adc[k] * sin_k))[16:].as_signed())
             # Product stage: each lane's products, summed, with the window's flags.
             p_i = Signal(signed(20))
             p_q = Signal(signed(20))
