@@ -57,10 +57,13 @@ path): 8 cycles (the results are registered once in the core).
 r0 reads 0; r1..r15 are 32-bit. PLAY/ACQUIRE/MARKER push ``{time = t + offset_cycles, ...}``
 into the channel's FIFO (stall while full); a channel number beyond the build's channels is an
 illegal instruction, as is an ACQUIRE with ``window_cycles == 0``, a CALL with
-``arg_bits > 32``, a BRANCH condition outside :class:`~openqlink.isa.Cond` and any unknown op.
+``arg_bits > 32``, an ALU function beyond SRA, a BRANCH condition outside
+:class:`~openqlink.isa.Cond` and any unknown op.
 Scoreboard: each register has a count of ACQUIRE results still to land; an instruction that
-reads a pending register (ADD's and CALL's ``rs``, BRANCH's ``rs`` unless ALWAYS) or writes one
-(SET, ADD, CALL's ``rd``) stalls until the count is zero. Several ACQUIREs may target one
+reads a pending register (ADD's and CALL's ``rs``, ALU's ``rs`` and ``rt``, BRANCH's ``rs`` unless
+ALWAYS) or writes one (SET, ADD, ALU, LOOP's ``rs``, CALL's ``rd``) stalls until the count is
+zero. ALU computes ``rs FUNC (rt or imm)`` into a register (5 cycles); LOOP is a BRANCH that
+writes ``rs - 1`` through ADD's adder as it retires. Several ACQUIREs may target one
 register; it then holds the last result. CALL waits for ``rs`` and ``rd``, sends the request,
 waits for the response (see :mod:`.callunit`), writes ``rd`` on status 0 and stops with
 ``call_failed`` otherwise.
@@ -86,6 +89,7 @@ from ...isa.layout import (
     INSTRUCTION_BITS,
     NUM_REGISTERS,
     REGISTER_BITS,
+    AluFunc,
     Cond,
     Instruction,
     Op,
@@ -466,6 +470,8 @@ class PPU(wiring.Component):
             "taken_if_1": 1,               # ... and when it is 1 (a measurement)
             "arg_mask": REGISTER_BITS,     # CALL: the low arg_bits bits ...
             "arg_len": 3,                  # ... in bytes
+            "loop": 1,                     # BRANCH with Cond.LOOP: writes rs - 1 to rs
+            "wrd": 4,                      # the register an instruction writes (LOOP: rs)
         })
 
         def decode(raw, name):
@@ -475,6 +481,7 @@ class PPU(wiring.Component):
             chan = raw[8:12]
             b = ins.operands.branch
             cond_legal = b.cond.as_value() <= max(c.value for c in Cond)
+            is_loop = is_[Op.BRANCH] & (b.cond == Cond.LOOP)
             assert [c.value for c in Cond] == list(range(len(Cond)))
             # The known opcodes, by high nibble: the low nibbles below a bound.
             op_hi, op_lo = raw[4:8], raw[0:4]
@@ -516,6 +523,7 @@ class PPU(wiring.Component):
                             kept(m, zero(ins.operands.acquire.window_cycles, "window"),
                                  f"{name}_window_zero"),
                 Op.BRANCH: ~cond_legal,
+                Op.ALU: ins.operands.alu.func.as_value()[3],
                 Op.CALL: arg_over,
             }
             illegal = ~known | Cat(*(is_[op] & kept(m, v, f"{name}_bad_{op.name.lower()}")
@@ -525,7 +533,10 @@ class PPU(wiring.Component):
                 return Cat(Const(0, 1), *(index == i for i in range(1, NUM_REGISTERS)))
 
             rd, rs = onehot(raw[8:12]), onehot(raw[12:16])
+            alu = ins.operands.alu
+            rt = Mux(alu.use_rt, onehot(alu.rt), 0)
             mask = (Mux(is_[Op.SET], rd, 0) | Mux(is_[Op.ADD], rd | rs, 0) |
+                    Mux(is_[Op.ALU], rd | rs | rt, 0) |
                     Mux(is_[Op.BRANCH] & (b.cond != Cond.ALWAYS), rs, 0) |
                     Mux(is_[Op.CALL], rd | rs, 0))
             # ``imm`` against 0 and 1 from its bits 31..1 being zero (two kept halves), bit 0
@@ -542,7 +553,7 @@ class PPU(wiring.Component):
             for v in (0, 1):
                 eq, gt = cmp[v]["eq"], cmp[v]["gt"]
                 table = {Cond.ALWAYS.value: Const(1), Cond.EQ.value: eq, Cond.NE.value: ~eq,
-                         Cond.LT.value: gt, Cond.GE.value: ~gt}
+                         Cond.LT.value: gt, Cond.GE.value: ~gt, Cond.LOOP.value: ~eq}
                 cond = b.cond.as_value()
                 taken[v] = Array(table.get(c, Const(0)) for c in range(8))[cond[:3]] & ~cond[3]
             return {
@@ -560,6 +571,8 @@ class PPU(wiring.Component):
                 "arg_mask": thermo,
                 "arg_len": Mux(thermo[24], 4, Mux(thermo[16], 3, Mux(
                     thermo[8], 2, Mux(thermo[0], 1, 0)))),
+                "loop": is_loop,
+                "wrd": Mux(is_loop, raw[12:16], raw[8:12]),
             }
 
         # Decode stages: registered the cycle after their instruction register is loaded.
@@ -591,7 +604,6 @@ class PPU(wiring.Component):
         br_ready = ctl["br_ready"][0]      # BRANCH condition evaluated ...
         br_taken = ctl["br_taken"][0]      # ... and its value
         call_issued = Signal()
-        x_rd = x_raw[8:12]
         x_rs = x_raw[12:16]
         # BRANCH's target: a register of its own, loaded with the control (below).
         x_target = Signal(pc_bits)
@@ -655,6 +667,43 @@ class PPU(wiring.Component):
             rs_lt.eq((rs_sel.as_signed() - x.operands.branch.imm)[-1]),
             rs_ok.eq(rs_part_ok & ~x_load),
         ]
+
+        # ALU: its second operand ``b_value`` (register ``rt``, read in two stages beside
+        # ``rs``, or the immediate) and then the result ``alu_res``, registered: ``alu_ok`` a
+        # cycle after both operands are final, so an ALU instruction takes 5 cycles and no
+        # shifter sits before the register write.
+        x_alu = x.operands.alu
+        x_rt = x_alu.rt
+        rt_part = Array(Signal(REGISTER_BITS, name=f"rt_part{k}") for k in range(4))
+        for k in range(4):
+            m.d.sync += rt_part[k].eq(Array(regs[4 * k:4 * k + 4])[x_rt[:2]])
+        b_value = Signal(REGISTER_BITS)
+        rt_part_ok = Signal()
+        rt_ok = Signal()
+        m.d.sync += [
+            rt_part_ok.eq((~x_alu.use_rt | ~busy.bit_select(x_rt, 1)) & ~x_load),
+            b_value.eq(Mux(x_alu.use_rt, rt_part[x_rt[2:]], x_alu.imm.as_unsigned())),
+            rt_ok.eq(rt_part_ok & ~x_load),
+        ]
+        alu_res = Signal(REGISTER_BITS)
+        alu_ok = Signal()
+        shamt = b_value[:5]
+        alu_out = {
+            AluFunc.ADD: rs_value + b_value,
+            AluFunc.SUB: rs_value - b_value,
+            AluFunc.AND: rs_value & b_value,
+            AluFunc.OR: rs_value | b_value,
+            AluFunc.XOR: rs_value ^ b_value,
+            AluFunc.SHL: rs_value << shamt,
+            AluFunc.SHR: rs_value >> shamt,
+            AluFunc.SRA: rs_value.as_signed() >> shamt,
+        }
+        assert set(alu_out) == set(AluFunc)
+        with m.Switch(x_alu.func):
+            for func, value in alu_out.items():
+                with m.Case(func):
+                    m.d.sync += alu_res.eq(value[:REGISTER_BITS])
+        m.d.sync += alu_ok.eq(rs_ok & rt_ok & ~x_load)
 
         # Branch resolution: taken needs the target read and decoded first.
         act = Signal()
@@ -937,17 +986,23 @@ class PPU(wiring.Component):
         # one-hot; ``ready_sel`` is 0 unless the op is PLAY, ACQUIRE or MARKER).
         wr_ok = ~blocked
         done_call = x_is[Op.CALL] & call_issued & call.done
-        writes = (x_is[Op.SET] & wr_ok) | (x_is[Op.ADD] & wr_ok & rs_ok) | done_call
+        # LOOP writes ``rs - 1`` as its BRANCH retires (its condition waited for ``rs_ok``).
+        done_loop = xd.loop & br_ready & (~br_taken | tgt_dec_valid | tgt_none)
+        writes = ((x_is[Op.SET] & wr_ok) | (x_is[Op.ADD] & wr_ok & rs_ok) |
+                  (x_is[Op.ALU] & wr_ok & alu_ok) | done_call | done_loop)
         m.d.comb += [
             x_done.eq(ex & (x_is[Op.NOP] | x_is[Op.WAIT] | x_is[Op.SYNC] | ready_sel | writes |
                             (x_is[Op.BARRIER] & self.barrier_go) |
                             (x_is[Op.BRANCH] & br_ready &
                              (~br_taken | tgt_dec_valid | tgt_none)))),
             core_we.eq(ex & writes),
-            core_wrd.eq(x_rd),
+            core_wrd.eq(xd.wrd),
+            # ADD's adder also decrements LOOP's rs (the choice of the addend shares the
+            # adder's LUTs).
             core_wdata.eq(Mux(x_is[Op.CALL], call.result,
-                              Mux(x_is[Op.ADD], rs_value + x.operands.add.imm,
-                                  x.operands.set.imm))),
+                              Mux(x_is[Op.ALU], alu_res,
+                                  Mux(x_is[Op.SET], x.operands.set.imm,
+                                      rs_value + Mux(xd.loop, -1, x.operands.add.imm))))),
         ]
         with m.If(ex):
             with m.If(x_is[Op.END]):
@@ -970,10 +1025,13 @@ class PPU(wiring.Component):
                                 m.d.comb += taken.eq(rs_lt)
                             with m.Case(Cond.GE):
                                 m.d.comb += taken.eq(~rs_lt)
+                            with m.Case(Cond.LOOP):
+                                m.d.comb += taken.eq(~rs_eq)
                             with m.Default():
                                 m.d.comb += taken.eq(1)
                         m.d.sync += ctl_eq(br_ready=1, br_taken=taken)
-                    with m.Elif(settle):
+                    with m.Elif(settle & ~xd.loop):
+                        # (LOOP writes rs - 1: it waits for ``rs_value``.)
                         # The measurement lands now: decide on the bit it writes.
                         m.d.sync += ctl_eq(br_ready=1, br_taken=Mux(
                             land_bit, xd.taken_if_1, xd.taken_if_0))

@@ -21,8 +21,11 @@ Syntax summary (one instruction per line, ``;`` starts a comment)::
             barrier 0b11, 16                ; wait for PPUs 0 and 1, then t = now + 16
             set r1, 5
             add r1, r2, -1
+            add r1, r2, r3                  ; rT or an immediate: also sub and or xor shl shr sra
+            alu add, r1, r2, 5              ; the general form (funcs: add sub ... sra)
             beq r2, 1, label                ; also bne, blt, bge; jmp label
-            branch eq, r2, 1, label         ; the general form (conds: always eq ne lt ge)
+            loop r4, label                  ; r4 -= 1; to label while r4 != 0
+            branch eq, r2, 1, label         ; the general form (conds: always eq ... loop)
             call decode(r1:1) -> r2         ; function_id = fnv1a32("decode")
             nop
             end
@@ -77,6 +80,7 @@ from .layout import (
     INSTRUCTION_BITS,
     INSTRUCTION_BYTES,
     NUM_REGISTERS,
+    AluFunc,
     Cond,
     Instruction,
     Op,
@@ -128,16 +132,25 @@ _OPERANDS_OF: dict[Op, str] = {
     Op.BARRIER: "barrier",
     Op.SET: "set",
     Op.ADD: "add",
+    Op.ALU: "alu",
     Op.BRANCH: "branch",
     Op.CALL: "call",
 }
 
 _BRANCH_ALIASES: dict[str, Cond] = {"beq": Cond.EQ, "bne": Cond.NE, "blt": Cond.LT, "bge": Cond.GE}
 
+#: ALU mnemonics: ``add`` with a register second operand, the others with either.
+_ALU_MNEMONICS: dict[str, AluFunc] = {f.name.lower(): f for f in AluFunc}
+_SHIFTS = (AluFunc.SHL, AluFunc.SHR, AluFunc.SRA)
+
+#: Enumerated operand fields (kept as their members by ``decode``).
+_ENUMS = (Cond, AluFunc)
+
 #: Every mnemonic the assembler accepts (directives start with a dot and are not listed).
 MNEMONICS: tuple[str, ...] = (
     "nop", "end", "wait", "sync", "barrier", "play", "acquire", "marker", "set", "add",
-    "branch", "beq", "bne", "blt", "bge", "jmp", "call",
+    "sub", "and", "or", "xor", "shl", "shr", "sra", "alu",
+    "branch", "beq", "bne", "blt", "bge", "jmp", "loop", "call",
 )
 
 _IDENT = r"[A-Za-z_][A-Za-z0-9_]*"
@@ -150,7 +163,8 @@ _QUANTITY_RE = re.compile(
     r"|\.[0-9]+(?:[eE][-+]?[0-9]+)?))\s*(?P<unit>[A-Za-z]*)$")
 _CALL_RE = re.compile(r"^(?P<fn>[^\s(]+)\s*\((?P<args>[^()]*)\)\s*(?:->\s*(?P<rd>\S+))?$")
 _MNEMONIC_RE = re.compile(r"^(\S+)\s*(.*)$")
-_RESERVED_NAMES = {f"r{i}" for i in range(NUM_REGISTERS)} | {c.name.lower() for c in Cond}
+_RESERVED_NAMES = ({f"r{i}" for i in range(NUM_REGISTERS)} | {c.name.lower() for c in Cond} |
+                   {f.name.lower() for f in AluFunc})
 
 
 # ---------------------------------------------------------------------------------------------
@@ -185,9 +199,10 @@ def encode(op: Op, fields: Mapping[str, object] | None = None) -> int:
         if name not in shapes or name.startswith("_"):
             raise FieldRangeError(op.name, name, value, f"{op.name} has no operand {name!r}")
         shape = shapes[name]
-        if isinstance(shape, type) and issubclass(shape, Cond):
-            if not isinstance(value, Cond):
-                raise FieldRangeError(op.name, name, value, f"{value!r} is not a Cond")
+        if isinstance(shape, type) and issubclass(shape, _ENUMS):
+            if not isinstance(value, shape):
+                raise FieldRangeError(op.name, name, value,
+                                      f"{value!r} is not a {shape.__name__}")
             continue
         lo, hi = _field_range(shape)
         if not isinstance(value, int) or not lo <= value <= hi:
@@ -222,7 +237,7 @@ def decode(word: int) -> tuple[Op, dict[str, Any]]:
                 value = getattr(view, name)
             except ValueError:
                 raise FieldRangeError(op.name, name, None, "value is not defined") from None
-            fields[name] = value if isinstance(value, Cond) else int(value)
+            fields[name] = value if isinstance(value, _ENUMS) else int(value)
     if encode(op, fields) != word:
         raise FieldRangeError(op.name, "reserved", word,
                               "reserved or unused bits are set")
@@ -283,6 +298,17 @@ def _build_fault(op: Op, fields: Mapping[str, Any], params: QSCParams) -> tuple[
                               f"NCO (nco = False), so it must be 0")
     if op == Op.ACQUIRE and fields.get("window_cycles", 0) == 0:
         return "window_cycles", "window must be at least 1 cycle"
+    if op == Op.ALU:
+        # Canonical words only: the operand that use_rt does not choose is 0, and a shift's
+        # immediate amount is 0..31 (the gateware takes its low 5 bits).
+        unused, value = (("imm", fields.get("imm", 0)) if fields.get("use_rt", 0)
+                         else ("rt", fields.get("rt", 0)))
+        if value:
+            return unused, (f"{unused} = {value} must be 0 for ALU with use_rt = "
+                            f"{int(fields.get('use_rt', 0))}")
+        if fields.get("func") in _SHIFTS and not fields.get("use_rt", 0) \
+                and not 0 <= int(fields.get("imm", 0)) <= 31:
+            return "imm", f"shift amount {fields['imm']} outside 0..31"
     if op == Op.CALL and fields.get("arg_bits", 0) > MAX_CALL_ARG_BITS:
         return "arg_bits", (f"argument bits {fields['arg_bits']} outside "
                             f"0..{MAX_CALL_ARG_BITS}")
@@ -599,6 +625,28 @@ class _Assembler:
                              f"{self.via(token)}", token)
         return int(m[1])
 
+    def is_register(self, token: str) -> bool:
+        return _REG_RE.match(self.expand(token)[0]) is not None
+
+    def alu(self, func: AluFunc, a: dict[str, str | None]) -> int:
+        """ALU ``func`` with ``rd``, ``rs`` and ``rt`` (a register or an immediate)."""
+        b = a["rt_or_imm"] or ""
+        values: dict[str, tuple[object, str]] = {
+            "rd": (self.register(a["rd"] or "", "rd"), a["rd"] or ""),
+            "rs": (self.register(a["rs"] or "", "rs"), a["rs"] or ""),
+            "func": (func, ""),
+        }
+        if self.is_register(b):
+            values.update(rt=(self.register(b, "rt"), b), use_rt=(1, b))
+        else:
+            imm = self.integer(b, "imm")
+            if func in _SHIFTS and not 0 <= imm <= 31:
+                raise self.error(f"shift amount {imm} outside 0..31", b)
+            if (1 << 31) <= imm < (1 << 32):  # a 32-bit value written unsigned (a mask)
+                imm -= 1 << 32
+            values["imm"] = (imm, b)
+        return self.encode(Op.ALU, values)
+
     def condition(self, token: str) -> Cond:
         text = token.strip().lower()
         for cond in Cond:
@@ -778,15 +826,29 @@ class _Assembler:
                 imm -= 1 << 32
             return self.encode(Op.SET, {"rd": (self.register(a["rd"], "rd"), a["rd"]),
                                         "imm": (imm, a["imm"])})
-        if m == "add":
-            a = self.bind(text, [("rd", R), ("rs", R), ("imm", R)])
+        if m == "alu":
+            a = self.bind(text, [("func", R), ("rd", R), ("rs", R), ("rt_or_imm", R)])
+            names = {f.name.lower(): f for f in AluFunc}
+            func = names.get((a["func"] or "").strip().lower())
+            if func is None:
+                raise self.error(f"bad ALU function {a['func']!r} (one of "
+                                 f"{', '.join(names)})", a["func"] or "")
+            return self.alu(func, a)
+        if m in _ALU_MNEMONICS:
+            a = self.bind(text, [("rd", R), ("rs", R), ("rt_or_imm", R)])
+            if m != "add" or self.is_register(a["rt_or_imm"] or ""):
+                return self.alu(_ALU_MNEMONICS[m], a)
+            a["imm"] = a.pop("rt_or_imm")
             return self.encode(Op.ADD, {"rd": (self.register(a["rd"], "rd"), a["rd"]),
                                         "rs": (self.register(a["rs"], "rs"), a["rs"]),
                                         "imm": (self.integer(a["imm"], "imm"), a["imm"])})
-        if m in ("branch", "jmp") or m in _BRANCH_ALIASES:
+        if m in ("branch", "jmp", "loop") or m in _BRANCH_ALIASES:
             if m == "jmp":
                 a = self.bind(text, [("target", R)])
                 cond, rs, imm = Cond.ALWAYS, (0, ""), (0, "")
+            elif m == "loop":
+                a = self.bind(text, [("rs", R), ("target", R)])
+                cond, rs, imm = Cond.LOOP, (self.register(a["rs"], "rs"), a["rs"]), (1, "")
             else:
                 params = [("rs", R), ("imm", R), ("target", R)]
                 if m == "branch":
@@ -1000,11 +1062,19 @@ def _format(op: Op, f: Mapping[str, Any], label_of: Mapping[int, str],
         return f"set r{f['rd']}, {f['imm']}"
     if op == Op.ADD:
         return f"add r{f['rd']}, r{f['rs']}, {f['imm']}"
+    if op == Op.ALU:
+        func = f["func"].name.lower()
+        if f["use_rt"]:
+            return f"{func} r{f['rd']}, r{f['rs']}, r{f['rt']}"
+        prefix = "alu add," if f["func"] == AluFunc.ADD else func
+        return f"{prefix} r{f['rd']}, r{f['rs']}, {f['imm']}"
     if op == Op.BRANCH:
         target = label_of.get(int(f["target"]), str(f["target"]))
         cond = f["cond"]
         if cond == Cond.ALWAYS and f["rs"] == 0 and f["imm"] == 0:
             return f"jmp {target}"
+        if cond == Cond.LOOP and f["imm"] == 1:
+            return f"loop r{f['rs']}, {target}"
         for alias, c in _BRANCH_ALIASES.items():
             if c == cond:
                 return f"{alias} r{f['rs']}, {f['imm']}, {target}"
@@ -1077,7 +1147,8 @@ def render_isa_tables() -> str:
     """Markdown tables of every instruction's fields, generated from the layout (``docs/isa.md``
     embeds this text; a test keeps it in step)."""
     parts = ["| op | mnemonic(s) | opcode |", "|---|---|---|"]
-    mnems = {Op.BRANCH: "branch, beq, bne, blt, bge, jmp"}
+    mnems = {Op.BRANCH: "branch, beq, bne, blt, bge, jmp, loop",
+             Op.ALU: "alu, add (rT), sub, and, or, xor, shl, shr, sra"}
     for op in Op:
         parts.append(f"| {op.name} | {mnems.get(op, op.name.lower())} | `{op.value:#04x}` |")
     parts.append("")
@@ -1093,8 +1164,8 @@ def render_isa_tables() -> str:
             lo = 8 + fld.offset
             hi = lo + fld.width - 1
             shape = fld.shape
-            if isinstance(shape, type) and issubclass(shape, Cond):
-                kind = "Cond: " + ", ".join(f"{c.name}={c.value}" for c in Cond)
+            if isinstance(shape, type) and issubclass(shape, _ENUMS):
+                kind = f"{shape.__name__}: " + ", ".join(f"{c.name}={c.value}" for c in shape)
             else:
                 s = Shape.cast(shape)
                 kind = f"{'signed' if s.signed else 'unsigned'}({s.width})"

@@ -17,12 +17,13 @@ from amaranth.lib import data, enum
 __all__ = [
     "ISA_VERSION", "INSTRUCTION_BITS", "INSTRUCTION_BYTES", "NUM_REGISTERS", "REGISTER_BITS",
     "Op", "Cond", "PlayOperands", "AcquireOperands", "MarkerOperands", "WaitOperands",
-    "SyncOperands", "BarrierOperands", "SetOperands", "AddOperands", "BranchOperands",
+    "SyncOperands", "BarrierOperands", "SetOperands", "AddOperands", "AluFunc", "AluOperands",
+    "BranchOperands",
     "CallOperands", "Operands", "Instruction", "PPUState", "PPUStatus",
 ]
 
 #: Bumped whenever the instruction layout or semantics change; reported by the version register.
-ISA_VERSION = 3
+ISA_VERSION = 4
 INSTRUCTION_BITS = 128
 INSTRUCTION_BYTES = INSTRUCTION_BITS // 8
 #: General registers r0..r15, 32 bits each; r0 always reads 0 and ignores writes.
@@ -43,6 +44,7 @@ class Op(enum.Enum, shape=8):
     MARKER = 0x12   #: queue a digital marker pulse at t + offset
     SET = 0x20      #: rd = imm
     ADD = 0x21      #: rd = rs + imm
+    ALU = 0x22      #: rd = rs FUNC (rt or imm): add, sub, and, or, xor, shl, shr, sra
     BRANCH = 0x30   #: if cond(rs, imm): pc = target
     CALL = 0x40     #: RPC to the real-time host; result -> rd
 
@@ -55,6 +57,7 @@ class Cond(enum.Enum, shape=4):
     NE = 2
     LT = 3
     GE = 4
+    LOOP = 5    #: taken if rs != imm; rs = rs - 1 either way (``loop rS, L``: imm = 1)
 
 
 class PlayOperands(data.Struct):
@@ -111,6 +114,29 @@ class AddOperands(data.Struct):
     imm: signed(32)
 
 
+class AluFunc(enum.Enum, shape=4):
+    """ALU functions: ``rd = rs FUNC b``, ``b`` the register ``rt`` or the immediate. 32-bit,
+    wrapping; shifts take the low 5 bits of ``b`` as the amount (RISC-V's SLL, SRL, SRA)."""
+
+    ADD = 0
+    SUB = 1     #: rs - b
+    AND = 2
+    OR = 3
+    XOR = 4
+    SHL = 5     #: rs << b[4:0]
+    SHR = 6     #: rs >> b[4:0], logical (zeros in)
+    SRA = 7     #: rs >> b[4:0], arithmetic (the sign in)
+
+
+class AluOperands(data.Struct):
+    rd: unsigned(4)
+    rs: unsigned(4)
+    imm: signed(32)               #: the second operand when use_rt is 0
+    rt: unsigned(4)               #: the second operand's register when use_rt is 1
+    func: AluFunc
+    use_rt: unsigned(1)
+
+
 class BranchOperands(data.Struct):
     cond: Cond
     rs: unsigned(4)
@@ -134,6 +160,7 @@ class Operands(data.Union):
     barrier: BarrierOperands
     set: SetOperands
     add: AddOperands
+    alu: AluOperands
     branch: BranchOperands
     call: CallOperands
     raw: unsigned(INSTRUCTION_BITS - 8)

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from openqlink.errors import AssemblerError, FieldRangeError, TruncatedError
 from openqlink.isa import (
+    AluFunc,
     Cond,
     Instruction,
     Op,
@@ -196,7 +197,7 @@ ERRORS = [
     ("frob r1", 1, "frob", "unknown mnemonic"),
     ("nop\nset r16, 1", 2, "r16", "bad register"),
     ("set x1, 1", 1, "x1", "bad register"),
-    ("add r1, r2", 1, "r1, r2", "missing operand 'imm'"),
+    ("add r1, r2", 1, "r1, r2", "missing operand 'rt_or_imm'"),
     ("set r1, 2, 3", 1, "3", "too many operands"),
     ("set r1, imm=1, 2", 1, "2", "positional operand after a keyword"),
     ("marker 0, dur=3", 1, "dur=3", "unknown operand 'dur'"),
@@ -206,6 +207,13 @@ ERRORS = [
     ("set r1, FOO", 1, "FOO", "unknown symbol"),
     ("set r1, 0x100000000", 1, "0x100000000", "out of range"),
     ("add r1, r1, 0x80000000", 1, "0x80000000", "out of range"),
+    ("shl r1, r2, 32", 1, "32", "shift amount 32 outside 0..31"),
+    ("sra r1, r2, -1", 1, "-1", "shift amount -1 outside 0..31"),
+    ("and r1, r2, 0x100000000", 1, "0x100000000", "out of range"),
+    ("alu mul, r1, r2, r3", 1, "mul", "bad ALU function 'mul'"),
+    ("sub r1, r2, r16", 1, "r16", "bad register 'r16' for rt"),
+    ("loop r1", 1, "r1", "missing operand 'target'"),
+    ("loop 5, top", 1, "5", "bad register"),
     ("acquire 0, r1, window=0ns", 1, "0ns", "window must be at least 1 cycle"),
     ("marker 16, duration=1", 1, "16", "channel = 16 is out of range"),
     ("wait -1", 1, "-1", "cycles = -1 is out of range"),
@@ -521,8 +529,8 @@ def test_disassemble_bad_input():
 
 
 def _field_strategy(shape) -> st.SearchStrategy:
-    if isinstance(shape, type) and issubclass(shape, Cond):
-        return st.sampled_from(list(Cond))
+    if isinstance(shape, type) and issubclass(shape, (Cond, AluFunc)):
+        return st.sampled_from(list(shape))
     s = Shape.cast(shape)
     if s.signed:
         return st.integers(-(1 << (s.width - 1)), (1 << (s.width - 1)) - 1)
@@ -534,8 +542,8 @@ def instructions(draw, params: QSCParams) -> int:
     """A word that ``params``'s build can execute."""
     op = draw(st.sampled_from(list(Op)))
     name = {Op.PLAY: "play", Op.ACQUIRE: "acquire", Op.MARKER: "marker", Op.WAIT: "wait",
-            Op.SYNC: "sync", Op.SET: "set", Op.ADD: "add", Op.BRANCH: "branch",
-            Op.CALL: "call"}.get(op)
+            Op.SYNC: "sync", Op.SET: "set", Op.ADD: "add", Op.ALU: "alu",
+            Op.BRANCH: "branch", Op.CALL: "call", Op.BARRIER: "barrier"}.get(op)
     fields = {}
     if name:
         for fname, fld in Operands.as_shape()[name].shape.as_shape():
@@ -561,8 +569,18 @@ def instructions(draw, params: QSCParams) -> int:
                 fields[fname] = spc * draw(st.integers(0, (end - fields["env_addr"]) // spc))
             elif fname in ("phase", "freq_word", "phase_reset") and not params.nco:
                 fields[fname] = 0
+            elif fname == "mask":
+                fields[fname] = draw(st.integers(0, (1 << params.num_ppus) - 1))
             else:
                 fields[fname] = draw(_field_strategy(fld.shape))
+    if op == Op.ALU:
+        # Canonical: the operand use_rt does not choose is 0; a shift amount 0..31.
+        if fields["use_rt"]:
+            fields["imm"] = 0
+        else:
+            fields["rt"] = 0
+            if fields["func"] in (AluFunc.SHL, AluFunc.SHR, AluFunc.SRA):
+                fields["imm"] &= 31
     return encode(op, fields)
 
 

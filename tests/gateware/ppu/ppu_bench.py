@@ -10,7 +10,7 @@ from amaranth.sim import Simulator
 
 from openqlink.gateware.bus import BusOp
 from openqlink.gateware.ppu.cluster import PPUCluster
-from openqlink.isa.layout import Cond, Instruction, Op, PPUState, PPUStatus
+from openqlink.isa.layout import AluFunc, Cond, Instruction, Op, PPUState, PPUStatus
 from openqlink.memory_map import (
     ENV_OFFSET,
     IMEM_OFFSET,
@@ -26,7 +26,7 @@ __all__ = [
     "write_reg", "upload", "upload_env", "trigger", "status", "wait_state", "write_mailbox",
     "send_response",
     "Monitor", "nop", "end", "wait", "sync", "play", "acquire", "marker", "set_", "add",
-    "branch", "call", "barrier",
+    "branch", "call", "barrier", "alu", "loop",
 ]
 
 #: The boards' configuration (no NCOs: the readout's result a cycle sooner); NCO_PARAMS with.
@@ -94,6 +94,18 @@ def set_(rd: int, imm: int) -> int:
 
 def add(rd: int, rs: int, imm: int) -> int:
     return _ins(Op.ADD, "add", rd=rd, rs=rs, imm=imm)
+
+
+def alu(func: AluFunc, rd: int, rs: int, *, rt: int | None = None, imm: int = 0) -> int:
+    """``rd = rs FUNC rt`` (with ``rt``) or ``rd = rs FUNC imm``."""
+    if rt is None:
+        return _ins(Op.ALU, "alu", rd=rd, rs=rs, func=func, imm=imm)
+    return _ins(Op.ALU, "alu", rd=rd, rs=rs, func=func, rt=rt, use_rt=1)
+
+
+def loop(rs: int, target: int) -> int:
+    """``rs -= 1``; to ``target`` while ``rs != 0`` (``branch loop, rs, 1, target``)."""
+    return branch(Cond.LOOP, rs, 1, target)
 
 
 def branch(cond: Cond, rs: int, imm: int, target: int) -> int:

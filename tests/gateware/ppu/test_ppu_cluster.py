@@ -14,6 +14,7 @@ from ppu_bench import (
     Monitor,
     acquire,
     add,
+    alu,
     barrier,
     branch,
     bus_commit,
@@ -21,6 +22,7 @@ from ppu_bench import (
     bus_write,
     call,
     end,
+    loop,
     make_sim,
     marker,
     nop,
@@ -42,7 +44,7 @@ from ppu_bench import (
 from openqlink.gateware.ppu.channels import DriveChannel
 from openqlink.gateware.ppu.cluster import PPUCluster
 from openqlink.gateware.ppu.core import PPU
-from openqlink.isa.layout import Cond, PPUState
+from openqlink.isa.layout import AluFunc, Cond, PPUState
 from openqlink.memory_map import (
     ENV_OFFSET,
     GLOBAL_BASE,
@@ -162,8 +164,10 @@ def test_sync_while_running_anchors_to_the_cycle_it_executes(window):
 #: Cycles an instruction adds between the ADD and the SYNC of the program below: a NOP 2, a
 #: BRANCH 4 (its condition is evaluated into a register), 5 when taken (its target passes
 #: through the instruction memory's output register and is decoded first) and 3 more for the
-#: instruction after a taken BRANCH's target (the fetch restarts there).
-BRANCH_CYCLES = {"nop": 2, "not taken": 4, "taken": 5, "taken, then its target's next": 5 + 2 + 3}
+#: instruction after a taken BRANCH's target (the fetch restarts there); an ALU instruction 5 (its
+#: result is registered) and a LOOP as a BRANCH.
+BRANCH_CYCLES = {"nop": 2, "not taken": 4, "taken": 5, "taken, then its target's next": 5 + 2 + 3,
+                 "alu": 5, "loop taken": 5}
 
 
 @pytest.mark.parametrize("case", list(BRANCH_CYCLES))
@@ -176,6 +180,8 @@ def test_branch_cycles(case):
         "not taken": [branch(Cond.EQ, 0, 1, 3)],
         "taken": [branch(Cond.EQ, 0, 0, 3)],
         "taken, then its target's next": [branch(Cond.ALWAYS, 0, 0, 3), nop()],
+        "alu": [alu(AluFunc.ADD, 3, 0, imm=1)],
+        "loop taken": [loop(0, 3)],     # r0 reads 0: taken (0 != 1), the write dropped
     }[case]
     assert _sync_after_result(5, middle) - SYNC_AFTER_RESULT_CYCLES == BRANCH_CYCLES[case]
 
