@@ -191,6 +191,7 @@ class TB:
                     "ppu": ppu,
                     "function": req["function"], "function_id": req["function_id"],
                     "request_id": resp.request_id, "status": resp.status,
+                    "args": req["args"], "result": resp.result.hex(),
                     "round_trip_cycles": round(rtt_ns * 1000 / self.dtd_period_ps),
                     "round_trip_ns": round(rtt_ns, 3),
                 })
@@ -207,6 +208,7 @@ class TB:
                     "function": self._function_names[ppu].get(req.function_id,
                                                               f"{req.function_id:#010x}"),
                     "function_id": req.function_id, "t_ns": self.now_ns(),
+                    "args": req.payload.hex(),
                 }
             self._roce_in.append((self.now_ns(), frame))
             self._roce_wake.set()

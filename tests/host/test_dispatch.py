@@ -335,3 +335,47 @@ def test_active_reset_handlers():
     assert [(r.status, r.result) for _, r in sink.sent] == [(0, b"\x01"), (0, b"\x00")]
     with pytest.raises(ValueError):
         mod.reset_decision([1, 0])
+
+
+def _firmware_module(name: str):
+    spec = importlib.util.spec_from_file_location(f"{name}_fw", ROOT / "firmware" / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_active_reset_fidelity_serves_the_active_reset_handler():
+    mod = _firmware_module("active_reset_fidelity")
+    assert [e.name for e in mod.table] == ["reset_decision"]
+    ring, sink = SlotRing(2, 64), Sink()
+    d = Dispatcher(mod.table, ring, sink)
+    put(ring, 0, "reset_decision", pack_bits([1]), rid=1)
+    put(ring, 1, "reset_decision", pack_bits([0]), rid=2)
+    assert d.poll() == 2
+    assert [(r.status, r.result) for _, r in sink.sent] == [(0, b"\x01"), (0, b"\x00")]
+
+
+def test_repetition_code_decoder():
+    mod = _firmware_module("repetition_code")
+    prog = mod.program()
+    assert set(prog.functions) == {e.name for e in mod.table} == {"decode"}
+    # A single X on a data qubit flags its neighbouring ancillas (bit 0: ancilla 1 between
+    # qubits 0 and 2, bit 1: ancilla 3 between qubits 2 and 4); the answer is qubit + 1.
+    assert [mod.correction(s) for s in range(4)] == [None, 0, 4, 2]
+    ring, sink = SlotRing(8, 64), Sink()
+    d = Dispatcher(mod.table, ring, sink)
+    shot = [(0, 0b00), (1, 0b11), (2, 0b00), (0, 0b01), (1, 0b10)]
+    for k, (rnd, syndrome) in enumerate(shot):
+        put(ring, k, "decode", bytes([mod.pack(rnd, syndrome)]), rid=k)
+    assert d.poll() == len(shot)
+    assert [(r.status, r.result) for _, r in sink.sent] == [
+        (0, b"\x00"), (0, b"\x03"), (0, b"\x00"), (0, b"\x01"), (0, b"\x05")]
+    assert mod.DECODER.shots[-2:] == [[0b00, 0b11, 0b00], [0b01, 0b10]]
+    # A round out of order is a handler error: status 1, the PPU stops with call_failed.
+    put(ring, 5, "decode", bytes([mod.pack(3, 0)]), rid=5)
+    assert d.poll() == 1 and sink.sent[-1][1].status == 1
+    assert mod.unpack(mod.pack(5, 2)) == (5, 2)
+    with pytest.raises(ValueError):
+        mod.pack(64, 0)
+    with pytest.raises(ValueError):
+        mod.decode([1, 0])
