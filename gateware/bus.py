@@ -56,8 +56,8 @@ class BusReadData(data.Struct):
     tag: unsigned(READ_TAG_BITS)    #: the READ's ``data[READ_TAG_BITS-1:0]``
 
 
-#: A CALL carries at most this many argument bytes (one 32-bit register for now).
-MAX_CALL_ARG_BYTES = 4
+#: A CALL carries at most this many argument bytes (4 argument registers of 32 bits).
+MAX_CALL_ARG_BYTES = 16
 
 
 class CallRequest(data.Struct):
@@ -69,5 +69,5 @@ class CallRequest(data.Struct):
     ppu: unsigned(4)
     function_id: unsigned(32)
     request_id: unsigned(32)
-    arg_len: unsigned(4)    #: 0..MAX_CALL_ARG_BYTES
-    args: unsigned(32)      #: argument bytes, byte i at bits [8i+7:8i]
+    arg_len: unsigned(5)    #: 0..MAX_CALL_ARG_BYTES
+    args: unsigned(8 * MAX_CALL_ARG_BYTES)  #: argument bytes, byte i at bits [8i+7:8i]

@@ -51,9 +51,9 @@ class CallUnit(wiring.Component):
     Members
     -------
     issue : ``In(1)``
-        Start a call with ``function_id : In(32)``, ``arg : In(32)`` (the argument register)
-        and ``arg_len : In(3)`` (0..4 bytes, ``ceil(arg_bits / 8)``; ``arg`` already masked to
-        ``arg_bits`` by the caller, which decodes both from the instruction ahead of time). The
+        Start a call with ``function_id : In(32)``, ``arg : In(128)`` (the argument bytes,
+        byte i at bits [8i+7:8i], already packed and masked by the caller) and
+        ``arg_len : In(5)`` (0..16 bytes). The
         call starts in this cycle when the unit is idle; while it is busy (a previous call's
         request not yet handed over, or its response awaited) or ``slots`` requests are
         outstanding, the issue is kept and the call starts in the first idle cycle with a
@@ -65,10 +65,10 @@ class CallUnit(wiring.Component):
         Stop waiting (the PPU stopped on an error) and drop a kept issue. A request already
         offered on ``call_req`` stays offered until it is taken (stream rule); its response
         will count as stale.
-    done : ``Out(1)``; ``result : Out(32)``
+    done : ``Out(1)``; ``result : Out(64)``
         One-cycle pulse, two cycles after the commit: the awaited response arrived with status
-        0; ``result`` is its first 4 result bytes, little-endian, zero-extended when
-        ``result_len < 4``.
+        0; ``result`` is its first 8 result bytes, little-endian, zero-extended when
+        ``result_len < 8``; it holds until the next response is taken.
     failed : ``Out(1)``
         One-cycle pulse, two cycles after the commit: the awaited response had a status != 0.
     timeout : ``Out(1)``
@@ -116,12 +116,12 @@ class CallUnit(wiring.Component):
         super().__init__({
             "issue": In(1),
             "function_id": In(32),
-            "arg": In(32),
-            "arg_len": In(3),
+            "arg": In(8 * MAX_CALL_ARG_BYTES),
+            "arg_len": In(5),
             "busy": Out(1),
             "abort": In(1),
             "done": Out(1),
-            "result": Out(32),
+            "result": Out(64),
             "failed": Out(1),
             "timeout": Out(1),
             "timeout_cycles": In(32),
@@ -235,7 +235,7 @@ class CallUnit(wiring.Component):
             m.d.sync += kept.eq(1)
         with m.If(self.slots_reset):
             m.d.sync += released.eq(seq)
-        assert MAX_CALL_ARG_BYTES == 4
+        assert MAX_CALL_ARG_BYTES == 16
 
         # Handshake. The sequence number moves on here, not at the start (a start stays a few
         # flip-flops): a call's request_id was taken from ``seq`` while the unit was idle, and
@@ -256,18 +256,18 @@ class CallUnit(wiring.Component):
         # commit stage ``commit_r`` registers the MAILBOX_COMMIT once more (its byte count was
         # checked in the command stage); in its cycle the response is taken (or dropped), and
         # done/failed pulse in the next.
-        # The result's status and first four bytes are registered in the check stage too, so
+        # The result's status and first eight bytes are registered in the check stage too, so
         # the response stage only chooses between flip-flops.
         header = RPCResponse(Cat(mailbox[0], mailbox[1], mailbox[2]))
         chk_magic = Signal()
         chk_rid = Signal()
         chk_status_ok = Signal()   # status == 0
-        chk_word = Signal(32)      # the first four result bytes ...
-        chk_keep = Signal(4)       # ... and which of them result_len keeps (byte b: len > b)
+        chk_word = Signal(64)      # the first eight result bytes ...
+        chk_keep = Signal(8)       # ... and which of them result_len keeps (byte b: len > b)
         chk_answers = Signal()     # the request_id is this unit's and outstanding
         commit_r = Signal()
         length_ok = Signal()       # the byte count fits the header and result_len
-        # ``result_len > b`` for each byte b < 4, as an OR of its high bits (LUTs beside the
+        # ``result_len > b`` for each byte b < 8, as an OR of its high bits (LUTs beside the
         # mailbox, not a 32-bit carry chain); the word and the byte mask are registered apart
         # and AND'ed in the result stage.
         # A response is taken only with ``result_len`` <= 40 (``length_ok``), so its bits
@@ -278,8 +278,8 @@ class CallUnit(wiring.Component):
             chk_magic.eq(header.magic == RESPONSE_MAGIC),
             chk_rid.eq(header.request_id == awaited),
             chk_status_ok.eq(header.status == 0),
-            chk_word.eq(mailbox[3][:32]),
-            chk_keep.eq(Cat(*(len_hi | (header.result_len[:3] > b) for b in range(4)))),
+            chk_word.eq(mailbox[3]),
+            chk_keep.eq(Cat(*(len_hi | (header.result_len[:3] > b) for b in range(8)))),
             chk_answers.eq((header.request_id[CALL_SEQ_BITS:] == self._ppu) &
                            ((header.request_id[:CALL_SEQ_BITS] - released)[:CALL_SEQ_BITS] <
                             self.outstanding)),

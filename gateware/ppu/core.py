@@ -64,8 +64,9 @@ reads a pending register (ADD's and CALL's ``rs``, ALU's ``rs`` and ``rt``, BRAN
 ALWAYS) or writes one (SET, ADD, ALU, LOOP's ``rs``, CALL's ``rd``) stalls until the count is
 zero. ALU computes ``rs FUNC (rt or imm)`` into a register (5 cycles); LOOP is a BRANCH that
 writes ``rs - 1`` through ADD's adder as it retires. Several ACQUIREs may target one
-register; it then holds the last result. CALL waits for ``rs`` and ``rd``, sends the request,
-waits for the response (see :mod:`.callunit`), writes ``rd`` on status 0 and stops with
+register; it then holds the last result. CALL waits for its argument registers, ``rd`` and
+``rd_hi``, gathers its argument bytes (one per cycle), sends the request, waits for the response
+(see :mod:`.callunit`), writes ``rd`` (and ``rd_hi`` a cycle later) on status 0 and stops with
 ``call_failed`` otherwise.
 
 Register block (32-bit registers inside 64-bit bus words: register at offset ``o`` is byte lanes
@@ -468,9 +469,8 @@ class PPU(wiring.Component):
             "mask": NUM_REGISTERS,         # registers that must not be pending
             "taken_if_0": 1,               # BRANCH condition when rs is 0 ...
             "taken_if_1": 1,               # ... and when it is 1 (a measurement)
-            "arg_mask": REGISTER_BITS,     # CALL: the low arg_bits bits ...
-            "arg_len": 3,                  # ... in bytes
-            "loop": 1,                     # BRANCH with Cond.LOOP: writes rs - 1 to rs
+            "arg_bytes": 4 * 3,            # CALL: each argument's bytes, ceil(bits / 8)
+            "loop": 1,                     # BRANCH with Cond.DBNZ: writes rs - 1 to rs
             "wrd": 4,                      # the register an instruction writes (LOOP: rs)
         })
 
@@ -481,7 +481,7 @@ class PPU(wiring.Component):
             chan = raw[8:12]
             b = ins.operands.branch
             cond_legal = b.cond.as_value() <= max(c.value for c in Cond)
-            is_loop = is_[Op.BRANCH] & (b.cond == Cond.LOOP)
+            is_loop = is_[Op.BRANCH] & (b.cond == Cond.DBNZ)
             assert [c.value for c in Cond] == list(range(len(Cond)))
             # The known opcodes, by high nibble: the low nibbles below a bound.
             op_hi, op_lo = raw[4:8], raw[0:4]
@@ -498,14 +498,12 @@ class PPU(wiring.Component):
                 return Cat(*(kept(m, value[i:i + 4] == 0, f"{name}_{what}_z{i // 4}")
                              for i in range(0, len(value), 4))).all()
 
-            # CALL's ``arg_bits`` (8 bits) as a thermometer: bit i is ``arg_bits > i``. A
-            # comparison with a constant would be a carry chain each; here each bit is one
-            # 5-input table of the low bits, OR'ed with "at least 32".
-            arg_bits = ins.operands.call.arg_bits
-            ge32 = arg_bits[5:] != 0
-            arg_over = (arg_bits[6:] != 0) | (arg_bits[5] & (arg_bits[:5] != 0))
-            thermo = Cat(*(ge32 | Const(sum(1 << k for k in range(32) if k > i), 32)
-                           .bit_select(arg_bits[:5], 1) for i in range(REGISTER_BITS)))
+            # CALL's arguments: each one's ``bits`` (8 bits) at most 32, and its bytes
+            # ``ceil(bits / 8)`` (0..4) from its bits 5..3 and whether bits 2..0 are not 0.
+            c = ins.operands.call
+            all_bits = [c.arg_bits, c.arg1_bits, c.arg2_bits, c.arg3_bits]
+            arg_over = Cat(*((b[6:] != 0) | (b[5] & (b[:5] != 0)) for b in all_bits)).any()
+            arg_bytes = Cat(*((b[3:6] + (b[:3] != 0))[:3] for b in all_bits))
 
             # Each op's operand checks, kept apart from the op compare.
             play_bad = chan >= self._n_drive
@@ -535,10 +533,12 @@ class PPU(wiring.Component):
             rd, rs = onehot(raw[8:12]), onehot(raw[12:16])
             alu = ins.operands.alu
             rt = Mux(alu.use_rt, onehot(alu.rt), 0)
+            call_regs = (rd | rs | onehot(c.rs1) | onehot(c.rs2) | onehot(c.rs3) |
+                         onehot(c.rd_hi))
             mask = (Mux(is_[Op.SET], rd, 0) | Mux(is_[Op.ADD], rd | rs, 0) |
                     Mux(is_[Op.ALU], rd | rs | rt, 0) |
                     Mux(is_[Op.BRANCH] & (b.cond != Cond.ALWAYS), rs, 0) |
-                    Mux(is_[Op.CALL], rd | rs, 0))
+                    Mux(is_[Op.CALL], call_regs, 0))
             # ``imm`` against 0 and 1 from its bits 31..1 being zero (two kept halves), bit 0
             # and the sign.
             imm = b.imm.as_unsigned()
@@ -553,7 +553,7 @@ class PPU(wiring.Component):
             for v in (0, 1):
                 eq, gt = cmp[v]["eq"], cmp[v]["gt"]
                 table = {Cond.ALWAYS.value: Const(1), Cond.EQ.value: eq, Cond.NE.value: ~eq,
-                         Cond.LT.value: gt, Cond.GE.value: ~gt, Cond.LOOP.value: ~eq}
+                         Cond.LT.value: gt, Cond.GE.value: ~gt, Cond.DBNZ.value: ~eq}
                 cond = b.cond.as_value()
                 taken[v] = Array(table.get(c, Const(0)) for c in range(8))[cond[:3]] & ~cond[3]
             return {
@@ -567,10 +567,7 @@ class PPU(wiring.Component):
                 "mask": mask,
                 "taken_if_0": taken[0],
                 "taken_if_1": taken[1],
-                # Bit i is set iff i < min(arg_bits, 32); bytes: ceil(min(arg_bits, 32) / 8).
-                "arg_mask": thermo,
-                "arg_len": Mux(thermo[24], 4, Mux(thermo[16], 3, Mux(
-                    thermo[8], 2, Mux(thermo[0], 1, 0)))),
+                "arg_bytes": arg_bytes,
                 "loop": is_loop,
                 "wrd": Mux(is_loop, raw[12:16], raw[8:12]),
             }
@@ -767,7 +764,7 @@ class PPU(wiring.Component):
         # iff ``x_valid & br_taken`` (two flip-flops, where ``load_tgt`` is a net across the
         # stage's hundreds of multiplexers).
         ctl_tgt = x_valid & br_taken
-        wide = {"arg_mask", "arg_len"}
+        wide = {"arg_bytes"}
         with m.If(x_open):
             m.d.sync += [
                 x_raw.eq(Mux(load_tgt, tgt_insn, f_insn)),
@@ -975,31 +972,117 @@ class PPU(wiring.Component):
             self.barrier_arrive.eq(ex & x_is[Op.BARRIER] & ~error_set),
             self.barrier_mask.eq(x.operands.barrier.mask | (1 << self._index)),
         ]
+        # CALL's arguments, gathered into ``call_args`` byte by byte while the CALL waits in
+        # the execute stage, once its registers are not pending (nothing else writes them
+        # while it is there): a step chooses argument ``g_k``'s byte ``g_j`` and its mask
+        # (``s_*``, registered), the next cycle reads that byte of the register file into
+        # byte ``s_p`` of ``call_args``. Arguments of 0 bytes are skipped; the call is issued
+        # in the cycle after the last byte lands (``g_done``), with ``arg_len`` the bytes
+        # gathered: for one argument byte, 3 cycles after the CALL enters the stage.
+        o = x.operands.call
+        arg_regs = Array([o.rs, o.rs1, o.rs2, o.rs3])
+        arg_bits = Array([o.arg_bits, o.arg1_bits, o.arg2_bits, o.arg3_bits])
+        arg_bytes = Array(xd.arg_bytes[3 * k:3 * k + 3] for k in range(4))
+        g_started = Signal()
+        g_k = Signal(2)
+        g_j = Signal(2)
+        g_p = Signal(5)                    # bytes chosen so far
+        g_stepping = Signal()
+        g_last = Signal()                  # the step in ``s_*`` is the last
+        g_done = Signal()
+        s_valid = Signal()
+        s_reg = Signal(4)
+        s_j = Signal(2)
+        s_p = Signal(4)
+        s_mask = Signal(8)
+        call_args = Signal(128)
+        nz = Cat(*(arg_bytes[k] != 0 for k in range(4)))
+
+        def first_nz(after=None):
+            """(found, index): the lowest argument with bytes, above ``after`` if given."""
+            found, index = Const(0), Const(0, 2)
+            for k in reversed(range(4)):
+                hit = nz[k] if after is None else nz[k] & (after < k)
+                found, index = Mux(hit, 1, found), Mux(hit, k, index)
+            return found, index
+
+        # The first step is taken in the cycle the gathering starts (``go``), from the first
+        # argument with bytes; the step's (k, j, p) are then those of ``g_*``.
+        go = ex & x_is[Op.CALL] & ~call_issued & ~blocked & ~g_started
+        first_found, first_k = first_nz()
+        cur_k = Mux(go, first_k, g_k)
+        cur_j = Mux(go, 0, g_j)
+        cur_p = Mux(go, 0, g_p)
+        with m.If(go):
+            m.d.sync += [g_started.eq(1), g_done.eq(~first_found)]
+        with m.If((go & first_found) | g_stepping):
+            bits = arg_bits[cur_k]
+            found, index = first_nz(cur_k)
+            m.d.sync += [
+                s_valid.eq(1),
+                s_reg.eq(arg_regs[cur_k]),
+                s_j.eq(cur_j),
+                s_p.eq(cur_p),
+                # A whole byte while the bits reach past it, else the low bits[2:0] bits.
+                s_mask.eq(Mux(bits[3:6] > cur_j, 0xFF,
+                              Array(Const((1 << n) - 1, 8) for n in range(8))[bits[:3]])),
+                g_p.eq(cur_p + 1),
+                g_stepping.eq(1),
+            ]
+            with m.If(cur_j + 1 < arg_bytes[cur_k]):
+                m.d.sync += [g_k.eq(cur_k), g_j.eq(cur_j + 1)]
+            with m.Elif(found):
+                m.d.sync += [g_k.eq(index), g_j.eq(0)]
+            with m.Else():
+                m.d.sync += [g_stepping.eq(0), g_last.eq(1)]
+        with m.Else():
+            m.d.sync += [s_valid.eq(0), g_last.eq(0)]
+        reg_bytes = Array(r[8 * b:8 * b + 8] for r in regs for b in range(4))
+        with m.If(s_valid):
+            m.d.sync += call_args.word_select(s_p, 8).eq(
+                reg_bytes[Cat(s_j, s_reg)] & s_mask)
+        with m.If(g_last):
+            m.d.sync += g_done.eq(1)
+        with m.If(x_load):
+            m.d.sync += [g_started.eq(0), g_stepping.eq(0), g_done.eq(0), g_last.eq(0),
+                         s_valid.eq(0), g_p.eq(0)]
         # The CALL unit takes its request while it is idle, every cycle; ``issue`` starts it.
         m.d.comb += [
-            call.function_id.eq(x.operands.call.function_id),
-            call.arg.eq(rs_value & xd.arg_mask),
-            call.arg_len.eq(xd.arg_len),
+            call.function_id.eq(o.function_id),
+            call.arg.eq(call_args),
+            call.arg_len.eq(g_p),
         ]
 
         # Retire and register write: flat sums of products of flip-flops (the op flags are
         # one-hot; ``ready_sel`` is 0 unless the op is PLAY, ACQUIRE or MARKER).
         wr_ok = ~blocked
+        # A CALL with ``rd_hi`` writes its result's low word as the response arrives and
+        # the high word in the next cycle (``call_hi``), retiring then.
         done_call = x_is[Op.CALL] & call_issued & call.done
+        has_hi = o.rd_hi != 0
+        call_hi = Signal()
+        with m.If(x_load):
+            m.d.sync += call_hi.eq(0)
+        with m.Elif(ex & done_call & has_hi):
+            m.d.sync += call_hi.eq(1)
+        write_hi = x_is[Op.CALL] & call_hi
         # LOOP writes ``rs - 1`` as its BRANCH retires (its condition waited for ``rs_ok``).
         done_loop = xd.loop & br_ready & (~br_taken | tgt_dec_valid | tgt_none)
-        writes = ((x_is[Op.SET] & wr_ok) | (x_is[Op.ADD] & wr_ok & rs_ok) |
-                  (x_is[Op.ALU] & wr_ok & alu_ok) | done_call | done_loop)
+        retire_writes = ((x_is[Op.SET] & wr_ok) | (x_is[Op.ADD] & wr_ok & rs_ok) |
+                         (x_is[Op.ALU] & wr_ok & alu_ok) | (done_call & ~has_hi) | write_hi |
+                         done_loop)
+        writes = retire_writes | done_call
         m.d.comb += [
-            x_done.eq(ex & (x_is[Op.NOP] | x_is[Op.WAIT] | x_is[Op.SYNC] | ready_sel | writes |
+            x_done.eq(ex & (x_is[Op.NOP] | x_is[Op.WAIT] | x_is[Op.SYNC] | ready_sel |
+                            retire_writes |
                             (x_is[Op.BARRIER] & self.barrier_go) |
                             (x_is[Op.BRANCH] & br_ready &
                              (~br_taken | tgt_dec_valid | tgt_none)))),
             core_we.eq(ex & writes),
-            core_wrd.eq(xd.wrd),
+            core_wrd.eq(Mux(call_hi, o.rd_hi, xd.wrd)),
             # ADD's adder also decrements LOOP's rs (the choice of the addend shares the
             # adder's LUTs).
-            core_wdata.eq(Mux(x_is[Op.CALL], call.result,
+            core_wdata.eq(Mux(x_is[Op.CALL], Mux(call_hi, call.result[32:], call.result[:32]),
                               Mux(x_is[Op.ALU], alu_res,
                                   Mux(x_is[Op.SET], x.operands.set.imm,
                                       rs_value + Mux(xd.loop, -1, x.operands.add.imm))))),
@@ -1025,7 +1108,7 @@ class PPU(wiring.Component):
                                 m.d.comb += taken.eq(rs_lt)
                             with m.Case(Cond.GE):
                                 m.d.comb += taken.eq(~rs_lt)
-                            with m.Case(Cond.LOOP):
+                            with m.Case(Cond.DBNZ):
                                 m.d.comb += taken.eq(~rs_eq)
                             with m.Default():
                                 m.d.comb += taken.eq(1)
@@ -1036,9 +1119,8 @@ class PPU(wiring.Component):
                         m.d.sync += ctl_eq(br_ready=1, br_taken=Mux(
                             land_bit, xd.taken_if_1, xd.taken_if_0))
             with m.If(x_is[Op.CALL]):
-                o = x.operands.call
                 with m.If(~call_issued):
-                    with m.If(~blocked & rs_ok & ~error_set):
+                    with m.If(g_done & ~error_set):
                         m.d.comb += call.issue.eq(1)
                         m.d.sync += call_issued.eq(1)
         with m.If(x_done):

@@ -25,8 +25,9 @@ Syntax summary (one instruction per line, ``;`` starts a comment)::
             alu add, r1, r2, 5              ; the general form (funcs: add sub ... sra)
             beq r2, 1, label                ; also bne, blt, bge; jmp label
             loop r4, label                  ; r4 -= 1; to label while r4 != 0
-            branch eq, r2, 1, label         ; the general form (conds: always eq ... loop)
+            branch eq, r2, 1, label         ; the general form (conds: always eq ... dbnz)
             call decode(r1:1) -> r2         ; function_id = fnv1a32("decode")
+            call f(r1:1, r2:8, r3, r4:16) -> r5, r6   ; up to 4 arguments, a 64-bit result
             nop
             end
 
@@ -161,10 +162,11 @@ _QUANTITY_RE = re.compile(
     r"^(?P<num>[-+]?(?:0[xX][0-9a-fA-F_]+|0[bB][01_]+|0[oO][0-7_]+"
     r"|[0-9][0-9_]*(?:\.[0-9_]*)?(?:[eE][-+]?[0-9]+)?"
     r"|\.[0-9]+(?:[eE][-+]?[0-9]+)?))\s*(?P<unit>[A-Za-z]*)$")
-_CALL_RE = re.compile(r"^(?P<fn>[^\s(]+)\s*\((?P<args>[^()]*)\)\s*(?:->\s*(?P<rd>\S+))?$")
+_CALL_RE = re.compile(r"^(?P<fn>[^\s(]+)\s*\((?P<args>[^()]*)\)\s*(?:->\s*(?P<rd>[^()]+?))?\s*$")
+#: A CALL's argument fields, argument k's register and bits.
+_CALL_ARGS = (("rs", "arg_bits"), ("rs1", "arg1_bits"), ("rs2", "arg2_bits"), ("rs3", "arg3_bits"))
 _MNEMONIC_RE = re.compile(r"^(\S+)\s*(.*)$")
-_RESERVED_NAMES = ({f"r{i}" for i in range(NUM_REGISTERS)} | {c.name.lower() for c in Cond} |
-                   {f.name.lower() for f in AluFunc})
+_RESERVED_NAMES = {f"r{i}" for i in range(NUM_REGISTERS)} | {c.name.lower() for c in Cond}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -309,9 +311,10 @@ def _build_fault(op: Op, fields: Mapping[str, Any], params: QSCParams) -> tuple[
         if fields.get("func") in _SHIFTS and not fields.get("use_rt", 0) \
                 and not 0 <= int(fields.get("imm", 0)) <= 31:
             return "imm", f"shift amount {fields['imm']} outside 0..31"
-    if op == Op.CALL and fields.get("arg_bits", 0) > MAX_CALL_ARG_BITS:
-        return "arg_bits", (f"argument bits {fields['arg_bits']} outside "
-                            f"0..{MAX_CALL_ARG_BITS}")
+    if op == Op.CALL:
+        for _, name in _CALL_ARGS:
+            if fields.get(name, 0) > MAX_CALL_ARG_BITS:
+                return name, f"argument bits {fields[name]} outside 0..{MAX_CALL_ARG_BITS}"
     return None
 
 
@@ -848,7 +851,7 @@ class _Assembler:
                 cond, rs, imm = Cond.ALWAYS, (0, ""), (0, "")
             elif m == "loop":
                 a = self.bind(text, [("rs", R), ("target", R)])
-                cond, rs, imm = Cond.LOOP, (self.register(a["rs"], "rs"), a["rs"]), (1, "")
+                cond, rs, imm = Cond.DBNZ, (self.register(a["rs"], "rs"), a["rs"]), (1, "")
             else:
                 params = [("rs", R), ("imm", R), ("target", R)]
                 if m == "branch":
@@ -907,7 +910,7 @@ class _Assembler:
     def call(self, text: str) -> int:
         m = _CALL_RE.match(text.strip())
         if not m:
-            raise self.error("call syntax is: call name(rS:bits) -> rD", text.strip())
+            raise self.error("call syntax is: call name(rS:bits, ...) -> rD[, rE]", text.strip())
         fn = m["fn"]
         if _IDENT_RE.match(fn) and fn not in self.equs:
             if not fn.isascii():
@@ -920,20 +923,30 @@ class _Assembler:
             self.functions[fn] = function_id
         else:
             function_id = self.integer(fn, "function_id")
+        values: dict[str, tuple[object, str]] = {"function_id": (function_id, fn)}
         args = m["args"].strip()
-        if not args:
-            rs, bits = (0, ""), (0, "")
-        else:
-            reg, colon, nbits = args.partition(":")
-            rs = (self.register(reg, "argument register"), reg.strip())
-            bits = (self.integer(nbits, "argument bits") if colon else MAX_CALL_ARG_BITS,
-                    nbits.strip())
-            if not 0 <= bits[0] <= MAX_CALL_ARG_BITS:
-                raise self.error(f"argument bits {bits[0]} outside 0..{MAX_CALL_ARG_BITS}",
+        tokens = [t.strip() for t in args.split(",")] if args else []
+        if len(tokens) > len(_CALL_ARGS):
+            raise self.error(f"{len(tokens)} arguments: a CALL takes at most "
+                             f"{len(_CALL_ARGS)}", args)
+        for (reg_field, bits_field), token in zip(_CALL_ARGS, tokens, strict=False):
+            if not token:
+                raise self.error("empty argument", args)
+            reg, colon, nbits = token.partition(":")
+            values[reg_field] = (self.register(reg, "argument register"), reg.strip())
+            bits = self.integer(nbits, "argument bits") if colon else MAX_CALL_ARG_BITS
+            if not 0 <= bits <= MAX_CALL_ARG_BITS:
+                raise self.error(f"argument bits {bits} outside 0..{MAX_CALL_ARG_BITS}",
                                  nbits.strip())
-        rd = (self.register(m["rd"], "result register"), m["rd"]) if m["rd"] else (0, "")
-        return self.encode(Op.CALL, {"rd": rd, "rs": rs, "arg_bits": bits,
-                                     "function_id": (function_id, fn)})
+            values[bits_field] = (bits, nbits.strip())
+        if m["rd"]:
+            results = [t.strip() for t in m["rd"].split(",")]
+            if len(results) > 2 or not all(results):
+                raise self.error("a CALL writes one or two result registers: -> rD[, rE]",
+                                 m["rd"])
+            for name, token in zip(("rd", "rd_hi"), results, strict=False):
+                values[name] = (self.register(token, "result register"), token)
+        return self.encode(Op.CALL, values)
 
     # -- driver -------------------------------------------------------------------------------
 
@@ -1073,7 +1086,7 @@ def _format(op: Op, f: Mapping[str, Any], label_of: Mapping[int, str],
         cond = f["cond"]
         if cond == Cond.ALWAYS and f["rs"] == 0 and f["imm"] == 0:
             return f"jmp {target}"
-        if cond == Cond.LOOP and f["imm"] == 1:
+        if cond == Cond.DBNZ and f["imm"] == 1:
             return f"loop r{f['rs']}, {target}"
         for alias, c in _BRANCH_ALIASES.items():
             if c == cond:
@@ -1082,8 +1095,11 @@ def _format(op: Op, f: Mapping[str, Any], label_of: Mapping[int, str],
     if op == Op.CALL:
         fid = int(f["function_id"])
         fn = name_of.get(fid, f"{fid:#010x}")
-        args = "" if f["rs"] == 0 and f["arg_bits"] == 0 else f"r{f['rs']}:{f['arg_bits']}"
-        return f"call {fn}({args}) -> r{f['rd']}"
+        args = [f"r{f[reg]}:{f[bits]}" for reg, bits in _CALL_ARGS]
+        while args and args[-1] == "r0:0":
+            args.pop()
+        hi = f", r{f['rd_hi']}" if f["rd_hi"] else ""
+        return f"call {fn}({', '.join(args)}) -> r{f['rd']}{hi}"
     raise AssertionError(op)  # pragma: no cover - every Op is handled above
 
 

@@ -57,7 +57,7 @@ class Cond(enum.Enum, shape=4):
     NE = 2
     LT = 3
     GE = 4
-    LOOP = 5    #: taken if rs != imm; rs = rs - 1 either way (``loop rS, L``: imm = 1)
+    DBNZ = 5    #: taken if rs != imm; rs = rs - 1 either way (``loop rS, L``: imm = 1)
 
 
 class PlayOperands(data.Struct):
@@ -145,10 +145,21 @@ class BranchOperands(data.Struct):
 
 
 class CallOperands(data.Struct):
-    rd: unsigned(4)               #: gets the first 4 result bytes (little-endian, zero-extended)
-    rs: unsigned(4)               #: argument register
-    arg_bits: unsigned(8)         #: 0..32: low bits of rs, packed LSB-first, ceil(bits/8) bytes
+    """Up to 4 arguments: argument k is the low ``arg{k}_bits`` bits of its register, packed
+    LSB-first into ``ceil(bits / 8)`` bytes; the arguments' bytes follow each other in order
+    (CUDA-Q realtime's argument layout: each argument its schema's ``size_bytes``)."""
+
+    rd: unsigned(4)               #: gets result bytes 0..3 (little-endian, zero-extended)
+    rs: unsigned(4)               #: argument 0's register
+    arg_bits: unsigned(8)         #: argument 0: 0..32 low bits of rs
     function_id: unsigned(32)     #: FNV-1a of the handler name
+    rd_hi: unsigned(4)            #: gets result bytes 4..7 (r0: dropped)
+    rs1: unsigned(4)              #: argument 1's register ...
+    rs2: unsigned(4)
+    rs3: unsigned(4)
+    arg1_bits: unsigned(8)        #: ... and its bits, 0..32 (0: no argument 1)
+    arg2_bits: unsigned(8)
+    arg3_bits: unsigned(8)
 
 
 class Operands(data.Union):

@@ -104,16 +104,18 @@ def alu(func: AluFunc, rd: int, rs: int, *, rt: int | None = None, imm: int = 0)
 
 
 def loop(rs: int, target: int) -> int:
-    """``rs -= 1``; to ``target`` while ``rs != 0`` (``branch loop, rs, 1, target``)."""
-    return branch(Cond.LOOP, rs, 1, target)
+    """``rs -= 1``; to ``target`` while ``rs != 0`` (``branch dbnz, rs, 1, target``)."""
+    return branch(Cond.DBNZ, rs, 1, target)
 
 
 def branch(cond: Cond, rs: int, imm: int, target: int) -> int:
     return _ins(Op.BRANCH, "branch", cond=cond, rs=rs, imm=imm, target=target)
 
 
-def call(rd: int, rs: int, arg_bits: int, function_id: int) -> int:
-    return _ins(Op.CALL, "call", rd=rd, rs=rs, arg_bits=arg_bits, function_id=function_id)
+def call(rd: int, rs: int, arg_bits: int, function_id: int, **more: int) -> int:
+    """A CALL; ``more``: ``rd_hi``, ``rs1``..``rs3``, ``arg1_bits``..``arg3_bits``."""
+    return _ins(Op.CALL, "call", rd=rd, rs=rs, arg_bits=arg_bits, function_id=function_id,
+                **more)
 
 
 # ---- Bus ------------------------------------------------------------------------------------

@@ -112,7 +112,7 @@ def test_alu_waits_for_a_pending_register(which):
 
 def test_loop_counts_down_to_zero():
     """``loop r1, L`` with r1 = 5 runs the body 5 times and leaves r1 at 0; the general form
-    ``branch loop, r2, 3, L`` (taken while r2 != 3 before its decrement) from 6 runs 4 times
+    ``branch dbnz, r2, 3, L`` (taken while r2 != 3 before its decrement) from 6 runs 4 times
     and leaves 2."""
     out = {}
 
@@ -125,7 +125,7 @@ def test_loop_counts_down_to_zero():
             set_(2, 6),                       # 4
             marker(1, 0, 1),                  # 5: body
             wait(10),                         # 6
-            encode(Op.BRANCH, {"cond": Cond.LOOP, "rs": 2, "imm": 3, "target": 5}),  # 7
+            encode(Op.BRANCH, {"cond": Cond.DBNZ, "rs": 2, "imm": 3, "target": 5}),  # 7
             end(),                            # 8
         ]
         out["s"] = await start(ctx, dut, prog)
