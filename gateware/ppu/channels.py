@@ -695,6 +695,10 @@ class ReadoutChannel(wiring.Component):
         The ADC samples of this cycle, lane ``k`` at index ``k``.
     window : ``Out(1)``
         High during the integration window.
+    window_last : ``Out(1)``
+        High on the window's last cycle (``now = T+W-1``), a flip-flop: with ``window``, it
+        tells back-to-back windows apart (a window's first cycle is a ``window`` cycle that
+        does not follow a ``window`` cycle without ``window_last``).
     result_valid : ``Out(1)``; result_rd : ``Out(4)``; result_bit : ``Out(1)``
         The measurement result, for one cycle, and its destination register.
     result_hit : ``Out(16)``
@@ -723,6 +727,7 @@ class ReadoutChannel(wiring.Component):
             "flush": In(1),
             "adc": In(data.ArrayLayout(signed(SAMPLE_BITS), samples_per_cycle)),
             "window": Out(1),
+            "window_last": Out(1),
             "result_valid": Out(1),
             "result_rd": Out(4),
             "result_hit": Out(16),
@@ -761,7 +766,7 @@ class ReadoutChannel(wiring.Component):
         fire = q.on_time & free
         late = q.past | (q.on_time & ~free)
         m.d.comb += [q.now.eq(self.now), q.flush.eq(self.flush), q.pop.eq(q.due),
-                     self.late.eq(late), self.window.eq(open_)]
+                     self.late.eq(late), self.window.eq(open_), self.window_last.eq(last)]
         head_hit, head_last = q.head_tag[:16], q.head_tag[16]
         open_last = kept(m, open_ & rem_two, "open_last")
         open_hit = kept(m, Mux(open_last, onehot(rd), 0), "open_hit")
