@@ -170,6 +170,8 @@ def test_iq_snapshot_taken_by_i_lo_holds_across_a_new_window():
                 for name in ("I_HI", "Q_LO", "Q_HI", "IQ_COUNT", "WINDOW_COUNT")]
         got["first"] = (lo, *rest)
         got["second"] = await _read_iq(ctx, dut, 0)
+        # A whole-word read of I_LO's word: I_LO and I_HI (sign-extended) of the live window.
+        got["word"] = await bus_read(ctx, dut, readout_reg(0, 0, "I_LO"))
 
     _run(params, tb)
     s = got["s"]
@@ -179,6 +181,7 @@ def test_iq_snapshot_taken_by_i_lo_holds_across_a_new_window():
     m = (1 << 32) - 1
     assert got["first"] == (i1 & m, (i1 >> 32) & m, q1 & m, (q1 >> 32) & m, 1, 2)
     assert got["second"] == (i2, q2, 2)
+    assert got["word"] == (i2 & ((1 << 64) - 1), 0)
 
 
 def test_calibration_unit_words_and_snapshot():
