@@ -683,8 +683,8 @@ class ReadoutChannel(wiring.Component):
     (so ``freq_word = phase = 0`` gives the plain sum). The product stage adds one cycle: the
     result is presented on cycle ``T+W`` and held in the register file from ``T+W+1``.
 
-    In both, ``iq_valid`` pulses with ``iq_i``/``iq_q`` holding the window's ``I`` and ``Q`` on
-    the cycle after the result.
+    ``iq_valid`` pulses with ``iq_i``/``iq_q`` holding the window's ``I`` and ``Q`` on the cycle
+    after the result with the NCO, two cycles after it without (cycle ``T+W+1`` in both).
 
     Members
     -------
@@ -812,9 +812,16 @@ class ReadoutChannel(wiring.Component):
                 m.d.sync += [acc.eq(~head.threshold), thr.eq(head.threshold)]
             with m.Else():
                 m.d.sync += acc.eq(total)
-            m.d.sync += iq_valid.eq(last)
+            # ``I = total - ~threshold`` (``acc`` started at ``~threshold``), a cycle later from
+            # registers: one subtractor behind flip-flops, not two adders behind the lane sum.
+            iq_sum = Signal.like(acc)
+            iq_init = Signal(signed(32))
+            iq_pend = Signal()
+            m.d.sync += [iq_pend.eq(last), iq_valid.eq(iq_pend)]
             with m.If(last):
-                m.d.sync += [iq_i.eq(total + thr + 1), iq_q.eq(0)]
+                m.d.sync += [iq_sum.eq(total), iq_init.eq(~thr)]
+            with m.If(iq_pend):
+                m.d.sync += [iq_i.eq(iq_sum - iq_init), iq_q.eq(0)]
         else:
             m.d.sync += last.eq((fire & head_last) | open_last)
             # The demodulator's phase: ``ph`` is lane 0's of the next cycle. The table is read
