@@ -12,6 +12,8 @@ registers) and RDMA (the RETH virtual address *is* this address; VA bits [63:32]
 | `  +0x40_0000` | envelope memory, `env_depth` x 2 bytes, signed Q1.15 (RDMA: ENV_RKEY) |
 | `  +0x80_0000` | response mailbox, 64 bytes; written only by a SEND to the PPU's QP |
 | `  +0xC0_0000` | PPU registers (RDMA: REGS_RKEY covers TAIL .. TRIGGER only) |
+| `  +0xC0_0200` | readout channel registers, 0x20 bytes per channel; read only |
+| `  +0xE0_0000` | raw-trace memory, `trace_depth` x 2 bytes, signed 16-bit; read only, no RDMA |
 
 Generate ``docs/memory_map.md`` with ``qlink docs memory-map``; a test keeps it in step.
 """
@@ -26,8 +28,9 @@ __all__ = [
     "GLOBAL_REGISTERS", "QP_REGISTERS", "PPU_REGISTERS", "COUNTERS",
     "GLOBAL_BASE", "COUNTERS_BASE", "QP_BASE", "QP_STRIDE", "PPU_BASE", "PPU_STRIDE",
     "IMEM_OFFSET", "ENV_OFFSET", "MAILBOX_OFFSET", "MAILBOX_BYTES", "REGS_OFFSET",
-    "REGS_RDMA_BYTES", "GATEWARE_VERSION", "version_word",
-    "global_reg", "qp_reg", "ppu_reg", "ppu_base", "counter_addr", "regions", "render_markdown",
+    "REGS_RDMA_BYTES", "READOUT_REGISTERS", "READOUT_OFFSET", "READOUT_STRIDE", "TRACE_OFFSET",
+    "GATEWARE_VERSION", "version_word", "global_reg", "qp_reg", "ppu_reg",
+    "readout_reg", "ppu_base", "trace_addr", "counter_addr", "regions", "render_markdown",
 ]
 
 GLOBAL_BASE = 0x0000_0000
@@ -42,6 +45,12 @@ MAILBOX_BYTES = 64
 REGS_OFFSET = 0xC0_0000
 #: Bytes of the PPU register block that RDMA WRITEs may reach (TAIL .. TRIGGER).
 REGS_RDMA_BYTES = 0x18
+#: Readout channel ``c``'s registers (:data:`READOUT_REGISTERS`) are at
+#: ``REGS_OFFSET + READOUT_OFFSET + READOUT_STRIDE * c`` of the PPU's window.
+READOUT_OFFSET = 0x200
+READOUT_STRIDE = 0x20
+#: The raw-trace memory: sample ``n`` (16 bits, little-endian) at byte ``TRACE_OFFSET + 2n``.
+TRACE_OFFSET = 0xE0_0000
 
 #: Gateware version (major, minor); the host refuses a QSC whose major differs.
 GATEWARE_VERSION = (0, 1)
@@ -101,6 +110,9 @@ class QSCParams:
     timeline_bits: int = 64           #: width of the DTD timeline and every time in the PPUs
     samples_per_cycle: int = 1        #: PTD samples per DTD cycle and converter (1, 2 or 4)
     nco: bool = True                  #: NCOs on the drive channels and readout demodulation
+    #: 16-bit ADC samples of each PPU's raw-trace memory (a power of two >= 4, at most 2**20;
+    #: 0: no trace logic at all, as the board builds have)
+    trace_depth: int = 1024
     rti_clk_hz: int = 156_250_000     #: network clock (10GBASE-R MAC side)
     dtd_clk_hz: int = 250_000_000     #: PPU / timeline clock
     qpn_base: int = 0x100             #: QPN of PPU n is qpn_base + n
@@ -124,6 +136,10 @@ class QSCParams:
         if self.samples_per_cycle not in (1, 2, 4):
             raise ValueError(f"samples_per_cycle must be 1, 2 or 4, not "
                              f"{self.samples_per_cycle}")
+        if self.trace_depth and (self.trace_depth < 4 or self.trace_depth > 1 << 20
+                                 or self.trace_depth & (self.trace_depth - 1)):
+            raise ValueError(f"trace_depth must be 0 or a power of two in 4..2**20, not "
+                             f"{self.trace_depth}")
         if self.env_depth < 4 * self.samples_per_cycle:
             raise ValueError(f"env_depth must hold at least 4 cycles of samples "
                              f"({4 * self.samples_per_cycle}), not {self.env_depth}")
@@ -249,6 +265,34 @@ PPU_REGISTERS: tuple[Register, ...] = (
     _R("CALL_OUTSTANDING", 0x88, Access.RO, 0,
        "CALL requests handed to the network core and not answered yet (their slots are the "
        "host's)"),
+    _R("TRACE_ARM", 0x8C, Access.WO, 0,
+       "Raw-trace capture: a write of readout channel c (0..readouts_per_ppu-1; all four byte "
+       "lanes, else ignored) stops any capture, sets TRACE_COUNT to 0 and arms the trace for "
+       "c's next ACQUIRE window; any other value is refused (TRACE_STATUS.refused)"),
+    _R("TRACE_STATUS", 0x90, Access.RO, 0,
+       "Raw-trace state: bit 0 armed, bit 1 capturing, bit 2 done, bit 3 full (stopped at the "
+       "memory's end before the window's), bit 4 refused (the last TRACE_ARM write), bits "
+       "11..8 the armed channel"),
+    _R("TRACE_COUNT", 0x94, Access.RO, 0,
+       "ADC samples captured into the trace memory since the last accepted TRACE_ARM"),
+    _R("TRACE_DEPTH", 0x98, Access.RO, 0,
+       "Samples the trace memory holds: the build's trace_depth (0: no trace)"),
+)
+
+#: Registers of readout channel ``c`` of a PPU, at ``REGS_OFFSET + READOUT_OFFSET +
+#: READOUT_STRIDE * c`` of its window (:func:`readout_reg`). I and Q are 40-bit signed integrals
+#: in ADC units (sums of 16-bit samples, or of their demodulated products: docs/isa.md, ACQUIRE).
+READOUT_REGISTERS: tuple[Register, ...] = (
+    _R("I_LO", 0x00, Access.RO, 0,
+       "I of the last completed window, bits [31:0]; reading it latches I_HI, Q_LO, Q_HI and "
+       "IQ_COUNT (a snapshot of the same window)"),
+    _R("I_HI", 0x04, Access.RO, 0, "I bits [39:32] sign-extended to 32 bits, latched by I_LO"),
+    _R("Q_LO", 0x08, Access.RO, 0, "Q bits [31:0], latched by I_LO (0 without NCOs)"),
+    _R("Q_HI", 0x0C, Access.RO, 0, "Q bits [39:32] sign-extended to 32 bits, latched by I_LO"),
+    _R("IQ_COUNT", 0x10, Access.RO, 0, "WINDOW_COUNT of the window I_LO latched"),
+    _R("WINDOW_COUNT", 0x14, Access.RO, 0,
+       "ACQUIRE windows completed on this channel since reset (wraps at 2**32); I and Q "
+       "change only as it counts"),
 )
 
 
@@ -287,6 +331,20 @@ def ppu_base(ppu: int) -> int:
 def ppu_reg(ppu: int, name: str) -> int:
     """Byte address of PPU register ``name``."""
     return ppu_base(ppu) + REGS_OFFSET + _find(PPU_REGISTERS, name).offset
+
+
+def readout_reg(ppu: int, channel: int, name: str) -> int:
+    """Byte address of register ``name`` (:data:`READOUT_REGISTERS`) of readout channel
+    ``channel`` (0..15) of PPU ``ppu``."""
+    if not 0 <= channel < 16:
+        raise ValueError(f"readout channel must be 0..15, not {channel}")
+    return (ppu_base(ppu) + REGS_OFFSET + READOUT_OFFSET + READOUT_STRIDE * channel
+            + _find(READOUT_REGISTERS, name).offset)
+
+
+def trace_addr(ppu: int, sample: int = 0) -> int:
+    """Byte address of sample ``sample`` of PPU ``ppu``'s raw-trace memory."""
+    return ppu_base(ppu) + TRACE_OFFSET + 2 * sample
 
 
 def regions(params: QSCParams, ppu: int) -> tuple[Region, ...]:
@@ -346,6 +404,25 @@ def render_markdown(params: QSCParams | None = None) -> str:
         "",
         _table([(f"`+{r.offset:#04x}`", r.name, r.access.value, f"`{r.reset:#x}`", r.doc)
                 for r in PPU_REGISTERS], ("offset", "name", "access", "reset", "")),
+        "",
+        "## Readout channel c of PPU n, at `0x1000_0000 + 0x0100_0000*n + 0xC0_0200 + "
+        "0x20*c`",
+        "",
+        _table([(f"`+{r.offset:#04x}`", r.name, r.access.value, f"`{r.reset:#x}`", r.doc)
+                for r in READOUT_REGISTERS], ("offset", "name", "access", "reset", "")),
+        "",
+        "Channels `c < readouts_per_ppu` are mapped (offsets `+0x18`, `+0x1C` read 0); the "
+        "others are unmapped. A 64-bit bus read of I_LO's word returns I_LO and I_HI of the same "
+        "window. A control-plane reader reads I_LO, then I_HI, Q_LO, Q_HI and IQ_COUNT: one "
+        "window's values whatever windows complete in between.",
+        "",
+        "## Raw-trace memory of PPU n, at `0x1000_0000 + 0x0100_0000*n + 0xE0_0000`",
+        "",
+        f"`trace_depth` signed 16-bit ADC samples (default {params.trace_depth}; the board "
+        "builds have none), little-endian, four to a 64-bit word: sample `k` of the captured "
+        "window (cycle `k // S` of the window, lane `k % S`) at byte `2k`. Written only by a "
+        "capture (TRACE_ARM); host writes are ignored and no RDMA region covers it. Words "
+        "past `trace_depth` are unmapped.",
         "",
         "## RDMA-writable regions of PPU 0 with the default parameters",
         "",

@@ -25,6 +25,7 @@ import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+import numpy as np
 from amaranth.lib import data
 
 from .bridges.base import FrameTransport
@@ -53,6 +54,8 @@ from .memory_map import (
     ppu_base,
     ppu_reg,
     qp_reg,
+    readout_reg,
+    trace_addr,
     version_word,
 )
 from .roce import SlotRingLike, UCQueuePair
@@ -60,7 +63,8 @@ from .wire.ethernet import mac_to_int
 from .wire.ipv4 import ip_to_int
 from .wire.packet import DEFAULT_ROCE_SRC_PORT, parse_frame
 
-__all__ = ["QSC", "RKeys", "DEFAULT_HOST_QPN_BASE", "RX_COUNT_NAMES", "TRIGGER_UPLOAD_CHECK"]
+__all__ = ["QSC", "RKeys", "TraceStatus", "DEFAULT_HOST_QPN_BASE", "RX_COUNT_NAMES",
+           "TRIGGER_UPLOAD_CHECK"]
 
 #: Host QPN of PPU ``n`` unless :meth:`QSC.configure` is told otherwise: ``0x200 + n``.
 DEFAULT_HOST_QPN_BASE = 0x200
@@ -99,6 +103,38 @@ class _PPUState:
     #: The PPU's UPLOAD_WORDS as this host expects it (words sent since the last trigger, or
     #: the count read back by the last verified upload).
     upload_words: int = 0
+
+
+@dataclass(frozen=True)
+class TraceStatus:
+    """A PPU's raw-trace capture, from TRACE_STATUS and TRACE_COUNT (:meth:`QSC.trace_status`).
+
+    ``armed``: waiting for the channel's next ACQUIRE window; ``capturing``: recording it;
+    ``done``: the capture ended (the window's end, or ``full``: the trace memory's);
+    ``refused``: the last arm named a channel the build lacks; ``channel``: the armed (or last
+    captured) readout channel; ``count``: samples captured (a multiple of samples_per_cycle).
+    """
+
+    armed: bool
+    capturing: bool
+    done: bool
+    full: bool
+    refused: bool
+    channel: int
+    count: int
+
+    @classmethod
+    def from_registers(cls, status: int, count: int) -> TraceStatus:
+        """Decode TRACE_STATUS (bits 0..4 the flags, 11..8 the channel) and TRACE_COUNT."""
+        return cls(armed=bool(status & 1), capturing=bool(status & 2), done=bool(status & 4),
+                   full=bool(status & 8), refused=bool(status & 16),
+                   channel=(status >> 8) & 0xF, count=count)
+
+
+def _s40(lo: int, hi: int) -> int:
+    """A 40-bit signed value from its LO word and its sign-extended HI word."""
+    v = (hi & 0xFFFF_FFFF) << 32 | (lo & 0xFFFF_FFFF)
+    return v - (1 << 64) if v >> 63 else v
 
 
 #: TRIGGER bit 31: check the upload's word count (bits 30..16, mod 2**15) before accepting.
@@ -490,6 +526,108 @@ class QSC:
         self._check_ppu(ppu)
         return {r.name: self.control.read(ppu_reg(ppu, r.name))
                 for r in PPU_REGISTERS if r.access is not Access.WO}
+
+    # --- readout calibration ------------------------------------------------------------------
+
+    def _check_readout(self, channel: int) -> None:
+        n = self.params.readouts_per_ppu
+        if not 0 <= channel < n:
+            raise FieldRangeError("READOUT", "channel", channel,
+                                  f"readout channel {channel} is not in 0..{n - 1} "
+                                  "(params.readouts_per_ppu)")
+
+    def read_iq(self, ppu: int, channel: int = 0) -> tuple[int, int, int]:
+        """The raw I and Q integrals of the last completed ACQUIRE window on readout channel
+        ``channel`` of PPU ``ppu``, and that window's number: ``(i, q, count)``.
+
+        ``i`` and ``q`` are 40-bit signed integers in ADC units: without NCOs the sum of the
+        window's signed 16-bit samples (``q`` = 0), with NCOs the demodulated sums (docs/isa.md,
+        ACQUIRE); the result bit of the window is ``i > threshold``. ``count`` is WINDOW_COUNT
+        for that window: windows completed on the channel since reset (mod 2**32; 0, with
+        ``i = q = 0``, before the first). Five control-plane reads: I_LO, which latches a
+        snapshot of the same window, then I_HI, Q_LO, Q_HI and IQ_COUNT from it, so the three
+        values belong together whatever windows complete meanwhile (another reader of the
+        same channel's I_LO in between would move the snapshot).
+
+        Raises :class:`~openqlink.errors.FieldRangeError` naming ``ppu`` or ``channel`` (not a
+        readout channel of ``params.readouts_per_ppu``), and
+        :class:`~openqlink.errors.ControlPlaneError`.
+        """
+        self._check_ppu(ppu)
+        self._check_readout(channel)
+        lo, i_hi, q_lo, q_hi, count = (
+            self.control.read(readout_reg(ppu, channel, name))
+            for name in ("I_LO", "I_HI", "Q_LO", "Q_HI", "IQ_COUNT"))
+        return _s40(lo, i_hi), _s40(q_lo, q_hi), count
+
+    def window_count(self, ppu: int, channel: int = 0) -> int:
+        """WINDOW_COUNT of readout channel ``channel``: ACQUIRE windows completed on it since
+        reset (32 bits, wrapping), read live. Errors as :meth:`read_iq`."""
+        self._check_ppu(ppu)
+        self._check_readout(channel)
+        return self.control.read(readout_reg(ppu, channel, "WINDOW_COUNT"))
+
+    def capture_trace(self, ppu: int, channel: int = 0) -> None:
+        """Arm PPU ``ppu``'s raw-trace capture for readout channel ``channel``.
+
+        Writes TRACE_ARM: any capture stops, TRACE_COUNT restarts at 0, and the channel's next
+        ACQUIRE window (one that opens at least two DTD cycles after the write lands) is
+        recorded, every ADC sample (``samples_per_cycle`` per DTD cycle, in sample order) from
+        its first until its last or until the trace memory is full; then reads TRACE_STATUS
+        back to check the PPU took it. Poll :meth:`trace_status` for ``done``, then
+        :meth:`read_trace`.
+
+        Raises :class:`~openqlink.errors.FieldRangeError` naming ``ppu``, ``channel`` (not in
+        ``params.readouts_per_ppu``, or refused by the QSC) or ``trace_depth`` (the build has
+        no trace memory: TRACE_DEPTH reads 0), and :class:`~openqlink.errors.ControlPlaneError`.
+        """
+        self._check_ppu(ppu)
+        self._check_readout(channel)
+        self._trace_depth(ppu)
+        self.control.write(ppu_reg(ppu, "TRACE_ARM"), channel)
+        st = self.trace_status(ppu)
+        if st.refused or not (st.armed or st.capturing or st.done) or st.channel != channel:
+            raise FieldRangeError("TRACE", "channel", channel,
+                                  f"PPU {ppu} refused to arm its trace for readout channel "
+                                  f"{channel} ({st})")
+
+    def _trace_depth(self, ppu: int) -> int:
+        depth = self.read_register(ppu, "TRACE_DEPTH")
+        if not depth:
+            raise FieldRangeError("TRACE", "trace_depth", 0,
+                                  f"PPU {ppu}'s build has no trace memory (trace_depth 0)")
+        return depth
+
+    def trace_status(self, ppu: int) -> TraceStatus:
+        """PPU ``ppu``'s raw-trace capture: TRACE_STATUS and TRACE_COUNT (two reads)."""
+        status = self.read_register(ppu, "TRACE_STATUS")
+        return TraceStatus.from_registers(status, self.read_register(ppu, "TRACE_COUNT"))
+
+    def read_trace(self, ppu: int, n_samples: int | None = None) -> np.ndarray:
+        """The first ``n_samples`` samples of PPU ``ppu``'s raw trace (default: all that were
+        captured, TRACE_COUNT).
+
+        Returns a 1-D ``numpy.int16`` array of shape ``(n_samples,)``: ADC samples in their
+        units (signed Q1.15 of full scale), element ``k`` the window's sample ``k`` (DTD cycle
+        ``k // samples_per_cycle`` of the window, lane ``k % samples_per_cycle``). One
+        control-plane read per two samples, from the trace memory at ``TRACE_OFFSET``; read
+        after the capture is done (a word being written as it is read reads undefined).
+
+        Raises :class:`~openqlink.errors.FieldRangeError` naming ``ppu``, ``n_samples``
+        (negative, or more than TRACE_COUNT samples captured) or ``trace_depth`` (no trace
+        memory), and :class:`~openqlink.errors.ControlPlaneError`.
+        """
+        self._check_ppu(ppu)
+        depth = self._trace_depth(ppu)
+        count = self.read_register(ppu, "TRACE_COUNT")
+        n = count if n_samples is None else n_samples
+        if not 0 <= n <= count:
+            raise FieldRangeError("TRACE", "n_samples", n_samples,
+                                  f"PPU {ppu} captured {count} of {depth} samples; cannot "
+                                  f"read {n_samples}")
+        words = [self.control.read(trace_addr(ppu, k)) for k in range(0, n, 2)]
+        out = np.array(words, dtype="<u4").view("<i2")[:n]
+        return out.astype(np.int16)
 
     def read_qp_context(self, ppu: int) -> dict[str, int]:
         """Every register of PPU ``ppu``'s QP context, by name."""

@@ -216,8 +216,9 @@ class BoardProfile:
 
 def _params(**kwargs) -> QSCParams:
     # These boards have no converters: each PPU's qubit emulator takes the drive channel's
-    # envelope (on resonance), so the build has no NCOs.
-    return QSCParams(rti_clk_hz=CLK_HZ, dtd_clk_hz=CLK_HZ, nco=False, **kwargs)
+    # envelope (on resonance), so the build has no NCOs; nor a raw-trace memory (no logic
+    # that the 125 MHz timing does not need).
+    return QSCParams(rti_clk_hz=CLK_HZ, dtd_clk_hz=CLK_HZ, nco=False, trace_depth=0, **kwargs)
 
 
 PROFILES: dict[str, BoardProfile] = {p.name: p for p in (

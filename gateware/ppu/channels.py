@@ -683,8 +683,8 @@ class ReadoutChannel(wiring.Component):
     (so ``freq_word = phase = 0`` gives the plain sum). The product stage adds one cycle: the
     result is presented on cycle ``T+W`` and held in the register file from ``T+W+1``.
 
-    In both, ``iq_valid`` pulses with ``iq_i``/``iq_q`` holding the window's ``I`` and ``Q`` on
-    the cycle after the result.
+    ``iq_valid`` pulses with ``iq_i``/``iq_q`` holding the window's ``I`` and ``Q`` on the cycle
+    after the result with the NCO, two cycles after it without (cycle ``T+W+1`` in both).
 
     Members
     -------
@@ -695,6 +695,10 @@ class ReadoutChannel(wiring.Component):
         The ADC samples of this cycle, lane ``k`` at index ``k``.
     window : ``Out(1)``
         High during the integration window.
+    window_last : ``Out(1)``
+        High on the window's last cycle (``now = T+W-1``), a flip-flop: with ``window``, it
+        tells back-to-back windows apart (a window's first cycle is a ``window`` cycle that
+        does not follow a ``window`` cycle without ``window_last``).
     result_valid : ``Out(1)``; result_rd : ``Out(4)``; result_bit : ``Out(1)``
         The measurement result, for one cycle, and its destination register.
     result_hit : ``Out(16)``
@@ -723,6 +727,7 @@ class ReadoutChannel(wiring.Component):
             "flush": In(1),
             "adc": In(data.ArrayLayout(signed(SAMPLE_BITS), samples_per_cycle)),
             "window": Out(1),
+            "window_last": Out(1),
             "result_valid": Out(1),
             "result_rd": Out(4),
             "result_hit": Out(16),
@@ -761,7 +766,7 @@ class ReadoutChannel(wiring.Component):
         fire = q.on_time & free
         late = q.past | (q.on_time & ~free)
         m.d.comb += [q.now.eq(self.now), q.flush.eq(self.flush), q.pop.eq(q.due),
-                     self.late.eq(late), self.window.eq(open_)]
+                     self.late.eq(late), self.window.eq(open_), self.window_last.eq(last)]
         head_hit, head_last = q.head_tag[:16], q.head_tag[16]
         open_last = kept(m, open_ & rem_two, "open_last")
         open_hit = kept(m, Mux(open_last, onehot(rd), 0), "open_hit")
@@ -807,9 +812,16 @@ class ReadoutChannel(wiring.Component):
                 m.d.sync += [acc.eq(~head.threshold), thr.eq(head.threshold)]
             with m.Else():
                 m.d.sync += acc.eq(total)
-            m.d.sync += iq_valid.eq(last)
+            # ``I = total - ~threshold`` (``acc`` started at ``~threshold``), a cycle later from
+            # registers: one subtractor behind flip-flops, not two adders behind the lane sum.
+            iq_sum = Signal.like(acc)
+            iq_init = Signal(signed(32))
+            iq_pend = Signal()
+            m.d.sync += [iq_pend.eq(last), iq_valid.eq(iq_pend)]
             with m.If(last):
-                m.d.sync += [iq_i.eq(total + thr + 1), iq_q.eq(0)]
+                m.d.sync += [iq_sum.eq(total), iq_init.eq(~thr)]
+            with m.If(iq_pend):
+                m.d.sync += [iq_i.eq(iq_sum - iq_init), iq_q.eq(0)]
         else:
             m.d.sync += last.eq((fire & head_last) | open_last)
             # The demodulator's phase: ``ph`` is lane 0's of the next cycle. The table is read

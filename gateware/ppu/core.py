@@ -71,10 +71,14 @@ register; it then holds the last result. CALL waits for its argument registers, 
 
 Register block (32-bit registers inside 64-bit bus words: register at offset ``o`` is byte lanes
 ``(o & 4) .. +3`` of word ``o >> 3``; writes honour byte enables). Reads have no side effect but
-one: a READ of the word holding TIMELINE_LO whose byte enables include any of lanes 0..3 (or
+two: a READ of the word holding TIMELINE_LO whose byte enables include any of lanes 0..3 (or
 are all zero, a whole-word read) returns ``now`` in both halves and latches ``now[63:32]``, which
-a later read of TIMELINE_HI alone returns. Unused offsets inside the block read 0; words past the
-block, the ring, the envelope memory or the mailbox are unmapped (read error, write ignored).
+a later read of TIMELINE_HI alone returns; a READ of a readout channel's I_LO word so enabled
+returns the live I_LO and I_HI and latches I_HI, Q and IQ_COUNT (:mod:`.calib`), which later
+reads of them return. Readout channel ``c``'s four words follow at ``READOUT_OFFSET + 32 c``
+(the fourth reads 0), the trace memory (``trace_depth > 0``, read only) at ``TRACE_OFFSET``.
+Unused offsets inside the block read 0; words past the block, the readout channels, the trace,
+the ring, the envelope memory or the mailbox are unmapped (read error, write ignored).
 
 # Ref: openqlink docs/architecture.md (PPU), openqlink.memory_map (PPU window and registers),
 # openqlink.isa.layout (instruction word, PPUStatus); ARTIQ RTIO (timeline, LATE, UNDERFLOW);
@@ -97,10 +101,19 @@ from ...isa.layout import (
     PPUState,
     PPUStatus,
 )
-from ...memory_map import PPU_REGISTERS, Access, QSCParams
+from ...memory_map import (
+    PPU_REGISTERS,
+    READOUT_OFFSET,
+    READOUT_STRIDE,
+    REGS_OFFSET,
+    TRACE_OFFSET,
+    Access,
+    QSCParams,
+)
 from .. import bram
 from ..bus import BusCommand, BusOp, BusReadData, CallRequest
 from ..logic import kept
+from .calib import ReadoutCalibration
 from .callunit import MAILBOX_WORDS, CallUnit
 from .channels import (
     FIFO_DEPTH,
@@ -121,6 +134,13 @@ LOCAL_ADDR_BITS = 21
 REGION_WORD_BITS = 19
 #: 64-bit words of the register block that are mapped.
 REGS_WORDS = max(r.offset for r in PPU_REGISTERS) // 8 + 1
+#: The readout channels' registers in the REGS region: channel ``c``'s word ``j`` (0..3) is word
+#: ``_RO_WORD + 4 c + j``, so bits [18:6] of the region's word offset are 1 for them.
+_RO_WORD = READOUT_OFFSET // 8
+assert _RO_WORD == 64 and READOUT_STRIDE == 32
+#: The trace memory in the REGS region: the region's word offset with bit 18 set.
+_TRACE_BIT = (TRACE_OFFSET - REGS_OFFSET).bit_length() - 4
+assert TRACE_OFFSET - REGS_OFFSET == 8 << _TRACE_BIT and _TRACE_BIT == 18
 #: Memory attribute: a read of the word that another port writes in the same cycle returns
 #: undefined data (the block RAM's own behaviour), so no collision logic follows the block
 #: RAM's output. The bus writes a word the core or a channel reads only while it is being
@@ -1193,12 +1213,18 @@ class PPU(wiring.Component):
             with m.Case(WindowRegion.MAILBOX):
                 m.d.comb += raw_mapped.eq(raw_off < MAILBOX_WORDS)
             with m.Case(WindowRegion.REGS):
-                m.d.comb += raw_mapped.eq(raw_off < REGS_WORDS)
+                # The register block, the readout channels' words, the trace memory.
+                m.d.comb += raw_mapped.eq(
+                    (raw_off < REGS_WORDS) |
+                    ((raw_off[6:] == 1) & (raw_off[2:6] < self._n_readout)) |
+                    ((raw_off[_TRACE_BIT:] == 1) & (raw_off[:_TRACE_BIT] < p.trace_depth // 4)))
         cmd = Signal(BusCommand)
         region = Signal(WindowRegion)
         mapped = Signal()
         b_low = Signal()                   # the offset is below 16 (a register-block word)
         b_high = Signal()                  # ... 16 to 31
+        b_ro = Signal()                    # ... a readout channel's word
+        b_trace = Signal()                 # ... a trace memory word
         is_write = Signal()                # a WRITE to a mapped word
         is_read = Signal()
         raw_write = self.bus_valid & (self.bus_cmd.op == BusOp.WRITE) & raw_mapped
@@ -1216,6 +1242,8 @@ class PPU(wiring.Component):
             mapped.eq(raw_mapped),
             b_low.eq(raw_off[4:] == 0),
             b_high.eq(raw_off[4:] == 1),
+            b_ro.eq(raw_off[6:] == 1),
+            b_trace.eq(raw_off[_TRACE_BIT:] == 1),
             is_write.eq(raw_write),
             is_read.eq(self.bus_valid & (self.bus_cmd.op == BusOp.READ)),
         ]
@@ -1274,6 +1302,13 @@ class PPU(wiring.Component):
         ]
 
         # ---- Register block ------------------------------------------------------------------
+        # The readout channels' I/Q registers and the raw-trace capture (see :mod:`.calib`).
+        m.submodules.calib = calib = ReadoutCalibration(self._n_readout, spc, p.trace_depth)
+        for i, ch in enumerate(readouts):
+            m.d.comb += [calib.iq_valid[i].eq(ch.iq_valid), calib.iq_i[i].eq(ch.iq_i),
+                         calib.iq_q[i].eq(ch.iq_q), calib.window[i].eq(ch.window),
+                         calib.window_last[i].eq(ch.window_last)]
+        m.d.comb += calib.adc.eq(self.ptd.adc)
         call_timeout = Signal(32, init=_reset_of("CALL_TIMEOUT_CYCLES"))
         call_slots = Signal(13, init=_reset_of("CALL_SLOTS"))
         m.d.comb += [call.timeout_cycles.eq(call_timeout), call.slots.eq(call_slots)]
@@ -1301,6 +1336,10 @@ class PPU(wiring.Component):
             "LAST_RTT_CYCLES": call.last_rtt_cycles,
             "LATE_EVENTS": late_events,
             "CALL_OUTSTANDING": call.outstanding,
+            "TRACE_ARM": Const(0, 32),
+            "TRACE_STATUS": calib.status,
+            "TRACE_COUNT": calib.count,
+            "TRACE_DEPTH": Const(p.trace_depth, 32),
             **{f"R{i}": regs[i] for i in range(NUM_REGISTERS)},
         }
         word_values = [[Const(0, 32), Const(0, 32)] for _ in range(REGS_WORDS)]
@@ -1332,6 +1371,14 @@ class PPU(wiring.Component):
             # In halves: it shares no carry chain with trig_late.
             trig_soon.eq(equal(m, start_time, now_p2, "trig_soon")),
         ]
+        if p.trace_depth:
+            arm_reg = next(r for r in PPU_REGISTERS if r.name == "TRACE_ARM")
+            a_lane = (arm_reg.offset >> 2) & 1
+            m.d.comb += [
+                calib.arm.eq(regs_write & at_word(arm_reg.offset >> 3) &
+                             (cmd.be[4 * a_lane:4 * a_lane + 4] == 0xF)),
+                calib.arm_value.eq(cmd.data[32 * a_lane:32 * a_lane + 32]),
+            ]
         m.d.comb += [head_w.eq(head), tail_w.eq(tail)]
         hit_range = {}                     # the HEAD and TAIL writes' hits (below)
         with m.If(trig_r):
@@ -1405,6 +1452,11 @@ class PPU(wiring.Component):
         rd_sel = Signal(REGS_WORDS)        # the register word, one-hot (REGS region only)
         rd_tl = Signal()
         rd_mb = Signal()                   # the MAILBOX region
+        # A readout channel's words, one-hot (channel c's word j at bit 3 c + j; its fourth
+        # word reads 0), and "a read of I_LO": it latches the channel's snapshot.
+        rd_ro_sel = Signal(3 * self._n_readout)
+        rd_ro_latch = Signal(self._n_readout)
+        rd_trace = Signal()                # a trace memory word
         is_regs = region == WindowRegion.REGS
         tl_read = is_read & is_regs & at_word(tl_reg.offset >> 3)
         tl_lo_lanes = (cmd.be[:4] != 0) | (cmd.be == 0)
@@ -1419,11 +1471,24 @@ class PPU(wiring.Component):
                                 for k in range(REGS_WORDS)))),
                 rd_tl.eq(tl_read & tl_lo_lanes),
                 rd_mb.eq(region == WindowRegion.MAILBOX),
+                rd_ro_sel.eq(Cat(*(is_regs & b_ro & (off[2:6] == c) & (off[:2] == j)
+                                   for c in range(self._n_readout) for j in range(3)))),
+                rd_ro_latch.eq(Cat(*(is_regs & b_ro & (off[:6] == 4 * c) & tl_lo_lanes
+                                     for c in range(self._n_readout)))),
+                rd_trace.eq(is_regs & b_trace),
             ]
         with m.If(rd_valid & rd_tl):
             m.d.sync += timeline_hi.eq(now[32:])
-        m.d.comb += [imem_bus_r.en.eq(is_read), env_bus_r.en.eq(is_read)]
+        m.d.comb += [imem_bus_r.en.eq(is_read), env_bus_r.en.eq(is_read),
+                     calib.latch.eq(Mux(rd_valid, rd_ro_latch, 0)),
+                     calib.rd_addr.eq(off), calib.rd_en.eq(is_read)]
         selected = [Mux(rd_sel[k], Cat(*w), 0) for k, w in enumerate(word_values)]
+        for c in range(self._n_readout):
+            words = calib.words[c]
+            # I_LO's word: I_HI live for a read that latches, else the snapshot's.
+            word0 = Cat(words[0][:32], Mux(rd_ro_latch[c], words[0][32:], calib.i_hi_snap[c]))
+            selected += [Mux(rd_ro_sel[3 * c], word0, 0), Mux(rd_ro_sel[3 * c + 1], words[1], 0),
+                         Mux(rd_ro_sel[3 * c + 2], words[2], 0)]
         parts = [_or_all(selected[k:k + 4]) for k in range(0, len(selected), 4)]
         parts += [Mux(rd_mb, call.mb_rdata, 0), Mux(rd_tl, now, 0)]
         pt_parts = [Signal(64, name=f"pt_part{k}") for k in range(len(parts))]
@@ -1435,6 +1500,8 @@ class PPU(wiring.Component):
         # (``openqlink.build.bram_output_registers``); the answer stage chooses between them.
         pt_imem = Signal(INSTRUCTION_BITS, reset_less=True)
         pt_env = Signal(64, reset_less=True)
+        pt_trace = Signal(64, reset_less=True)
+        pt_is_trace = Signal()
         m.d.sync += [
             *(r.eq(v) for r, v in zip(pt_parts, parts, strict=True)),
             pt_region.eq(rd_region),
@@ -1443,15 +1510,19 @@ class PPU(wiring.Component):
             pt_imem.eq(imem_bus_r.data),
             pt_env.eq(env_bus_r.data),
         ]
+        if p.trace_depth:
+            m.d.sync += [pt_trace.eq(calib.rd_data), pt_is_trace.eq(rd_trace)]
         ans_error = Signal()
         ans_data = Signal(64)
         pt_mem = Mux(pt_region == WindowRegion.IMEM,
                      Mux(pt_half, pt_imem[64:], pt_imem[:64]), pt_env)
+        is_mem = (pt_region == WindowRegion.IMEM) | (pt_region == WindowRegion.ENV)
+        if p.trace_depth:
+            pt_mem = Mux(pt_is_trace, pt_trace, pt_mem)
+            is_mem = is_mem | pt_is_trace
         m.d.sync += [
             ans_error.eq(pt_error),
-            ans_data.eq(Mux(pt_error, 0,
-                            Mux((pt_region == WindowRegion.IMEM) | (pt_region == WindowRegion.ENV),
-                                pt_mem, _or_all(pt_parts)))),
+            ans_data.eq(Mux(pt_error, 0, Mux(is_mem, pt_mem, _or_all(pt_parts)))),
         ]
         m.d.comb += [
             self.bus_rdata.data.eq(ans_data),

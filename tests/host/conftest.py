@@ -28,6 +28,7 @@ from openqlink.memory_map import (
     PPU_BASE,
     PPU_REGISTERS,
     QP_REGISTERS,
+    READOUT_REGISTERS,
     REGS_OFFSET,
     QSCParams,
     counter_addr,
@@ -35,6 +36,8 @@ from openqlink.memory_map import (
     ppu_base,
     ppu_reg,
     qp_reg,
+    readout_reg,
+    trace_addr,
     version_word,
 )
 from openqlink.wire.control import CONTROL_RESPONSE, RESPONSE_BIT, Command, Flags, Status
@@ -80,6 +83,15 @@ class QSCPeer:
             self.read_only.add(qp_reg(n, "QSC_QPN"))
             for r in PPU_REGISTERS:
                 self.regs[ppu_reg(n, r.name)] = r.reset
+            # Readout calibration: the registers read back what a test puts there (the trace
+            # memory's words too); TRACE_ARM arms as the gateware does (see _arm_trace).
+            self.regs[ppu_reg(n, "TRACE_DEPTH")] = self.params.trace_depth
+            self.read_only.add(ppu_reg(n, "TRACE_DEPTH"))
+            for c in range(self.params.readouts_per_ppu):
+                for r in READOUT_REGISTERS:
+                    self.regs[readout_reg(n, c, r.name)] = r.reset
+            for k in range(0, self.params.trace_depth, 2):
+                self.regs[trace_addr(n, k)] = 0
         self.latched_seq = 0
         self.memory: dict[int, int] = {}        # byte address -> byte (PPU windows)
         self.rdma: list[RoceRecord] = []
@@ -177,6 +189,15 @@ class QSCPeer:
         else:
             self.regs[count] = 0
 
+    def _arm_trace(self, ppu: int, value: int) -> None:
+        """TRACE_ARM: armed for channel ``value`` (count 0), or refused."""
+        status = ppu_reg(ppu, "TRACE_STATUS")
+        if value < self.params.readouts_per_ppu:
+            self.regs[status] = 1 | value << 8
+            self.regs[ppu_reg(ppu, "TRACE_COUNT")] = 0
+        else:
+            self.regs[status] |= 1 << 4
+
     def _control(self, f) -> None:
         req = f.control
         self.control_log.append(req)
@@ -198,6 +219,9 @@ class QSCPeer:
                 else:
                     if addr not in self.read_only:
                         self.regs[addr] = req["data"]
+                    for n in range(self.params.num_ppus):
+                        if addr == ppu_reg(n, "TRACE_ARM") and self.params.trace_depth:
+                            self._arm_trace(n, req["data"])
                     status = Status.OK
             elif cmd == Command.RD_DWORD:
                 status = Status.OK if addr in self.regs else Status.BAD_ADDRESS

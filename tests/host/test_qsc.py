@@ -4,6 +4,7 @@ import struct
 import threading
 import time
 
+import numpy as np
 import pytest
 
 from openqlink.errors import FieldRangeError, QlinkError, UploadError, VersionMismatchError
@@ -18,6 +19,8 @@ from openqlink.memory_map import (
     ppu_base,
     ppu_reg,
     qp_reg,
+    readout_reg,
+    trace_addr,
     version_word,
 )
 from openqlink.qsc import QSC, RKeys
@@ -344,3 +347,74 @@ def test_full_flow_over_a_threaded_peer(threaded_qsc):
         assert ring.published == [(0, 24)]
     finally:
         qsc.close()
+
+
+# ---- Readout calibration --------------------------------------------------------------------
+
+def _peer_iq(peer, ppu: int, channel: int, i: int, q: int, count: int) -> None:
+    m = (1 << 32) - 1
+    for name, value in (("I_LO", i & m), ("I_HI", (i >> 32) & m), ("Q_LO", q & m),
+                        ("Q_HI", (q >> 32) & m), ("IQ_COUNT", count), ("WINDOW_COUNT", count + 1)):
+        peer.regs[readout_reg(ppu, channel, name)] = value
+
+
+def test_read_iq_reads_lo_first_and_sign_extends(make):
+    params = QSCParams(num_ppus=2, readouts_per_ppu=3)
+    qsc, peer, _ = make(params)
+    qsc.connect()
+    _peer_iq(peer, 1, 2, -0x7F_1234_5678, 0x12_3456_789A, 41)
+    peer.control_log.clear()
+    assert qsc.read_iq(1, channel=2) == (-0x7F_1234_5678, 0x12_3456_789A, 41)
+    assert [r["addr"] for r in peer.control_log] == [
+        readout_reg(1, 2, name) for name in ("I_LO", "I_HI", "Q_LO", "Q_HI", "IQ_COUNT")]
+    assert qsc.window_count(1, 2) == 42
+    for bad in (-1, 3):
+        with pytest.raises(FieldRangeError, match="channel") as e:
+            qsc.read_iq(0, channel=bad)
+        assert e.value.field == "channel" and e.value.value == bad
+    with pytest.raises(FieldRangeError, match="ppu"):
+        qsc.read_iq(2)
+
+
+def test_capture_and_read_trace(make):
+    params = QSCParams(num_ppus=1, readouts_per_ppu=2, trace_depth=16)
+    qsc, peer, _ = make(params)
+    qsc.connect()
+    qsc.capture_trace(0, channel=1)
+    assert peer.regs[ppu_reg(0, "TRACE_ARM")] == 1
+    st = qsc.trace_status(0)
+    assert st.armed and not st.done and st.channel == 1 and st.count == 0
+    # The capture, as the gateware leaves it: 7 samples, little-endian pairs.
+    samples = [-32768, 32767, -2, 1, 1000, -1000, 5]
+    for k in range(0, 8, 2):
+        pair = samples[k:k + 2] + [0] * (2 - len(samples[k:k + 2]))
+        peer.regs[trace_addr(0, k)] = (pair[0] & 0xFFFF) | (pair[1] & 0xFFFF) << 16
+    peer.regs[ppu_reg(0, "TRACE_STATUS")] = 1 << 2 | 1 << 8
+    peer.regs[ppu_reg(0, "TRACE_COUNT")] = 7
+    st = qsc.trace_status(0)
+    assert st.done and not st.armed and st.count == 7
+    got = qsc.read_trace(0)
+    assert got.dtype == np.int16 and got.shape == (7,) and got.tolist() == samples
+    assert qsc.read_trace(0, 3).tolist() == samples[:3]
+    assert qsc.read_trace(0, 0).shape == (0,)
+    with pytest.raises(FieldRangeError, match="n_samples") as e:
+        qsc.read_trace(0, 8)
+    assert e.value.field == "n_samples"
+    with pytest.raises(FieldRangeError, match="channel"):
+        qsc.capture_trace(0, channel=2)
+
+
+def test_capture_trace_refused_by_the_qsc_or_without_trace_memory(make):
+    # The host believes in 3 readouts, the QSC has 2 (it refuses channel 2).
+    qsc, peer, _ = make(QSCParams(num_ppus=1, readouts_per_ppu=2, trace_depth=16))
+    qsc.params = QSCParams(num_ppus=1, readouts_per_ppu=3, trace_depth=16)
+    qsc.connect()
+    with pytest.raises(FieldRangeError, match="refused") as e:
+        qsc.capture_trace(0, channel=2)
+    assert e.value.field == "channel"
+    qsc, peer, _ = make(QSCParams(num_ppus=1, trace_depth=0))
+    qsc.connect()
+    for call in (lambda: qsc.capture_trace(0), lambda: qsc.read_trace(0)):
+        with pytest.raises(FieldRangeError, match="no trace memory") as e:
+            call()
+        assert e.value.field == "trace_depth"
