@@ -210,6 +210,8 @@ class CallUnit(wiring.Component):
                 self.call_req.payload.ppu.eq(self._ppu),
                 self.call_req.payload.function_id.eq(self.function_id),
                 self.call_req.payload.request_id.eq(request_id),
+                # One 32-bit argument register: zero-extended into the request's 5-bit
+                # ``arg_len`` and 128-bit ``args``.
                 self.call_req.payload.arg_len.eq(self.arg_len),
                 self.call_req.payload.args.eq(self.arg),
                 awaited.eq(request_id),
@@ -235,7 +237,7 @@ class CallUnit(wiring.Component):
             m.d.sync += kept.eq(1)
         with m.If(self.slots_reset):
             m.d.sync += released.eq(seq)
-        assert MAX_CALL_ARG_BYTES == 4
+        assert MAX_CALL_ARG_BYTES >= 4
 
         # Handshake. The sequence number moves on here, not at the start (a start stays a few
         # flip-flops): a call's request_id was taken from ``seq`` while the unit was idle, and
