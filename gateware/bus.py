@@ -56,18 +56,24 @@ class BusReadData(data.Struct):
     tag: unsigned(READ_TAG_BITS)    #: the READ's ``data[READ_TAG_BITS-1:0]``
 
 
-#: A CALL carries at most this many argument bytes (4 argument registers of 32 bits).
+#: A CALL carries at most this many argument bytes (up to four 32-bit argument registers).
 MAX_CALL_ARG_BYTES = 16
 
 
 class CallRequest(data.Struct):
     """A PPU's CALL, handed to the network core to send as an RPC request (``dtd`` -> ``rti``).
 
-    The network core stamps ``ptp_timestamp`` at transmit and picks the ring slot and PSN.
+    The network core stamps ``ptp_timestamp`` at transmit and picks the ring slot and PSN. The
+    request's ``arg_len`` argument bytes are the RPC payload after the 24-byte RPCHeader
+    (cuda-quantum realtime/docs/cudaq_realtime_message_protocol.md: ``arg_len``, then the
+    arguments, unpadded; the RoCE frame pads them to a multiple of 4 bytes, IBTA Vol 1 9.2 BTH
+    PadCnt). 201 bits in all.
     """
 
     ppu: unsigned(4)
     function_id: unsigned(32)
     request_id: unsigned(32)
-    arg_len: unsigned(5)    #: 0..MAX_CALL_ARG_BYTES
-    args: unsigned(8 * MAX_CALL_ARG_BYTES)  #: argument bytes, byte i at bits [8i+7:8i]
+    arg_len: unsigned(5)    #: bytes, 0..MAX_CALL_ARG_BYTES (16)
+    #: Argument bytes, byte i at bits [8i+7:8i] (16 bytes); bytes at and above ``arg_len`` are
+    #: ignored (the network core sends zeros in their place as pad).
+    args: unsigned(8 * MAX_CALL_ARG_BYTES)

@@ -15,10 +15,12 @@ moves by one word at each take, and the word that enters it is chosen from the f
 of one-hot selects: most frame bits are constants). The IPv4 header checksum
 (:class:`~openqlink.gateware.net.ipv4csum.IPv4Checksum`) and the ICRC bytes are laid over their
 lanes on ``tx``. The ICRC runs on one processor of :class:`~openqlink.gateware.net.icrc.ICRCEngine`
-(a ``V`` that ends on a half word is fed behind 4 zero bytes), from the words of ``V`` taken out
-of the window two beats ahead; it is ready exactly when the beat that carries it is due, so a
-frame leaves without gaps whenever ``tx.ready`` stays high. The slot's offset in the ring comes
-from a multiplier with registers of its own on both sides.
+(a ``V`` that ends on a half word, 0, 5..8 or 13..16 argument bytes, is fed behind 4 zero
+bytes), from the words of ``V`` taken out of the window two beats ahead; it is ready exactly
+when the beat that carries it is due, so a frame leaves without gaps whenever ``tx.ready`` stays
+high. Where ``V`` ends and the ICRC lies (five request lengths, two lane alignments) is kept in
+flip-flops that move with the takes, set from flags latched with the request. The slot's offset
+in the ring is counted beside the slot counter (no multiplier).
 """
 
 from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value
@@ -47,8 +49,6 @@ _L4_OFFSET = _UDP_OFFSET + UDP.length_bytes
 #: Offset of the RPC payload (RPCHeader) in a request frame: Eth + IPv4 + UDP + BTH + RETH + ImmDt.
 _RPC_OFFSET = _L4_OFFSET + BTH.length_bytes + RETH.length_bytes + IMMDT.length_bytes
 _ARG_OFFSET = _RPC_OFFSET + HEADER_BYTES
-#: Argument area (args and pad) of the largest call, a multiple of 4 bytes.
-_ARG_AREA_BYTES = -(-MAX_CALL_ARG_BYTES // 4) * 4
 
 
 def _or_tree(values: list[Value]) -> Value:
@@ -65,7 +65,35 @@ def _padded(arg_len: int) -> int:
 
 
 def _icrc_offset(arg_len: int) -> int:
+    """Frame offset in bytes of the ICRC of a request with ``arg_len`` argument bytes."""
     return _ARG_OFFSET + _padded(arg_len)
+
+
+#: Argument area (args and pad) of the largest call, a multiple of 4 bytes.
+_ARG_AREA_BYTES = _padded(MAX_CALL_ARG_BYTES)
+#: The argument areas of the requests in bytes (0, 4, 8, 12, 16), one per frame length.
+_AREAS = range(0, _ARG_AREA_BYTES + 1, 4)
+
+
+def _lengths_of(area: int) -> list[int]:
+    """The ``arg_len`` values (0..MAX_CALL_ARG_BYTES) whose args and pad take ``area`` bytes."""
+    return [a for a in range(MAX_CALL_ARG_BYTES + 1) if _padded(a) == area]
+
+
+def _v_bytes(area: int) -> int:
+    """Length in bytes of the ICRC's ``V`` (8 bytes of ones, IPv4 header to the pad)."""
+    return 8 + _ARG_OFFSET + area - _IP_OFFSET
+
+
+def _behind_zeros(area: int) -> bool:
+    """Whether ``V`` ends on a half word (8k + 4 bytes) and is fed behind 4 zero bytes."""
+    return _v_bytes(area) % 8 == 4
+
+
+def _v_last(area: int) -> int:
+    """Index of the last 64-bit word of ``V`` as fed (behind 4 zero bytes or not): the take of
+    beat ``_v_last`` feeds it."""
+    return (_v_bytes(area) + 4 * _behind_zeros(area)) // 8 - 1
 
 
 def rpc_frame_bytes(arg_len: int) -> int:
@@ -115,9 +143,10 @@ class TxBuilder(wiring.Component):
         From :class:`~openqlink.gateware.net.timebase.Timebase`, already in the configured
         format; sampled into ``ptp_timestamp`` in the cycle the request is taken.
     call_req : In(stream.Signature(CallRequest))
-        RPC requests of the PPUs. A request with ``ppu >= num_ppus`` or
-        ``arg_len > MAX_CALL_ARG_BYTES`` is taken, sends nothing, and pulses ``call_dropped``;
-        the next request or reply is taken 2 cycles after it.
+        RPC requests of the PPUs: ``arg_len`` 0..16 argument bytes from ``args`` (128 bits,
+        byte i at bits [8i+7:8i]; the bytes from ``arg_len`` up are sent as zeros). A request
+        with ``ppu >= num_ppus`` or ``arg_len > MAX_CALL_ARG_BYTES`` is taken, sends nothing,
+        and pulses ``call_dropped``; the next request or reply is taken 2 cycles after it.
     ctrl_reply : In(stream.Signature(ControlReply))
         Control-plane replies; they take priority over requests.
     tx : Out(packet_signature())
@@ -135,15 +164,18 @@ class TxBuilder(wiring.Component):
         One-cycle strobe when a malformed CallRequest is taken and discarded.
 
     Latency: the first beat is valid :data:`START_LATENCY_CYCLES` cycles after the request or
-    reply was taken. A request frame is 102 bytes (13 beats) with no arguments and 106 bytes
-    (14 beats) with 1..4; a control reply is 60 bytes (8 beats). The next request or reply is
+    reply was taken (4 cycles, whatever the kind or length). A request frame is 102 bytes (13
+    beats) with no arguments, 106 bytes (14 beats) with 1..4, 110 bytes (14 beats) with 5..8,
+    114 bytes (15 beats) with 9..12 and 118 bytes (15 beats) with 13..16, its ICRC at byte 98,
+    102, 106, 110 or 114; a control reply is 60 bytes (8 beats). The next request or reply is
     taken in the cycle after the last beat of the previous frame was taken.
 
     RPC request frame: Ethernet (host MAC <- QSC MAC), IPv4 (DF, TTL 64, identification 0, UDP),
     UDP (``config.udp_src_port`` -> 4791, checksum 0), BTH (RDMA_WRITE_ONLY_WITH_IMMEDIATE,
     PadCnt, ``config.p_key``, DestQP = ``host_qpn``, PSN), RETH (VA = ``ring_va + slot *
     slot_size``, ``host_rkey``, DMALen = 24 + arg_len), ImmDt ``{PSN[19:0], slot[11:0]}``,
-    RPCHeader (CUQR, function_id, arg_len, request_id, ptp_timestamp), args, zero pad, ICRC.
+    RPCHeader (CUQR, function_id, arg_len, request_id, ptp_timestamp), args, zero pad to a
+    multiple of 4 bytes (PadCnt = -arg_len mod 4), ICRC.
     Slots of each PPU go round-robin from 0 modulo ``num_slots`` (a slot counter at or beyond a
     reduced ``num_slots`` restarts at 0; ``num_slots`` 0 is taken as 1). The slot's offset
     ``slot * slot_size`` is kept beside the slot counter and advanced by ``slot_size`` with it
@@ -186,7 +218,12 @@ class TxBuilder(wiring.Component):
         # --- fields latched when a request or reply is taken (one copy each) -------------------
         is_ctrl = Signal()
         arg_len = Signal(range(MAX_CALL_ARG_BYTES + 1))
-        no_args = Signal()                          # a request with arg_len 0 (102 bytes)
+        # The request's length as flags (all 0 for a reply), so that nothing downstream decodes
+        # ``arg_len``: ``area`` one-hot by argument area (``_AREAS``: 102..118 bytes), ``half``
+        # for a ``V`` fed behind 4 zero bytes, ``v_end_at[w]`` for a ``V`` whose last word is w.
+        area = Signal(len(_AREAS))
+        half = Signal()
+        v_end_at = {w: Signal(name=f"v_end_at_{w}") for w in sorted({_v_last(a) for a in _AREAS})}
         eth_src = Signal(48)
         ip_src = Signal(32)
         ip_dst = Signal(32)                         # host IP, or the reply's destination
@@ -224,7 +261,7 @@ class TxBuilder(wiring.Component):
         ahead2 = Signal(64)
         ahead3_parts = [Signal(64, name=f"ahead3_{i}") for i in range(2)]
         ahead3 = ahead3_parts[0] | ahead3_parts[1]
-        # ``idle`` enables every field register (about 600 flip-flops) and, with ``fill`` and
+        # ``idle`` enables every field register (about 700 flip-flops) and, with ``fill`` and
         # the take, the window's shift (about 450): copies of it (``__rep``, kept apart by the
         # build), each enabling one group, so that no one enable net spans the whole builder.
         idle_reps = [Signal(init=1, name=f"idle__rep{k}") for k in range(_IDLE_COPIES)]
@@ -269,6 +306,11 @@ class TxBuilder(wiring.Component):
                              sel_psn.eq(self.tx_psn[n])]
         m.d.comb += [in_ring.eq(cur_slot < qp_sel.num_slots),
                      sel_slot.eq(Mux(in_ring, cur_slot, 0))]
+
+        def has_len(lengths: list[int]) -> Value:
+            """The request's ``arg_len`` is one of ``lengths`` (a function of its 5 bits)."""
+            return Cat(*(rq.arg_len == n for n in lengths)).any()
+
         # The fields load in every IDLE cycle (the last one takes the request or reply): their
         # enables do not wait on the valids. A request's own fields hold junk in a reply's frame,
         # where they are not used.
@@ -283,7 +325,12 @@ class TxBuilder(wiring.Component):
                 cmd=cr.cmd, flags=cr.flags, seq=cr.seq, status=cr.status, reserved=0,
                 addr=cr.addr, value=cr.value, latched_seq=cr.latched_seq)),
             arg_len.eq(rq.arg_len),
-            no_args.eq(~cv & (rq.arg_len == 0)),
+            area.eq(Cat(*(~cv & has_len(_lengths_of(a)) for a in _AREAS))),
+            half.eq(~cv & has_len([n for a in _AREAS if _behind_zeros(a)
+                                   for n in _lengths_of(a)])),
+            *(flag.eq(~cv & has_len([n for a in _AREAS if _v_last(a) == w
+                                     for n in _lengths_of(a)]))
+              for w, flag in v_end_at.items()),
             ppu.eq(rq.ppu),
             ts.eq(self.timestamp),
             p_key.eq(self.config.p_key),
@@ -340,10 +387,16 @@ class TxBuilder(wiring.Component):
                     m.d.sync += advance.eq(0)
 
         # --- the frame words, from the latched fields (combinational) --------------------------
-        def ip_total(ctrl: bool) -> Value:
+        def length_from(offset: int, ctrl: bool) -> Value:
+            """Bytes from frame offset ``offset`` to the end of the IPv4 datagram (16 bits): a
+            constant of a reply, an AND-OR of the area flags of a request (no adder)."""
             if ctrl:
-                return Const(_CONTROL_UNPADDED_BYTES - _IP_OFFSET, 16)
-            return Mux(no_args, _icrc_offset(0), _icrc_offset(1)) + ICRC_BYTES - _IP_OFFSET
+                return Const(_CONTROL_UNPADDED_BYTES - offset, 16)
+            return _or_tree([Mux(area[i], Const(_ARG_OFFSET + a + ICRC_BYTES - offset, 16), 0)
+                             for i, a in enumerate(_AREAS)])
+
+        def ip_total(ctrl: bool) -> Value:
+            return length_from(_IP_OFFSET, ctrl)
 
         def ip_header(checksum, ctrl: bool) -> Value:
             return IPV4.build(tos=0, total_length=ip_total(ctrl), identification=0,
@@ -372,7 +425,7 @@ class TxBuilder(wiring.Component):
             eth = ETHERNET.build(dst=0, src=eth_src, ethertype=EtherType.IPV4.value)
             udp = UDP.build(src_port=CONTROL_PORT if ctrl else port,
                             dst_port=port if ctrl else ROCEV2_PORT,
-                            length=ip_total(ctrl) - IPV4.length_bytes, checksum=0)
+                            length=length_from(_UDP_OFFSET, ctrl), checksum=0)
             l4 = ctrl_l4 if ctrl else Cat(bth, reth, immdt, rpc.as_value(), args)
             out = Cat(eth, ip_header(0, ctrl), udp, l4)    # the checksum: laid over on tx
             assert len(out) <= 64 * _FRAME_WORDS
@@ -428,93 +481,108 @@ class TxBuilder(wiring.Component):
         with m.If(phase[1] & bad):
             m.d.sync += [r.eq(1) for r in idle_reps]
 
+        # --- where V ends and where the ICRC lies: flip-flops that move with the takes --------
+        # The take of beat ``_v_last`` (11, 12 or 13 by the area) feeds V's last word, and the
+        # ICRC begins in the next beat. Behind zeros (the ICRC at 8k + 2: bytes 98, 106, 114) it
+        # is lanes 2-5 of that beat, the frame's last; else (8k + 6: bytes 102, 110) lanes 6-7
+        # of that beat and lanes 0-1 of the next, the last. Each flag is loaded at a take from
+        # the beat index and the flags latched with the request (at most 6 inputs), so that
+        # ``tx.valid``, the ICRC's ``last``, the lanes' selects and ``last`` read flip-flops.
+        v_end = Signal()        # the beat on tx is beat _v_last: its take feeds V's last word
+        crc_first = Signal()    # the beat on tx carries the ICRC's first byte
+        crc_sel = {"half": Signal(name="crc_half"),    # ICRC bytes 0-3 in lanes 2-5
+                   "hi": Signal(name="crc_hi"),        # ICRC bytes 0-1 in lanes 6-7
+                   "lo": Signal(name="crc_lo")}        # ICRC bytes 2-3 in lanes 0-1
+        ctrl_last = (CONTROL_FRAME_BYTES - 1) // 8
+        crc_lanes = {}          # lane -> (ICRC byte, its select), the same for every area
+        keep_last = {}          # behind zeros -> the last beat's keep, the same for every area
+        for a in _AREAS:
+            off = _icrc_offset(a)
+            assert off // 8 == _v_last(a) + 1 and off % 8 == (2 if _behind_zeros(a) else 6)
+            assert (rpc_frame_bytes(a) - 1) // 8 == off // 8 + (not _behind_zeros(a))
+            for k in range(ICRC_BYTES):
+                word, lane = divmod(off + k, 8)
+                role = "half" if _behind_zeros(a) else ("hi" if word == off // 8 else "lo")
+                assert crc_lanes.setdefault(lane, (k, role)) == (k, role)
+            keep = (1 << (rpc_frame_bytes(a) % 8)) - 1
+            assert keep_last.setdefault(_behind_zeros(a), keep) == keep
+        assert sorted(crc_lanes) == list(range(8))
+
         # --- the beat on tx, the checksum and the ICRC bytes laid over their lanes -------------
-        # The ICRC is at byte 98 (beat 12, lanes 2-5) without arguments, else at byte 102
-        # (beat 12, lanes 6-7, and beat 13, lanes 0-1): each lane has one ICRC byte it can carry.
-        # The IPv4 checksum is at bytes 24-25 (beat 3, lanes 0-1); in the window those are zero
-        # (V has them masked), so that the checksum needs to be ready only when beat 3 is due.
+        # Each lane has one ICRC byte it can carry, under one select (``crc_sel``). The IPv4
+        # checksum is at bytes 24-25 (beat 3, lanes 0-1); in the window those are zero (V has
+        # them masked), so that the checksum needs to be ready only when beat 3 is due.
         csum_word, csum_lane = divmod(_IP_OFFSET + IPV4.byte_offset("checksum"), 8)
         csum_bytes = {csum_lane: csum.checksum[8:16], csum_lane + 1: csum.checksum[:8]}
-        crc_over = {}
-        for a in (0, 1):
-            for k in range(ICRC_BYTES):
-                word, lane = divmod(_icrc_offset(a) + k, 8)
-                crc_over[lane] = (word, a, k)
-        assert sorted(crc_over) == list(range(8))
-        assert _icrc_offset(1) == _icrc_offset(MAX_CALL_ARG_BYTES)
         out_data = Signal(64)
-        for lane, (word, a, k) in crc_over.items():
-            if word == _FRAME_WORDS - 1:
-                sel = pos[word]                     # only a request with arguments gets there
-            else:
-                sel = pos[word] & (no_args if a == 0 else ~no_args)
+        for lane, (k, role) in crc_lanes.items():
             data = beat[8 * lane:8 * lane + 8]
             if lane in csum_bytes:
                 data = Mux(pos[csum_word], csum_bytes[lane], data)
             m.d.comb += out_data[8 * lane:8 * lane + 8].eq(
-                Mux(sel, icrc.crc[8 * k:8 * k + 8], data))
-        keep_last = Mux(is_ctrl, (1 << (CONTROL_FRAME_BYTES % 8)) - 1,
-                        Mux(no_args, (1 << (rpc_frame_bytes(0) % 8)) - 1,
-                            (1 << (rpc_frame_bytes(1) % 8)) - 1))
+                Mux(crc_sel[role], icrc.crc[8 * k:8 * k + 8], data))
+        keep = Mux(is_ctrl, (1 << (CONTROL_FRAME_BYTES % 8)) - 1,
+                   Mux(half, keep_last[True], keep_last[False]))
         m.d.comb += [
             self.tx.p.data.eq(out_data),
             self.tx.p.first.eq(pos[0]),
             self.tx.p.last.eq(last),
-            self.tx.p.keep.eq(Mux(last, keep_last, 0xFF)),
+            self.tx.p.keep.eq(Mux(last, keep, 0xFF)),
         ]
 
         # --- ICRC over V = 8 x 0xFF, frame bytes [14, icrc_pos), masked ------------------------
-        # V is 96 bytes (12 words) with arguments; without, 92 bytes, fed behind 4 zero bytes
-        # (the words of ICRCEngine's shifted processor, in its whole one: ``first_half``), 12
-        # words as well. Word k >= 1 is frame bytes [8k + 6, 8k + 14) (lanes 6-7 of beat k,
-        # lanes 0-5 of beat k + 1), or [8k + 2, 8k + 10) behind the zeros. It is taken from the
-        # window into ``v_word`` (masked) at shift k + 2, its data terms are computed from there
-        # at the next shift, and it goes in when beat k is taken (shift k + 4). The last word
-        # (11) goes in with the beat before the first ICRC byte's (12), so the ICRC is ready in
-        # the cycle that beat is due. (The terms of word 0, all ones, are unused.)
-        v_last = (8 + _icrc_offset(0) - _IP_OFFSET - 1) // 8
-        assert v_last == (8 + _icrc_offset(1) - _IP_OFFSET - 1) // 8
-        crc_word = _icrc_offset(0) // 8
-        assert crc_word == _icrc_offset(1) // 8 == v_last + 1
+        # V is 92..108 bytes (``_v_bytes``). With 1..4 or 9..12 argument bytes it is 96 or 104
+        # bytes (12 or 13 words); with 0, 5..8 or 13..16, 92, 100 or 108 bytes, fed behind 4
+        # zero bytes (the words of ICRCEngine's shifted processor, in its whole one:
+        # ``first_half``), 12, 13 or 14 words. Word k >= 1 is frame bytes [8k + 6, 8k + 14)
+        # (lanes 6-7 of beat k, lanes 0-5 of beat k + 1), or [8k + 2, 8k + 10) behind the
+        # zeros. It is taken from the window into ``v_word`` (masked) at shift k + 2, its data
+        # terms are computed from there at the next shift, and it goes in when beat k is taken
+        # (shift k + 4). The last word (``_v_last``) goes in with the beat before the first ICRC
+        # byte's, so the ICRC is ready in the cycle that beat is due; the beats after it are not
+        # fed (``icrc_ready``). (The terms of word 0, all ones, are unused.)
         masked = [8 * w + lane for w, lanes in ICRC_WORD_MASKS.items() for lane in range(8)
                   if (lanes >> 8 * lane) & 0xFF]
         v_mask = Const(0, 64)
-        for half in (0, 1):
-            for w in {(b + 4 * half) // 8 for b in masked} - {0}:
-                lanes = sum(0xFF << 8 * ((b + 4 * half) % 8) for b in masked
-                            if (b + 4 * half) // 8 == w)
-                hit = phase[w + 2] & (no_args if half else ~no_args)
+        for zeros in (0, 1):
+            for w in {(b + 4 * zeros) // 8 for b in masked} - {0}:
+                lanes = sum(0xFF << 8 * ((b + 4 * zeros) % 8) for b in masked
+                            if (b + 4 * zeros) // 8 == w)
+                hit = phase[w + 2] & (half if zeros else ~half)
                 v_mask = v_mask | Mux(hit, Const(lanes, 64), Const(0, 64))
         v_word = Signal(64)
         v_term = Signal(64)                         # 2 partial terms
         with m.If(shifts[2]):
             m.d.sync += [
-                v_word.eq(Mux(no_args, Cat(ahead2[16:64], ahead3[0:16]),
+                v_word.eq(Mux(half, Cat(ahead2[16:64], ahead3[0:16]),
                               Cat(ahead2[48:64], ahead3[0:48])) | v_mask),
                 v_term.eq(icrc_terms(v_word, Const(0, 32), parts=2)[0]),
             ]
         m.d.comb += [
-            icrc.valid.eq(take & ~is_ctrl & ~pos[crc_word:].any()),
+            icrc.valid.eq(take & ~is_ctrl & ~icrc_ready),
             icrc.first.eq(pos[0]),
-            icrc.first_half.eq(no_args),
-            icrc.last.eq(pos[v_last]),
+            icrc.first_half.eq(half),
+            icrc.last.eq(v_end),
             icrc.term_whole.eq(v_term),
         ]
         # The ICRC is ready from the cycle its ``done`` pulses: set by the take that feeds V's
         # last word (a register, so that ``tx.valid`` does not wait on the ICRC's own logic).
-        with m.If(take & pos[v_last]):
+        with m.If(take & v_end):
             m.d.sync += icrc_ready.eq(1)
-        m.d.comb += self.tx.valid.eq(sending & ~(pos[crc_word] & ~icrc_ready))
+        m.d.comb += self.tx.valid.eq(sending & ~(crc_first & ~icrc_ready))
 
-        # --- the frame's end -------------------------------------------------------------------
-        last_beat = {"ctrl": (CONTROL_FRAME_BYTES - 1) // 8,
-                     "short": (rpc_frame_bytes(0) - 1) // 8,
-                     "long": (rpc_frame_bytes(1) - 1) // 8}
-        assert last_beat["long"] == _FRAME_WORDS - 1
+        # --- the flags of the next beat, and the frame's end -----------------------------------
         with m.If(take):
-            m.d.sync += last.eq(Mux(is_ctrl, pos[last_beat["ctrl"] - 1],
-                                    Mux(no_args, pos[last_beat["short"] - 1],
-                                        pos[last_beat["long"] - 1])))
+            m.d.sync += [
+                v_end.eq(_or_tree([pos[w - 1] & flag for w, flag in v_end_at.items()])),
+                crc_first.eq(v_end),
+                crc_sel["half"].eq(v_end & half),
+                crc_sel["hi"].eq(v_end & ~half),
+                crc_sel["lo"].eq(crc_sel["hi"]),
+                # A reply ends with beat 7; a request with its ICRC's first beat behind zeros,
+                # else with the beat after it.
+                last.eq(Mux(is_ctrl, pos[ctrl_last - 1], (v_end & half) | crc_sel["hi"])),
+            ]
             with m.If(last):
                 m.d.comb += [self.sent_frame.eq(1), self.sent_rpc.eq(~is_ctrl)]
                 m.d.sync += [*(r.eq(1) for r in idle_reps), sending.eq(0), icrc_ready.eq(0)]

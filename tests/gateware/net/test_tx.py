@@ -2,6 +2,7 @@
 and with scapy's RoCE layer (an independent ICRC)."""
 
 import random
+import zlib
 from dataclasses import dataclass, field
 
 import pytest
@@ -148,8 +149,10 @@ def _request_ok(item: dict, num_ppus: int) -> bool:
 
 
 def _call(ppu: int, i: int, arg_len: int) -> dict:
+    # all 16 argument bytes nonzero and distinct: those from arg_len up must leave as zero pad
+    args = bytes((0x11 * (j + 1) + i) % 255 + 1 for j in range(MAX_CALL_ARG_BYTES))
     return {"ppu": ppu, "function_id": 0x9E3779B9 ^ i, "request_id": 1000 + i,
-            "arg_len": arg_len, "args": 0x44332211 + i}
+            "arg_len": arg_len, "args": int.from_bytes(args, "little")}
 
 
 def _reply(i: int) -> dict:
@@ -189,16 +192,27 @@ def _check_rpc_frame(frame: bytes, item: dict, ts: int, psn: int, slot: int, qp:
                                       "r_key": qp["host_rkey"], "dma_len": 24 + arg_len}
     assert IMMDT.unpack(frame, 70) == {"imm": slot_immediate(psn, slot)}
     req = Request.unpack(frame[74:98 + arg_len])
-    args = item["args"].to_bytes(4, "little")[:arg_len]
+    args = item["args"].to_bytes(MAX_CALL_ARG_BYTES, "little")[:arg_len]
     assert req == Request(item["function_id"], item["request_id"], ts, args)
     assert frame[98 + arg_len:98 + arg_len + pad] == bytes(pad)
     assert frame[-4:] == icrc(frame[14:-4])
+    assert frame[-4:] == zlib.crc32(_icrc_v(frame[14:-4])).to_bytes(4, "little")
     # scapy recomputes the ICRC itself (independent of openqlink.wire.roce)
     pkt = Ether(frame)
     assert pkt.haslayer(ScapyBTH)
     assert pkt[ScapyBTH].dqpn == qp["host_qpn"] and pkt[ScapyBTH].psn == psn
     pkt[ScapyBTH].icrc = None
     assert bytes(pkt) == frame
+
+
+def _icrc_v(packet: bytes) -> bytes:
+    """The ICRC's input V from the IPv4 header to the pad (IBTA Annex A17.4.4): 8 bytes of ones,
+    then the packet with IPv4 TOS, TTL and checksum, the UDP checksum and BTH byte 4 (FECN,
+    BECN, resv6) set to ones. Written out here, apart from openqlink.wire.roce."""
+    v = bytearray(packet)
+    for i in (1, 8, 10, 11, 26, 27, 32):
+        v[i] = 0xFF
+    return b"\xff" * 8 + bytes(v)
 
 
 def _check_ctrl_frame(frame: bytes, item: dict) -> None:
@@ -232,8 +246,9 @@ def _check_all(bench: Bench, items: list[tuple[str, dict]]) -> None:
 
 def test_rpc_requests_slots_psn_random_backpressure():
     rng = random.Random(5)
-    items = [("call", _call(rng.randrange(2), i, rng.randrange(MAX_CALL_ARG_BYTES + 1)))
-             for i in range(14)]
+    lengths = list(range(MAX_CALL_ARG_BYTES + 1))
+    rng.shuffle(lengths)
+    items = [("call", _call(rng.randrange(2), i, a)) for i, a in enumerate(lengths)]
     bench = Bench(num_ppus=2, ready_prob=0.5, seed=11)
     bench.run(items)
     _check_all(bench, items)
@@ -245,7 +260,7 @@ def test_rpc_requests_slots_psn_random_backpressure():
 def test_control_replies_padded_and_mixed_traffic():
     items = []
     for i in range(12):
-        items.append(("ctrl", _reply(i)) if i % 3 else ("call", _call(0, i, i % 5)))
+        items.append(("ctrl", _reply(i)) if i % 3 else ("call", _call(0, i, 5 * i % 17)))
     bench = Bench(num_ppus=1, ready_prob=0.7, seed=3)
     bench.run(items)
     _check_all(bench, items)
@@ -298,7 +313,8 @@ def _run_steady(items, seed: int) -> "Bench":
 
 
 def test_latency_and_no_gaps_with_steady_ready():
-    _run_steady([("call", _call(0, i, i % 5)) for i in range(5)] + [("ctrl", _reply(0))], seed=1)
+    # one request of each frame length (102, 106, 110, 114, 118 bytes), then a reply
+    _run_steady([("call", _call(0, i, 4 * i)) for i in range(5)] + [("ctrl", _reply(0))], seed=1)
 
 
 def test_back_to_back_every_arg_len_and_replies():
@@ -316,7 +332,8 @@ def test_back_to_back_every_arg_len_and_replies():
 def test_back_to_back_heavy_backpressure():
     items = []
     for i in range(12):
-        items.append(("ctrl", _reply(i)) if i % 4 == 3 else ("call", _call(i % 2, i, i % 5)))
+        items.append(("ctrl", _reply(i)) if i % 4 == 3
+                     else ("call", _call(i % 2, i, 7 * i % 17)))
     bench = Bench(num_ppus=2, ready_prob=0.25, seed=9)
     bench.run(items, gap_prob=0.0)
     _check_all(bench, items)
@@ -327,7 +344,7 @@ def test_slot_offsets_carry_into_the_upper_va_word():
     # carries into the upper word; 7 slots wrap after 7 requests
     qp = {**_qp(0), "ring_va": 0x7_FFFE_8000, "slot_size": 0xFFFF, "num_slots": 7}
     assert (0xFFFE_8000 + 2 * 0xFFFF) >> 32 == 1
-    items = [("call", _call(0, i, i % 5)) for i in range(9)]
+    items = [("call", _call(0, i, 3 * i % 17)) for i in range(9)]
     bench = Bench(num_ppus=1, ready_prob=0.7, seed=6, qps=[qp])
     bench.run(items)
     _check_all(bench, items)
@@ -384,5 +401,15 @@ def test_parameter_validation():
         with pytest.raises(ValueError, match=r"^num_ppus must be an int in 1\.\.16, not 0$"):
             TxBuilder(0, QSCParams())
         gc.collect()
-    with pytest.raises(ValueError, match=r"^arg_len must be 0\.\.4, not 5$"):
-        rpc_frame_bytes(5)
+    with pytest.raises(ValueError, match=r"^arg_len must be 0\.\.16, not 17$"):
+        rpc_frame_bytes(17)
+    with pytest.raises(ValueError, match=r"^arg_len must be 0\.\.16, not -1$"):
+        rpc_frame_bytes(-1)
+
+
+def test_rpc_frame_bytes():
+    # Eth 14 + IPv4 20 + UDP 8 + BTH 12 + RETH 16 + ImmDt 4 + RPCHeader 24, args padded to 4,
+    # ICRC 4
+    assert MAX_CALL_ARG_BYTES == 16
+    assert [rpc_frame_bytes(a) for a in range(17)] == \
+        [102] + [106] * 4 + [110] * 4 + [114] * 4 + [118] * 4
