@@ -210,8 +210,6 @@ class CallUnit(wiring.Component):
                 self.call_req.payload.ppu.eq(self._ppu),
                 self.call_req.payload.function_id.eq(self.function_id),
                 self.call_req.payload.request_id.eq(request_id),
-                # One 32-bit argument register: zero-extended into the request's 5-bit
-                # ``arg_len`` and 128-bit ``args``.
                 self.call_req.payload.arg_len.eq(self.arg_len),
                 self.call_req.payload.args.eq(self.arg),
                 awaited.eq(request_id),
