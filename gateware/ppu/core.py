@@ -489,7 +489,9 @@ class PPU(wiring.Component):
             "mask": NUM_REGISTERS,         # registers that must not be pending
             "taken_if_0": 1,               # BRANCH condition when rs is 0 ...
             "taken_if_1": 1,               # ... and when it is 1 (a measurement)
-            "arg_bytes": 4 * 3,            # CALL: each argument's bytes, ceil(bits / 8)
+            "arg_bytes": 4 * 3,            # CALL: each argument's bytes, ceil(bits / 8) ...
+            "arg_nz": 4,                   # ... whether it has any
+            "arg_first": 2,                # ... the first argument that has
             "loop": 1,                     # BRANCH with Cond.DBNZ: writes rs - 1 to rs
             "wrd": 4,                      # the register an instruction writes (LOOP: rs)
         })
@@ -524,6 +526,10 @@ class PPU(wiring.Component):
             all_bits = [c.arg_bits, c.arg1_bits, c.arg2_bits, c.arg3_bits]
             arg_over = Cat(*((b[6:] != 0) | (b[5] & (b[:5] != 0)) for b in all_bits)).any()
             arg_bytes = Cat(*((b[3:6] + (b[:3] != 0))[:3] for b in all_bits))
+            arg_nz = Cat(*(b != 0 for b in all_bits))
+            arg_first = Const(0, 2)
+            for k in reversed(range(4)):
+                arg_first = Mux(arg_nz[k], k, arg_first)
 
             # Each op's operand checks, kept apart from the op compare.
             play_bad = chan >= self._n_drive
@@ -588,6 +594,8 @@ class PPU(wiring.Component):
                 "taken_if_0": taken[0],
                 "taken_if_1": taken[1],
                 "arg_bytes": arg_bytes,
+                "arg_nz": arg_nz,
+                "arg_first": arg_first,
                 "loop": is_loop,
                 "wrd": Mux(is_loop, raw[12:16], raw[8:12]),
             }
@@ -784,7 +792,7 @@ class PPU(wiring.Component):
         # iff ``x_valid & br_taken`` (two flip-flops, where ``load_tgt`` is a net across the
         # stage's hundreds of multiplexers).
         ctl_tgt = x_valid & br_taken
-        wide = {"arg_bytes"}
+        wide = {"arg_bytes", "arg_nz", "arg_first"}
         with m.If(x_open):
             m.d.sync += [
                 x_raw.eq(Mux(load_tgt, tgt_insn, f_insn)),
@@ -996,9 +1004,11 @@ class PPU(wiring.Component):
         # the execute stage, once its registers are not pending (nothing else writes them
         # while it is there): a step chooses argument ``g_k``'s byte ``g_j`` and its mask
         # (``s_*``, registered), the next cycle reads that byte of the register file into
-        # byte ``s_p`` of ``call_args``. Arguments of 0 bytes are skipped; the call is issued
-        # in the cycle after the last byte lands (``g_done``), with ``arg_len`` the bytes
-        # gathered: for one argument byte, 3 cycles after the CALL enters the stage.
+        # byte ``s_p`` of ``call_args``. Arguments of 0 bytes are skipped (the first one with
+        # bytes, and whether there is one, were decoded ahead); the call is issued in the
+        # cycle after the last byte lands (``g_done``), with ``arg_len`` the bytes gathered:
+        # for one argument byte, 4 cycles after the CALL enters the stage. Each step's logic
+        # starts at flip-flops.
         o = x.operands.call
         arg_regs = Array([o.rs, o.rs1, o.rs2, o.rs3])
         arg_bits = Array([o.arg_bits, o.arg1_bits, o.arg2_bits, o.arg3_bits])
@@ -1016,41 +1026,29 @@ class PPU(wiring.Component):
         s_p = Signal(4)
         s_mask = Signal(8)
         call_args = Signal(128)
-        nz = Cat(*(arg_bytes[k] != 0 for k in range(4)))
-
-        def first_nz(after=None):
-            """(found, index): the lowest argument with bytes, above ``after`` if given."""
+        go = ex & x_is[Op.CALL] & ~call_issued & ~blocked & ~g_started
+        with m.If(go):
+            m.d.sync += [g_started.eq(1), g_stepping.eq(xd.arg_nz.any()), g_k.eq(xd.arg_first),
+                         g_j.eq(0), g_p.eq(0), g_done.eq(~xd.arg_nz.any())]
+        with m.If(g_stepping):
+            bits = arg_bits[g_k]
+            # The next argument with bytes after ``g_k``.
             found, index = Const(0), Const(0, 2)
             for k in reversed(range(4)):
-                hit = nz[k] if after is None else nz[k] & (after < k)
+                hit = xd.arg_nz[k] & (g_k < k)
                 found, index = Mux(hit, 1, found), Mux(hit, k, index)
-            return found, index
-
-        # The first step is taken in the cycle the gathering starts (``go``), from the first
-        # argument with bytes; the step's (k, j, p) are then those of ``g_*``.
-        go = ex & x_is[Op.CALL] & ~call_issued & ~blocked & ~g_started
-        first_found, first_k = first_nz()
-        cur_k = Mux(go, first_k, g_k)
-        cur_j = Mux(go, 0, g_j)
-        cur_p = Mux(go, 0, g_p)
-        with m.If(go):
-            m.d.sync += [g_started.eq(1), g_done.eq(~first_found)]
-        with m.If((go & first_found) | g_stepping):
-            bits = arg_bits[cur_k]
-            found, index = first_nz(cur_k)
             m.d.sync += [
                 s_valid.eq(1),
-                s_reg.eq(arg_regs[cur_k]),
-                s_j.eq(cur_j),
-                s_p.eq(cur_p),
+                s_reg.eq(arg_regs[g_k]),
+                s_j.eq(g_j),
+                s_p.eq(g_p),
                 # A whole byte while the bits reach past it, else the low bits[2:0] bits.
-                s_mask.eq(Mux(bits[3:6] > cur_j, 0xFF,
+                s_mask.eq(Mux(bits[3:6] > g_j, 0xFF,
                               Array(Const((1 << n) - 1, 8) for n in range(8))[bits[:3]])),
-                g_p.eq(cur_p + 1),
-                g_stepping.eq(1),
+                g_p.eq(g_p + 1),
             ]
-            with m.If(cur_j + 1 < arg_bytes[cur_k]):
-                m.d.sync += [g_k.eq(cur_k), g_j.eq(cur_j + 1)]
+            with m.If(g_j + 1 < arg_bytes[g_k]):
+                m.d.sync += g_j.eq(g_j + 1)
             with m.Elif(found):
                 m.d.sync += [g_k.eq(index), g_j.eq(0)]
             with m.Else():

@@ -113,3 +113,24 @@ def test_more_than_32_bits_for_any_argument_is_illegal(field):
         assert await read_reg(ctx, dut, 0, "PC") == 1
 
     run(tb)
+
+
+def test_each_argument_byte_costs_one_cycle():
+    """The request leaves n + 1 cycles later with n >= 1 argument bytes than with none (the
+    bytes are gathered one per cycle, after a first cycle that starts the gathering)."""
+    offered = {}
+
+    async def tb(ctx, dut):
+        for n, more in ((0, {}), (1, {}), (4, {}), (9, {"rs1": 2, "arg1_bits": 32,
+                                                        "rs2": 3, "arg2_bits": 1})):
+            bits = {0: 0, 1: 8, 4: 32, 9: 32}[n]
+            prog = [set_(1, 1), set_(2, 2), set_(3, 3), call(0, 1, bits, FID, **more), end()]
+            s = await start(ctx, dut, prog, lead=200)
+            req, h = await _take_request(ctx, dut)
+            assert req.arg_len == n
+            offered[n] = h - s
+            await send_response(ctx, dut, 0, Response(0, req.request_id, 0, b""))
+            await wait_state(ctx, dut, 0, PPUState.DONE)
+
+    run(tb)
+    assert {n: offered[n] - offered[0] for n in (1, 4, 9)} == {1: 2, 4: 5, 9: 10}, offered
