@@ -1,10 +1,10 @@
 """HOST_CALL handler of the repetition-code example (``firmware/repetition_code.s``): the decoder.
 
 Every syndrome round the PPU measures ancilla 1 (the parity of data qubits 0 and 2) into ``r1``
-and ancilla 3 (the parity of data qubits 2 and 4) into ``r3``, packs them with the round number
-into ``r6 = 4 * round + 2 * r3 + r1`` and executes ``call decode(r6:8) -> r7``: one BIT_PACKED
-byte in, one UINT8 out. The answer is the data qubit to correct plus one (0: none), which the
-program turns into a pi pulse on that qubit.
+and ancilla 3 (the parity of data qubits 2 and 4) into ``r3`` and executes
+``call decode(r5:8, r1:1, r3:1) -> r7`` with the round in ``r5``: three arguments, a UINT8 and
+two BIT_PACKED bits (a byte each), and one UINT8 out. The answer is the data qubit to correct
+plus one (0: none), which the program turns into a pi pulse on that qubit.
 
 The program corrects after every round, so the syndrome of a round is already measured against
 the corrected state: a single X error on one data qubit since the last round flags the two
@@ -32,7 +32,7 @@ from openqlink.isa import Program, assemble
 from openqlink.sim.channel_map import sim_params
 
 __all__ = ["table", "decode", "correction", "Decoder", "DECODER", "DATA_QUBITS", "SOURCE",
-           "program", "pack", "unpack"]
+           "program", "arguments"]
 
 #: The assembly source of the example.
 SOURCE = Path(__file__).with_name("repetition_code.s")
@@ -44,16 +44,12 @@ DATA_QUBITS = (0, 2, 4)
 _FLAGGED = {0b00: None, 0b01: 0, 0b11: 2, 0b10: 4}
 
 
-def pack(round_: int, syndrome: int) -> int:
-    """The CALL's argument as the program packs it: ``4 * round + syndrome``."""
-    if not (0 <= syndrome <= 3 and 0 <= round_ < 64):
-        raise ValueError(f"round must be 0..63 and syndrome 0..3, not {round_!r}, {syndrome!r}")
-    return 4 * round_ + syndrome
-
-
-def unpack(value: int) -> tuple[int, int]:
-    """``(round, syndrome)`` of a CALL's argument (the inverse of :func:`pack`)."""
-    return value >> 2, value & 3
+def arguments(round_: int, syndrome: int) -> bytes:
+    """The CALL's 3 argument bytes as the PPU sends them: the round (UINT8), then ancilla 1's
+    bit (``syndrome`` bit 0) and ancilla 3's (bit 1), a BIT_PACKED byte each."""
+    if not (0 <= syndrome <= 3 and 0 <= round_ <= 255):
+        raise ValueError(f"round must be 0..255 and syndrome 0..3, not {round_!r}, {syndrome!r}")
+    return bytes([round_, syndrome & 1, syndrome >> 1])
 
 
 def correction(syndrome: int) -> int | None:
@@ -71,11 +67,10 @@ class Decoder:
     def __init__(self) -> None:
         self.shots: list[list[int]] = []
 
-    def __call__(self, value: int) -> int:
-        """Decode the packed argument ``value`` (:func:`pack`) of one round: record its
-        syndrome and return the data qubit to correct plus one, 0 for none. Raises
+    def __call__(self, round_: int, syndrome: int) -> int:
+        """Decode round ``round_``'s ``syndrome`` (bit 0: ancilla 1, bit 1: ancilla 3): record
+        it and return the data qubit to correct plus one, 0 for none. Raises
         :class:`ValueError` for a round out of order (not 0, nor the next of the shot)."""
-        round_, syndrome = unpack(value)
         if round_ == 0:
             self.shots.append([])
         elif not self.shots or len(self.shots[-1]) != round_:
@@ -93,13 +88,12 @@ DECODER = Decoder()
 table = FunctionTable()
 
 
-@table.host_call("decode", args=[TypeDesc.bits(8)], results=[TypeDesc.uint8()])
-def decode(bits: list[int]) -> int:
-    """The ``decode`` HOST_CALL: ``bits`` are the 8 bits of ``r6`` (LSB first); returns the
-    data qubit to correct plus one, 0 for none (:class:`Decoder`)."""
-    if len(bits) != 8 or any(b not in (0, 1) for b in bits):
-        raise ValueError(f"decode expects 8 bits, got {bits!r}")
-    return DECODER(sum(b << k for k, b in enumerate(bits)))
+@table.host_call("decode", args=[TypeDesc.uint8(), TypeDesc.bits(1), TypeDesc.bits(1)],
+                 results=[TypeDesc.uint8()])
+def decode(round_: int, ancilla1: list[int], ancilla3: list[int]) -> int:
+    """The ``decode`` HOST_CALL: the round (``r5``) and the two ancillas' bits (``r1``, ``r3``,
+    one bit each); returns the data qubit to correct plus one, 0 for none (:class:`Decoder`)."""
+    return DECODER(round_, ancilla1[0] | ancilla3[0] << 1)
 
 
 def program() -> Program:

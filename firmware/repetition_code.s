@@ -21,9 +21,9 @@
 ; A syndrome round: Rx(pi/2) on both ancillas, CZ(0,1) with CZ(2,3), CZ(1,2) with CZ(3,4),
 ; Rx(-pi/2) on both ancillas: each ancilla ends in |q_left XOR q_right> (a CZ turns the ancilla's
 ; |+i>-like state into the other one when its data neighbour is 1), and is read into r1 (ancilla
-; 1: parity of qubits 0 and 2) and r3 (ancilla 3: parity of qubits 2 and 4). The program packs
-; them with the round into r6 = 4 * round + 2 * r3 + r1 (ADD and branches) and calls
-; `decode(r6:8) -> r7`; the host's decoder keeps the shot's syndrome history and answers the
+; 1: parity of qubits 0 and 2) and r3 (ancilla 3: parity of qubits 2 and 4). The program calls
+; `decode(r5:8, r1:1, r3:1) -> r7` with the round and the two bits (three arguments, a byte
+; each: the CALL waits for both measurements); the host's decoder keeps the shot's syndrome history and answers the
 ; data qubit to correct plus one (0: none). After the CALL the program re-anchors the timeline
 ; (SYNC) and, in parallel, resets each ancilla that read 1 (a pi pulse) and plays the
 ; correction (a pi pulse on the data qubit the decoder named).
@@ -32,7 +32,7 @@
 ; cycle), then the three data qubits (0, 2, 4, in one cycle). Its rpc list has one `decode` per
 ; round, with the argument and result bytes the decoder got and gave.
 ;
-; Counted loops: r4 counts the shots down, r5 the rounds up (r11 = 4 * r5).
+; Counted loops: r4 counts the shots down (LOOP), r5 the rounds up.
 
 ; --- the experiment ---------------------------------------------------------------------------
 .equ SHOTS, 4                   ; shots in one run
@@ -65,7 +65,6 @@ shot:   play D0, gauss, amp=LOGICAL             ; the logical state
         play D4, gauss, amp=LOGICAL
         wait PULSE
         set r5, 0
-        set r11, 0
 round:  bne r5, INJECT_ROUND, check
         play INJECT_QUBIT, gauss, amp=1.0       ; the injected X error
         wait PULSE
@@ -84,12 +83,7 @@ check:  play A1, gauss, amp=0.5                 ; Rx(pi/2) on the ancillas
         acquire A1, r1, window=WINDOW, threshold=0
         acquire A3, r3, window=WINDOW, threshold=0
         wait WINDOW
-        add r6, r11, 0                          ; r6 = 4 * round + 2 * r3 + r1
-        beq r1, 0, pack3                        ; waits for r1
-        add r6, r6, 1
-pack3:  beq r3, 0, ask
-        add r6, r6, 2
-ask:    call decode(r6:8) -> r7                 ; r7: data qubit to correct + 1, or 0
+        call decode(r5:8, r1:1, r3:1) -> r7     ; r7: data qubit to correct + 1, or 0
         sync SLACK
         beq r1, 0, reset3                       ; reset the ancillas that read 1
         play A1, gauss, amp=1.0
@@ -105,7 +99,6 @@ fix0:   play D0, gauss, amp=1.0
 fix2:   play D2, gauss, amp=1.0
 next:   wait PULSE
         add r5, r5, 1
-        add r11, r11, 4
         bne r5, ROUNDS, round
 
         acquire D0, r8, window=WINDOW, threshold=0      ; the data qubits
@@ -123,6 +116,5 @@ done0:  beq r9, 0, done2
 done2:  beq r10, 0, done4
         play D4, gauss, amp=1.0
 done4:  wait PULSE
-        add r4, r4, -1
-        bne r4, 0, shot
+        loop r4, shot
         end

@@ -366,16 +366,14 @@ def test_repetition_code_decoder():
     d = Dispatcher(mod.table, ring, sink)
     shot = [(0, 0b00), (1, 0b11), (2, 0b00), (0, 0b01), (1, 0b10)]
     for k, (rnd, syndrome) in enumerate(shot):
-        put(ring, k, "decode", bytes([mod.pack(rnd, syndrome)]), rid=k)
+        put(ring, k, "decode", mod.arguments(rnd, syndrome), rid=k)
     assert d.poll() == len(shot)
     assert [(r.status, r.result) for _, r in sink.sent] == [
         (0, b"\x00"), (0, b"\x03"), (0, b"\x00"), (0, b"\x01"), (0, b"\x05")]
     assert mod.DECODER.shots[-2:] == [[0b00, 0b11, 0b00], [0b01, 0b10]]
     # A round out of order is a handler error: status 1, the PPU stops with call_failed.
-    put(ring, 5, "decode", bytes([mod.pack(3, 0)]), rid=5)
+    put(ring, 5, "decode", mod.arguments(3, 0), rid=5)
     assert d.poll() == 1 and sink.sent[-1][1].status == 1
-    assert mod.unpack(mod.pack(5, 2)) == (5, 2)
+    assert mod.arguments(5, 2) == b"\x05\x00\x01"
     with pytest.raises(ValueError):
-        mod.pack(64, 0)
-    with pytest.raises(ValueError):
-        mod.decode([1, 0])
+        mod.arguments(256, 0)

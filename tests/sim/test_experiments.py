@@ -239,7 +239,8 @@ def test_repetition_code_flags_and_corrects_the_injected_error(repetition):
             syndrome = a1["outcome"] | a3["outcome"] << 1
             call = r["rpc"][s * rounds + k]
             assert call["function"] == "decode" and call["status"] == 0
-            assert int(call["args"], 16) == 4 * k + syndrome, (s, k, call)
+            assert bytes.fromhex(call["args"]) == bytes([k, syndrome & 1, syndrome >> 1]), \
+                (s, k, call)
             fix = {v: q for q, v in _FLAG.items()}.get(syndrome)
             assert int(call["result"], 16) == (0 if fix is None else fix + 1), (s, k, call)
             # The correction plays before the next round's pulses (its injection, if any).

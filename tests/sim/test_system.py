@@ -205,3 +205,51 @@ def test_calls_fill_the_host_ring_round_robin_and_wrap(build_dir, tmp_path):
     psns = [f.bth["psn"] for f in writes]
     assert psns == list(range(psns[0], psns[0] + 10))
     assert [split_slot_immediate(f.immdt["imm"])[0] for f in writes] == psns
+
+
+WIDE_CALL = """\
+; one CALL of four arguments (1, 8, 12 and 32 bits: 8 bytes) with a 64-bit result
+        set r1, 0xFF
+        set r2, 0x1234
+        set r3, 0xABCDE
+        set r4, -2
+        call mix(r1:1, r2:8, r3:12, r4) -> r5, r6
+        end
+"""
+WIDE_CALL_HANDLERS = """\
+from openqlink.dispatch import FunctionTable, TypeDesc
+table = FunctionTable()
+@table.host_call("mix", args=[TypeDesc.bits(1), TypeDesc.uint8(), TypeDesc.bits(12),
+                              TypeDesc.int32()], results=[TypeDesc.int64()])
+def mix(a, b, c, d):
+    c = sum(bit << k for k, bit in enumerate(c))
+    return (a[0] << 62) | (b << 48) | (c << 32) | (d & 0xFFFFFFFF)
+"""
+
+
+def test_a_call_of_four_arguments_and_a_64_bit_result_end_to_end(build_dir, tmp_path):
+    """The gateware packs the four arguments one after another (8 bytes, a 110-byte frame
+    whose ICRC scapy recomputes), the host's HOST_CALL decodes them by its schema, and the
+    int64 result lands in r5 (low word) and r6 (high word)."""
+    from scapy.contrib.roce import BTH
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+
+    (tmp_path / "wide.s").write_text(WIDE_CALL)
+    (tmp_path / "wide.py").write_text(WIDE_CALL_HANDLERS)
+    results = run_sim(tmp_path / "wide.s", build_dir=build_dir, pcap_path=tmp_path / "w.pcap")
+    assert results["status"]["state"] == "DONE"
+    want = (1 << 62) | (0x34 << 48) | (0xCDE << 32) | 0xFFFFFFFE
+    assert results["registers"]["R5"] == want & 0xFFFFFFFF
+    assert results["registers"]["R6"] == want >> 32
+    (rpc,) = results["rpc"]
+    assert rpc["status"] == 0 and bytes.fromhex(rpc["args"]) == bytes.fromhex("0134de0cfeffffff")
+    (frame,) = [f for _, f in read_pcap(tmp_path / "w.pcap")
+                if (p := parse_frame(f)).bth is not None and p.bth["opcode"] == 0x2B]
+    assert len(frame) == 110
+    assert Request.unpack(parse_frame(frame).payload).payload == bytes.fromhex("0134de0cfeffffff")
+    pkt = Ether(frame)
+    got = bytes(pkt[BTH])[-4:]
+    pkt[BTH].icrc = None
+    del pkt[IP].chksum, pkt[UDP].chksum
+    assert bytes(Ether(bytes(pkt))[BTH])[-4:] == got
