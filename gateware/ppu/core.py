@@ -1003,11 +1003,11 @@ class PPU(wiring.Component):
         # CALL's arguments, gathered into ``call_args`` byte by byte while the CALL waits in
         # the execute stage, once its registers are not pending (nothing else writes them
         # while it is there): a step chooses argument ``g_k``'s byte ``g_j`` and its mask
-        # (``s_*``, registered), the next cycle reads that byte of the register file into
+        # (``s_*``, registered), the next two cycles read that byte of the register file into
         # byte ``s_p`` of ``call_args``. Arguments of 0 bytes are skipped (the first one with
         # bytes, and whether there is one, were decoded ahead); the call is issued in the
         # cycle after the last byte lands (``g_done``), with ``arg_len`` the bytes gathered:
-        # for one argument byte, 4 cycles after the CALL enters the stage. Each step's logic
+        # for one argument byte, 5 cycles after the CALL enters the stage. Each step's logic
         # starts at flip-flops.
         o = x.operands.call
         arg_regs = Array([o.rs, o.rs1, o.rs2, o.rs3])
@@ -1055,15 +1055,22 @@ class PPU(wiring.Component):
                 m.d.sync += [g_stepping.eq(0), g_last.eq(1)]
         with m.Else():
             m.d.sync += [s_valid.eq(0), g_last.eq(0)]
-        reg_bytes = Array(r[8 * b:8 * b + 8] for r in regs for b in range(4))
-        with m.If(s_valid):
-            m.d.sync += call_args.word_select(s_p, 8).eq(
-                reg_bytes[Cat(s_j, s_reg)] & s_mask)
-        with m.If(g_last):
+        # The read, in two stages: the register (``t_word``), then its byte, masked.
+        t_valid = Signal()
+        t_word = Signal(REGISTER_BITS)
+        t_j = Signal(2)
+        t_p = Signal(4)
+        t_mask = Signal(8)
+        t_last = Signal()
+        m.d.sync += [t_valid.eq(s_valid), t_word.eq(Array(regs)[s_reg]), t_j.eq(s_j),
+                     t_p.eq(s_p), t_mask.eq(s_mask), t_last.eq(g_last)]
+        with m.If(t_valid):
+            m.d.sync += call_args.word_select(t_p, 8).eq(t_word.word_select(t_j, 8) & t_mask)
+        with m.If(t_last):
             m.d.sync += g_done.eq(1)
         with m.If(x_load):
             m.d.sync += [g_started.eq(0), g_stepping.eq(0), g_done.eq(0), g_last.eq(0),
-                         s_valid.eq(0), g_p.eq(0)]
+                         s_valid.eq(0), g_p.eq(0), t_valid.eq(0), t_last.eq(0)]
         # The CALL unit takes its request while it is idle, every cycle; ``issue`` starts it.
         m.d.comb += [
             call.function_id.eq(o.function_id),
