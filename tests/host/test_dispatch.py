@@ -320,23 +320,6 @@ def test_dispatch_single_datagram():
     assert resp.status == 0 and struct.unpack("<i", resp.result)[0] == 11
 
 
-def test_active_reset_handlers():
-    spec = importlib.util.spec_from_file_location(
-        "active_reset_fw", ROOT / "firmware" / "active_reset.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    prog = mod.program()
-    assert set(prog.functions) == {e.name for e in mod.table}
-    ring, sink = SlotRing(2, 64), Sink()
-    d = Dispatcher(mod.table, ring, sink)
-    put(ring, 0, "reset_decision", pack_bits([1]), rid=1)
-    put(ring, 1, "reset_decision", pack_bits([0]), rid=2)
-    assert d.poll() == 2
-    assert [(r.status, r.result) for _, r in sink.sent] == [(0, b"\x01"), (0, b"\x00")]
-    with pytest.raises(ValueError):
-        mod.reset_decision([1, 0])
-
-
 def _firmware_module(name: str):
     spec = importlib.util.spec_from_file_location(f"{name}_fw", ROOT / "firmware" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
@@ -344,9 +327,16 @@ def _firmware_module(name: str):
     return mod
 
 
-def test_active_reset_fidelity_serves_the_active_reset_handler():
-    mod = _firmware_module("active_reset_fidelity")
+@pytest.mark.parametrize("name", ["active_reset", "active_reset_fidelity"])
+def test_active_reset_handlers(name):
+    """active_reset.py's handler, and active_reset_fidelity.py serving the same one."""
+    mod = _firmware_module(name)
     assert [e.name for e in mod.table] == ["reset_decision"]
+    if name == "active_reset":
+        prog = mod.program()
+        assert set(prog.functions) == {e.name for e in mod.table}
+        with pytest.raises(ValueError):
+            mod.reset_decision([1, 0])
     ring, sink = SlotRing(2, 64), Sink()
     d = Dispatcher(mod.table, ring, sink)
     put(ring, 0, "reset_decision", pack_bits([1]), rid=1)
