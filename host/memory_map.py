@@ -363,6 +363,12 @@ def _table(rows: list[tuple[str, ...]], header: tuple[str, ...]) -> str:
     return "\n".join(out)
 
 
+def _offset_table(registers) -> str:
+    """A register block's table, by offset from the block's base."""
+    return _table([(f"`+{r.offset:#04x}`", r.name, r.access.value, f"`{r.reset:#x}`", r.doc)
+                   for r in registers], ("offset", "name", "access", "reset", ""))
+
+
 def render_markdown(params: QSCParams | None = None) -> str:
     """``docs/memory_map.md``, generated from the tables in this module."""
     params = params or QSCParams()
@@ -402,14 +408,12 @@ def render_markdown(params: QSCParams | None = None) -> str:
         "",
         "## PPU registers, at `0x1000_0000 + 0x0100_0000*n + 0xC0_0000`",
         "",
-        _table([(f"`+{r.offset:#04x}`", r.name, r.access.value, f"`{r.reset:#x}`", r.doc)
-                for r in PPU_REGISTERS], ("offset", "name", "access", "reset", "")),
+        _offset_table(PPU_REGISTERS),
         "",
         "## Readout channel c of PPU n, at `0x1000_0000 + 0x0100_0000*n + 0xC0_0200 + "
         "0x20*c`",
         "",
-        _table([(f"`+{r.offset:#04x}`", r.name, r.access.value, f"`{r.reset:#x}`", r.doc)
-                for r in READOUT_REGISTERS], ("offset", "name", "access", "reset", "")),
+        _offset_table(READOUT_REGISTERS),
         "",
         "Channels `c < readouts_per_ppu` are mapped (offsets `+0x18`, `+0x1C` read 0); the "
         "others are unmapped. A 64-bit bus read of I_LO's word returns I_LO and I_HI of the same "
