@@ -23,6 +23,7 @@ from amaranth.lib import data, enum
 
 __all__ = [
     "BusOp", "BusCommand", "BusReadData", "CallRequest", "MAX_CALL_ARG_BYTES", "READ_TAG_BITS",
+    "call_request_layout",
 ]
 
 #: Width of a READ's tag (``BusCommand.data[READ_TAG_BITS-1:0]``, echoed in ``BusReadData.tag``).
@@ -77,3 +78,26 @@ class CallRequest(data.Struct):
     #: Argument bytes, byte i at bits [8i+7:8i] (16 bytes); bytes at and above ``arg_len`` are
     #: ignored (the network core sends zeros in their place as pad).
     args: unsigned(8 * MAX_CALL_ARG_BYTES)
+
+
+def call_request_layout(arg_bytes: int = MAX_CALL_ARG_BYTES):
+    """The layout of a build's CALL requests: :class:`CallRequest` with ``arg_bytes`` bytes.
+
+    The PPUs and the crossing to the network core carry requests of at most the build's
+    ``QSCParams.call_arg_bytes`` (0..16) argument bytes: ``arg_len`` is ``range(arg_bytes + 1)``
+    wide and ``args`` ``8 * arg_bytes`` bits, the other fields as in :class:`CallRequest`
+    (``73 + 8 * arg_bytes + bits(arg_len)`` bits). The network core takes :class:`CallRequest`;
+    the top zero-extends the fields into it. ``arg_bytes == MAX_CALL_ARG_BYTES`` gives
+    :class:`CallRequest` itself. Raises ``ValueError`` for ``arg_bytes`` outside 0..16.
+    """
+    if not 0 <= arg_bytes <= MAX_CALL_ARG_BYTES:
+        raise ValueError(f"arg_bytes must be 0..{MAX_CALL_ARG_BYTES}, not {arg_bytes}")
+    if arg_bytes == MAX_CALL_ARG_BYTES:
+        return CallRequest
+    return data.StructLayout({
+        "ppu": unsigned(4),
+        "function_id": unsigned(32),
+        "request_id": unsigned(32),
+        "arg_len": unsigned(arg_bytes.bit_length()),
+        "args": unsigned(8 * arg_bytes),
+    })

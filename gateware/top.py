@@ -34,7 +34,7 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..memory_map import QSCParams
-from .bus import READ_TAG_BITS, BusCommand, BusReadData, CallRequest
+from .bus import READ_TAG_BITS, BusCommand, BusReadData, call_request_layout
 from .cdc import CrossingFIFO, CrossingReset
 from .net.core import NetworkCore
 from .packet import packet_signature
@@ -146,8 +146,10 @@ class QSCTop(wiring.Component):
             BusCommand, CDC_FIFO_DEPTH, w_domain="rti", r_domain="dtd")
         m.submodules.rdata_cdc = rdata_cdc = CrossingFIFO(
             BusReadData, CDC_FIFO_DEPTH, w_domain="dtd", r_domain="rti")
+        # The CALL requests cross as wide as the build's CALLs (``call_arg_bytes``).
         m.submodules.call_cdc = call_cdc = CrossingFIFO(
-            CallRequest, CDC_FIFO_DEPTH, w_domain="dtd", r_domain="rti")
+            call_request_layout(p.call_arg_bytes), CDC_FIFO_DEPTH, w_domain="dtd",
+            r_domain="rti")
         # Each crossing has a CrossingReset of its own, placed beside it: its clear and hold
         # inputs come from flip-flops next to it, not from one block across the die.
         for name, fifo in (("cmd", cmd_cdc), ("rdata", rdata_cdc), ("call", call_cdc)):
@@ -170,7 +172,15 @@ class QSCTop(wiring.Component):
         wiring.connect(m, ppus.bus_rdata, rdata_cdc.w)              # dtd -> rti
         wiring.connect(m, rdata_cdc.r, net.bus_rdata)
         wiring.connect(m, ppus.call_req, call_cdc.w)                # dtd -> rti
-        wiring.connect(m, call_cdc.r, net.call_req)
+        # Zero-extended into the network core's CallRequest (16 argument bytes): the bytes
+        # beyond the build's are constant zeros, and synthesis removes what only they feed.
+        req_in, req_out = call_cdc.r.payload, net.call_req.payload
+        m.d.comb += [
+            net.call_req.valid.eq(call_cdc.r.valid),
+            call_cdc.r.ready.eq(net.call_req.ready),
+            *(getattr(req_out, f).eq(getattr(req_in, f))
+              for f in ("ppu", "function_id", "request_id", "arg_len", "args")),
+        ]
         return m
 
 

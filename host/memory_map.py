@@ -110,9 +110,16 @@ class QSCParams:
     timeline_bits: int = 64           #: width of the DTD timeline and every time in the PPUs
     samples_per_cycle: int = 1        #: PTD samples per DTD cycle and converter (1, 2 or 4)
     nco: bool = True                  #: NCOs on the drive channels and readout demodulation
+    #: The ALU op (``add``/``sub`` of two registers, ``and``, ``or``, ``xor``, shifts); without
+    #: it (``False``) ALU is an illegal instruction: ADD of an immediate, LOOP and BRANCH remain
+    alu: bool = True
     #: 16-bit ADC samples of each PPU's raw-trace memory (a power of two >= 4, at most 2**20;
     #: 0: no trace logic at all, as the board builds have)
     trace_depth: int = 1024
+    #: Argument bytes a CALL may send (0..16; its registers' ``ceil(bits / 8)`` bytes summed): the
+    #: width of the CALL request from the PPU to the network core. A CALL with more bytes is an
+    #: illegal instruction (the assembler refuses it for the build).
+    call_arg_bytes: int = 16
     rti_clk_hz: int = 156_250_000     #: network clock (10GBASE-R MAC side)
     dtd_clk_hz: int = 250_000_000     #: PPU / timeline clock
     qpn_base: int = 0x100             #: QPN of PPU n is qpn_base + n
@@ -140,6 +147,8 @@ class QSCParams:
                                  or self.trace_depth & (self.trace_depth - 1)):
             raise ValueError(f"trace_depth must be 0 or a power of two in 4..2**20, not "
                              f"{self.trace_depth}")
+        if not 0 <= self.call_arg_bytes <= 16:
+            raise ValueError(f"call_arg_bytes must be 0..16, not {self.call_arg_bytes}")
         if self.env_depth < 4 * self.samples_per_cycle:
             raise ValueError(f"env_depth must hold at least 4 cycles of samples "
                              f"({4 * self.samples_per_cycle}), not {self.env_depth}")
@@ -277,6 +286,8 @@ PPU_REGISTERS: tuple[Register, ...] = (
        "ADC samples captured into the trace memory since the last accepted TRACE_ARM"),
     _R("TRACE_DEPTH", 0x98, Access.RO, 0,
        "Samples the trace memory holds: the build's trace_depth (0: no trace)"),
+    _R("CALL_ARG_BYTES", 0x9C, Access.RO, 0,
+       "Argument bytes a CALL may send: the build's call_arg_bytes (0..16)"),
 )
 
 #: Registers of readout channel ``c`` of a PPU, at ``REGS_OFFSET + READOUT_OFFSET +

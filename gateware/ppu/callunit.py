@@ -28,7 +28,7 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ...wire.rpc import HEADER_BYTES, RESPONSE_MAGIC, RPCResponse
-from ..bus import MAX_CALL_ARG_BYTES, BusCommand, CallRequest
+from ..bus import MAX_CALL_ARG_BYTES, BusCommand, call_request_layout
 
 __all__ = ["CallUnit", "MAILBOX_WORDS", "CALL_SEQ_BITS"]
 
@@ -47,13 +47,16 @@ class CallUnit(wiring.Component):
     ----------
     ppu : int
         Index of the PPU (0..15): ``CallRequest.ppu`` and the top byte of ``request_id``.
+    arg_bytes : int
+        The build's ``call_arg_bytes`` (0..16): the width of ``arg`` and of the request's
+        ``args`` (:func:`~openqlink.gateware.bus.call_request_layout`).
 
     Members
     -------
     issue : ``In(1)``
-        Start a call with ``function_id : In(32)``, ``arg : In(128)`` (the argument bytes,
-        byte i at bits [8i+7:8i], already packed and masked by the caller) and
-        ``arg_len : In(5)`` (0..16 bytes). The
+        Start a call with ``function_id : In(32)``, ``arg : In(8 * arg_bytes)`` (the argument
+        bytes, byte i at bits [8i+7:8i], already packed and masked by the caller) and
+        ``arg_len : In(range(arg_bytes + 1))`` (0..arg_bytes bytes). The
         call starts in this cycle when the unit is idle; while it is busy (a previous call's
         request not yet handed over, or its response awaited) or ``slots`` requests are
         outstanding, the issue is kept and the call starts in the first idle cycle with a
@@ -76,7 +79,7 @@ class CallUnit(wiring.Component):
         issue cycle with no response; the unit stops waiting. The time-out covers the whole
         call: a kept issue (its request never offered, because an earlier request is still
         not taken) times out too, and is dropped.
-    call_req : ``Out(stream.Signature(CallRequest))``
+    call_req : ``Out(stream.Signature(call_request_layout(arg_bytes)))``
         The request; valid from the cycle after ``issue`` until taken (while the unit is idle
         its payload follows the inputs, with ``valid`` low).
     bus_cmd : ``In(BusCommand)``; ``mb_write : In(1)``; ``mb_commit : In(1)``
@@ -109,15 +112,17 @@ class CallUnit(wiring.Component):
     pulse, with ``result``, two cycles after the commit.
     """
 
-    def __init__(self, ppu: int):
+    def __init__(self, ppu: int, arg_bytes: int = MAX_CALL_ARG_BYTES):
         if not 0 <= ppu < 16:
             raise ValueError(f"ppu must be 0..15, not {ppu}")
+        layout = call_request_layout(arg_bytes)
         self._ppu = ppu
+        self.arg_bytes = arg_bytes
         super().__init__({
             "issue": In(1),
             "function_id": In(32),
-            "arg": In(8 * MAX_CALL_ARG_BYTES),
-            "arg_len": In(5),
+            "arg": In(8 * arg_bytes),
+            "arg_len": In(arg_bytes.bit_length()),
             "busy": Out(1),
             "abort": In(1),
             "done": Out(1),
@@ -125,7 +130,7 @@ class CallUnit(wiring.Component):
             "failed": Out(1),
             "timeout": Out(1),
             "timeout_cycles": In(32),
-            "call_req": Out(stream.Signature(CallRequest)),
+            "call_req": Out(stream.Signature(layout)),
             "bus_cmd": In(BusCommand),
             "mb_write": In(1),
             "mb_commit": In(1),
@@ -235,7 +240,6 @@ class CallUnit(wiring.Component):
             m.d.sync += kept.eq(1)
         with m.If(self.slots_reset):
             m.d.sync += released.eq(seq)
-        assert MAX_CALL_ARG_BYTES == 16
 
         # Handshake. The sequence number moves on here, not at the start (a start stays a few
         # flip-flops): a call's request_id was taken from ``seq`` while the unit was idle, and

@@ -1,7 +1,7 @@
 """The PPU cluster: bus decoder, shared timeline counter, CALL arbiter and the PPUs (dtd).
 
 # Ref: openqlink docs/architecture.md (PPUCluster); openqlink.memory_map (PPU windows);
-# openqlink.gateware.bus (BusCommand, BusReadData, CallRequest).
+# openqlink.gateware.bus (BusCommand, BusReadData, call_request_layout).
 """
 
 from amaranth.hdl import Array, Cat, Module, Mux, Signal
@@ -9,7 +9,7 @@ from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ...memory_map import PPU_BASE, PPU_STRIDE, QSCParams
-from ..bus import READ_TAG_BITS, BusCommand, BusOp, BusReadData, CallRequest
+from ..bus import READ_TAG_BITS, BusCommand, BusOp, BusReadData, call_request_layout
 from .channels import PTDSignature
 from .core import LOCAL_ADDR_BITS, PPU
 
@@ -44,7 +44,7 @@ class PPUCluster(wiring.Component):
         flight; an answer is valid ``2 + PPU.READ_LATENCY`` cycles after its READ was taken).
     bus_rdata : ``Out(stream.Signature(BusReadData))``
         Exactly one answer per READ, in order, echoing the READ's tag.
-    call_req : ``Out(stream.Signature(CallRequest))``
+    call_req : ``Out(stream.Signature(call_request_layout(params.call_arg_bytes)))``
         The PPUs' CALL requests, arbitrated round robin (a request offered is held until taken).
     ptd : ``Out(PTDSignature(n_drive, n_readout, n_marker, samples_per_cycle)).array(num_ppus)``
         The physical interface of each PPU.
@@ -67,7 +67,7 @@ class PPUCluster(wiring.Component):
         super().__init__({
             "bus_cmd": In(stream.Signature(BusCommand)),
             "bus_rdata": Out(stream.Signature(BusReadData)),
-            "call_req": Out(stream.Signature(CallRequest)),
+            "call_req": Out(stream.Signature(call_request_layout(params.call_arg_bytes))),
             "ptd": Out(PTDSignature(n_drive, n_readout, n_marker, params.samples_per_cycle))
             .array(params.num_ppus),
             "now": Out(params.timeline_bits),

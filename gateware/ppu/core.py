@@ -57,7 +57,8 @@ path): 8 cycles (the results are registered once in the core).
 r0 reads 0; r1..r15 are 32-bit. PLAY/ACQUIRE/MARKER push ``{time = t + offset_cycles, ...}``
 into the channel's FIFO (stall while full); a channel number beyond the build's channels is an
 illegal instruction, as is an ACQUIRE with ``window_cycles == 0``, a CALL with
-``arg_bits > 32``, an ALU function beyond SRA, a BRANCH condition outside
+``arg_bits > 32`` or more argument bytes than the build's ``call_arg_bytes``, an ALU function
+beyond SRA (any ALU in a build without ``alu``), a BRANCH condition outside
 :class:`~openqlink.isa.Cond` and any unknown op.
 Scoreboard: each register has a count of ACQUIRE results still to land; an instruction that
 reads a pending register (ADD's and CALL's ``rs``, ALU's ``rs`` and ``rt``, BRANCH's ``rs`` unless
@@ -111,7 +112,7 @@ from ...memory_map import (
     QSCParams,
 )
 from .. import bram
-from ..bus import BusCommand, BusOp, BusReadData, CallRequest
+from ..bus import MAX_CALL_ARG_BYTES, BusCommand, BusOp, BusReadData, call_request_layout
 from ..logic import kept
 from .calib import ReadoutCalibration
 from .callunit import MAILBOX_WORDS, CallUnit
@@ -195,8 +196,8 @@ class PPU(wiring.Component):
     bus_rdata : ``Out(BusReadData)``
         The answer to a READ, valid :attr:`READ_LATENCY` cycles after the READ; ``error`` is
         set for an unmapped offset.
-    call_req : ``Out(stream.Signature(CallRequest))``
-        CALL requests.
+    call_req : ``Out(stream.Signature(call_request_layout(params.call_arg_bytes)))``
+        CALL requests, of at most ``params.call_arg_bytes`` argument bytes.
     ptd : ``Out(PTDSignature(n_drive, n_readout, n_marker, samples_per_cycle))``
         The physical interface.
     barrier_arrive : ``Out(1)``; barrier_mask : ``Out(16)``
@@ -229,7 +230,7 @@ class PPU(wiring.Component):
             "bus_valid": In(1),
             "bus_cmd": In(BusCommand),
             "bus_rdata": Out(BusReadData),
-            "call_req": Out(stream.Signature(CallRequest)),
+            "call_req": Out(stream.Signature(call_request_layout(params.call_arg_bytes))),
             "ptd": Out(PTDSignature(n_drive, n_readout, n_marker, params.samples_per_cycle)),
             "barrier_arrive": Out(1),
             "barrier_mask": Out(16),
@@ -267,7 +268,7 @@ class PPU(wiring.Component):
             for i, ch in enumerate(chans):
                 m.submodules[f"{kind}{i}"] = ch
                 m.d.comb += ch.now.eq(now)
-        m.submodules.call = call = CallUnit(self._index)
+        m.submodules.call = call = CallUnit(self._index, p.call_arg_bytes)
         wiring.connect(m, wiring.flipped(self.call_req), call.call_req)
 
         for i, ch in enumerate(drives):
@@ -547,7 +548,7 @@ class PPU(wiring.Component):
                             kept(m, zero(ins.operands.acquire.window_cycles, "window"),
                                  f"{name}_window_zero"),
                 Op.BRANCH: ~cond_legal,
-                Op.ALU: ins.operands.alu.func.as_value()[3],
+                Op.ALU: ins.operands.alu.func.as_value()[3] if p.alu else Const(1),
                 Op.CALL: arg_over,
             }
             illegal = ~known | Cat(*(is_[op] & kept(m, v, f"{name}_bad_{op.name.lower()}")
@@ -558,7 +559,7 @@ class PPU(wiring.Component):
 
             rd, rs = onehot(raw[8:12]), onehot(raw[12:16])
             alu = ins.operands.alu
-            rt = Mux(alu.use_rt, onehot(alu.rt), 0)
+            rt = Mux(alu.use_rt, onehot(alu.rt), 0) if p.alu else 0
             call_regs = (rd | rs | onehot(c.rs1) | onehot(c.rs2) | onehot(c.rs3) |
                          onehot(c.rd_hi))
             mask = (Mux(is_[Op.SET], rd, 0) | Mux(is_[Op.ADD], rd | rs, 0) |
@@ -693,42 +694,44 @@ class PPU(wiring.Component):
             rs_ok.eq(rs_part_ok & ~x_load),
         ]
 
-        # ALU: its second operand ``b_value`` (register ``rt``, read in two stages beside
-        # ``rs``, or the immediate) and then the result ``alu_res``, registered: ``alu_ok`` a
-        # cycle after both operands are final, so an ALU instruction takes 5 cycles and no
-        # shifter sits before the register write.
-        x_alu = x.operands.alu
-        x_rt = x_alu.rt
-        rt_part = Array(Signal(REGISTER_BITS, name=f"rt_part{k}") for k in range(4))
-        for k in range(4):
-            m.d.sync += rt_part[k].eq(Array(regs[4 * k:4 * k + 4])[x_rt[:2]])
-        b_value = Signal(REGISTER_BITS)
-        rt_part_ok = Signal()
-        rt_ok = Signal()
-        m.d.sync += [
-            rt_part_ok.eq((~x_alu.use_rt | ~busy.bit_select(x_rt, 1)) & ~x_load),
-            b_value.eq(Mux(x_alu.use_rt, rt_part[x_rt[2:]], x_alu.imm.as_unsigned())),
-            rt_ok.eq(rt_part_ok & ~x_load),
-        ]
+        # ALU (a build with ``alu``; without, ALU is an illegal instruction): its second
+        # operand ``b_value`` (register ``rt``, read in two stages beside ``rs``, or the
+        # immediate) and then the result ``alu_res``, registered: ``alu_ok`` a cycle after both
+        # operands are final, so an ALU instruction takes 5 cycles and no shifter sits before
+        # the register write.
         alu_res = Signal(REGISTER_BITS)
         alu_ok = Signal()
-        shamt = b_value[:5]
-        alu_out = {
-            AluFunc.ADD: rs_value + b_value,
-            AluFunc.SUB: rs_value - b_value,
-            AluFunc.AND: rs_value & b_value,
-            AluFunc.OR: rs_value | b_value,
-            AluFunc.XOR: rs_value ^ b_value,
-            AluFunc.SHL: rs_value << shamt,
-            AluFunc.SHR: rs_value >> shamt,
-            AluFunc.SRA: rs_value.as_signed() >> shamt,
-        }
-        assert set(alu_out) == set(AluFunc)
-        with m.Switch(x_alu.func):
-            for func, value in alu_out.items():
-                with m.Case(func):
-                    m.d.sync += alu_res.eq(value[:REGISTER_BITS])
-        m.d.sync += alu_ok.eq(rs_ok & rt_ok & ~x_load)
+        if p.alu:
+            x_alu = x.operands.alu
+            x_rt = x_alu.rt
+            rt_part = Array(Signal(REGISTER_BITS, name=f"rt_part{k}") for k in range(4))
+            for k in range(4):
+                m.d.sync += rt_part[k].eq(Array(regs[4 * k:4 * k + 4])[x_rt[:2]])
+            b_value = Signal(REGISTER_BITS)
+            rt_part_ok = Signal()
+            rt_ok = Signal()
+            m.d.sync += [
+                rt_part_ok.eq((~x_alu.use_rt | ~busy.bit_select(x_rt, 1)) & ~x_load),
+                b_value.eq(Mux(x_alu.use_rt, rt_part[x_rt[2:]], x_alu.imm.as_unsigned())),
+                rt_ok.eq(rt_part_ok & ~x_load),
+            ]
+            shamt = b_value[:5]
+            alu_out = {
+                AluFunc.ADD: rs_value + b_value,
+                AluFunc.SUB: rs_value - b_value,
+                AluFunc.AND: rs_value & b_value,
+                AluFunc.OR: rs_value | b_value,
+                AluFunc.XOR: rs_value ^ b_value,
+                AluFunc.SHL: rs_value << shamt,
+                AluFunc.SHR: rs_value >> shamt,
+                AluFunc.SRA: rs_value.as_signed() >> shamt,
+            }
+            assert set(alu_out) == set(AluFunc)
+            with m.Switch(x_alu.func):
+                for func, value in alu_out.items():
+                    with m.Case(func):
+                        m.d.sync += alu_res.eq(value[:REGISTER_BITS])
+            m.d.sync += alu_ok.eq(rs_ok & rt_ok & ~x_load)
 
         # Branch resolution: taken needs the target read and decoded first.
         act = Signal()
@@ -1016,21 +1019,31 @@ class PPU(wiring.Component):
         g_started = Signal()
         g_k = Signal(2)
         g_j = Signal(2)
-        g_p = Signal(5)                    # bytes chosen so far
+        n_args = p.call_arg_bytes
+        g_p = Signal(range(n_args + 1))    # bytes chosen so far
         g_stepping = Signal()
         g_last = Signal()                  # the step in ``s_*`` is the last
         g_done = Signal()
         s_valid = Signal()
         s_reg = Signal(4)
         s_j = Signal(2)
-        s_p = Signal(4)
+        s_p = Signal(range(max(n_args, 1)))
         s_mask = Signal(8)
-        call_args = Signal(128)
+        call_args = Signal(8 * n_args)
         go = ex & x_is[Op.CALL] & ~call_issued & ~blocked & ~g_started
         with m.If(go):
             m.d.sync += [g_started.eq(1), g_stepping.eq(xd.arg_nz.any()), g_k.eq(xd.arg_first),
                          g_j.eq(0), g_p.eq(0), g_done.eq(~xd.arg_nz.any())]
-        with m.If(g_stepping):
+        # A CALL with more argument bytes than the build's requests carry is an illegal
+        # instruction, found as its gathering reaches the byte past them (``g_over``; a
+        # count, not a sum in the decode).
+        g_over = Signal()
+        over = g_stepping & (g_p == n_args) if n_args < MAX_CALL_ARG_BYTES else Const(0)
+        with m.If(run & g_over):
+            m.d.comb += err_illegal.eq(1)
+        with m.If(over):
+            m.d.sync += [g_over.eq(1), g_stepping.eq(0), s_valid.eq(0), g_last.eq(0)]
+        with m.Elif(g_stepping):
             bits = arg_bits[g_k]
             # The next argument with bytes after ``g_k``.
             found, index = Const(0), Const(0, 2)
@@ -1059,17 +1072,19 @@ class PPU(wiring.Component):
         t_valid = Signal()
         t_word = Signal(REGISTER_BITS)
         t_j = Signal(2)
-        t_p = Signal(4)
+        t_p = Signal(range(max(n_args, 1)))
         t_mask = Signal(8)
         t_last = Signal()
         m.d.sync += [t_valid.eq(s_valid), t_word.eq(Array(regs)[s_reg]), t_j.eq(s_j),
                      t_p.eq(s_p), t_mask.eq(s_mask), t_last.eq(g_last)]
-        with m.If(t_valid):
-            m.d.sync += call_args.word_select(t_p, 8).eq(t_word.word_select(t_j, 8) & t_mask)
+        if n_args:
+            with m.If(t_valid):
+                m.d.sync += call_args.word_select(t_p, 8).eq(t_word.word_select(t_j, 8) & t_mask)
         with m.If(t_last):
             m.d.sync += g_done.eq(1)
         with m.If(x_load):
             m.d.sync += [g_started.eq(0), g_stepping.eq(0), g_done.eq(0), g_last.eq(0),
+                         g_over.eq(0),
                          s_valid.eq(0), g_p.eq(0), t_valid.eq(0), t_last.eq(0)]
         # The CALL unit takes its request while it is idle, every cycle; ``issue`` starts it.
         m.d.comb += [
@@ -1345,6 +1360,7 @@ class PPU(wiring.Component):
             "TRACE_STATUS": calib.status,
             "TRACE_COUNT": calib.count,
             "TRACE_DEPTH": Const(p.trace_depth, 32),
+            "CALL_ARG_BYTES": Const(p.call_arg_bytes, 32),
             **{f"R{i}": regs[i] for i in range(NUM_REGISTERS)},
         }
         word_values = [[Const(0, 32), Const(0, 32)] for _ in range(REGS_WORDS)]

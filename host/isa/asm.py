@@ -300,6 +300,10 @@ def _build_fault(op: Op, fields: Mapping[str, Any], params: QSCParams) -> tuple[
                               f"NCO (nco = False), so it must be 0")
     if op == Op.ACQUIRE and fields.get("window_cycles", 0) == 0:
         return "window_cycles", "window must be at least 1 cycle"
+    if op == Op.ALU and not params.alu:
+        return "func", (f"{op.name} is not in the build (alu = False): it has ADD of an "
+                        f"immediate (add rD, rS, IMM), LOOP and BRANCH, not the ALU's functions "
+                        f"of two registers or shifts")
     if op == Op.ALU:
         # Canonical words only: the operand that use_rt does not choose is 0, and a shift's
         # immediate amount is 0..31 (the gateware takes its low 5 bits).
@@ -312,9 +316,15 @@ def _build_fault(op: Op, fields: Mapping[str, Any], params: QSCParams) -> tuple[
                 and not 0 <= int(fields.get("imm", 0)) <= 31:
             return "imm", f"shift amount {fields['imm']} outside 0..31"
     if op == Op.CALL:
+        total = 0
         for _, name in _CALL_ARGS:
             if fields.get(name, 0) > MAX_CALL_ARG_BITS:
                 return name, f"argument bits {fields[name]} outside 0..{MAX_CALL_ARG_BITS}"
+            total += -(-int(fields.get(name, 0)) // 8)
+            if total > params.call_arg_bytes:
+                return name, (f"the arguments up to {name} take {total} bytes; the build's CALLs "
+                              f"carry at most {params.call_arg_bytes} (call_arg_bytes = "
+                              f"{params.call_arg_bytes})")
     return None
 
 

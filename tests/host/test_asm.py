@@ -829,6 +829,33 @@ def test_nco_operands_need_a_build_with_ncos(source, token, message):
     assert f"{message}: the build has no NCO (nco = False), so it must be 0" in str(err)
 
 
+@pytest.mark.parametrize("source", ["add r1, r2, r3", "sub r1, r2, 4", "shl r1, r1, 3",
+                                    "alu xor, r1, r2, r3"])
+def test_alu_needs_a_build_with_the_alu(source):
+    assert assemble(source).instructions           # the default build has the ALU
+    err = refused("; line 2\n" + source, params=QSCParams(alu=False))
+    assert err.line == 2
+    assert "ALU is not in the build (alu = False)" in str(err)
+
+
+def test_add_of_an_immediate_and_loop_need_no_alu():
+    src = "top:\n add r1, r2, 5\n add r1, r1, -1\n loop r1, top\n end"
+    assert assemble(src, params=QSCParams(alu=False)).instructions == \
+        assemble(src).instructions
+
+
+@pytest.mark.parametrize("source,token,total", [
+    ("call f(r1:8, r2:32) -> r3", "r2:32", 5),
+    ("call f(r1, r2:1) -> r3", "r2:1", 5),
+])
+def test_call_arguments_beyond_the_builds_bytes_are_refused(source, token, total):
+    src = source
+    assert assemble(src).instructions              # the default build carries 16 bytes
+    assert assemble("call f(r1:8, r2:24) -> r3", params=QSCParams(call_arg_bytes=4))
+    err = refused(src, params=QSCParams(call_arg_bytes=4))
+    assert f"take {total} bytes; the build's CALLs carry at most 4" in str(err)
+
+
 def test_zero_nco_operands_in_a_build_without_ncos():
     src = ("play 0, addr=0, len=4, amp=0.5, phase=0, freq=0, phase_reset=0\n"
            "play 0, addr=0, len=4, amp=0.5, phase=0deg, freq=0MHz\n"

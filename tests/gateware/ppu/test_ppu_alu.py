@@ -7,10 +7,13 @@ by the low 5 bits), the scoreboard for its registers, and LOOP's count and regis
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 from ppu_bench import (
+    PARAMS,
     acquire,
+    add,
     alu,
     end,
     loop,
@@ -162,3 +165,21 @@ def test_an_alu_function_beyond_sra_is_illegal():
 
     run(tb)
 
+
+
+def test_a_build_without_the_alu_refuses_it_and_keeps_add_and_loop():
+    """``alu=False`` (the Colorlight's build): any ALU word is illegal; ADD of an immediate and
+    LOOP (ADD's adder) still run."""
+    params = replace(PARAMS, alu=False)
+
+    async def tb(ctx, dut):
+        await start(ctx, dut, [set_(1, 3), set_(2, 0), add(2, 2, 5), loop(1, 2),
+                               alu(AluFunc.ADD, 3, 2, rt=2), end()])
+        st = await wait_state(ctx, dut, 0, PPUState.ERROR)
+        assert st.illegal_instruction
+        assert await read_reg(ctx, dut, 0, "PC") == 4
+        assert await read_reg(ctx, dut, 0, "R2") == 15
+        assert await read_reg(ctx, dut, 0, "R1") == 0
+        assert await read_reg(ctx, dut, 0, "R3") == 0
+
+    run(tb, params=params)

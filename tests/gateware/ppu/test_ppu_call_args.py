@@ -7,8 +7,10 @@ schema's ``size_bytes``); result bytes 0..3 go to ``rd`` and 4..7 to ``rd_hi``.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
-from ppu_bench import acquire, call, end, read_reg, send_response, set_, wait_state
+from ppu_bench import PARAMS, acquire, call, end, read_reg, send_response, set_, wait_state
 from test_ppu_cluster import FID, _take_request, run, start
 
 from openqlink.isa.layout import PPUState
@@ -135,3 +137,43 @@ def test_each_argument_byte_costs_one_cycle():
 
     run(tb)
     assert {n: offered[n] - offered[0] for n in (1, 4, 9)} == {1: 3, 4: 6, 9: 11}, offered
+
+
+@pytest.mark.parametrize("arg_bytes", [0, 4, 5])
+def test_a_build_with_fewer_argument_bytes_sends_as_many_and_refuses_more(arg_bytes):
+    """``call_arg_bytes``: a CALL of that many bytes is sent whole; one byte more is an illegal
+    instruction that sends nothing (found as the gathering reaches the byte past them)."""
+    params = replace(PARAMS, call_arg_bytes=arg_bytes)
+    values = [0x11223344, 0x55667788, 0x99AABBCC]
+    # Arguments of 8, 24 and 16 bits: the first ``arg_bytes`` bytes of them, then one more.
+    fits = {0: {}, 4: {"rs1": 2, "arg1_bits": 24}, 5: {"rs1": 2, "arg1_bits": 32}}[arg_bytes]
+    fits_bits = 0 if arg_bytes == 0 else 8
+    # ... and a 1-bit argument after them.
+    over = {**fits, "rs2": 3, "arg2_bits": 1} if arg_bytes else {}
+    over_bits = fits_bits if arg_bytes else 1
+    regs = [0, *values]
+    want = packed([(regs[1], fits_bits), (regs[2], fits.get("arg1_bits", 0))])
+    assert len(want) == arg_bytes
+
+    async def tb(ctx, dut):
+        setup = [set_(i + 1, signed32(v)) for i, v in enumerate(values)]
+        await start(ctx, dut, [*setup, call(5, 1, fits_bits, FID, **fits), end()], lead=40)
+        assert await read_reg(ctx, dut, 0, "CALL_ARG_BYTES") == arg_bytes
+        req, _ = await _take_request(ctx, dut)
+        assert req.arg_len == arg_bytes
+        got = int(req.args).to_bytes(16, "little")[:arg_bytes]
+        assert got == want, (got.hex(), want.hex())
+        await send_response(ctx, dut, 0, Response(0, req.request_id, 0, b"\x07"))
+        await wait_state(ctx, dut, 0, PPUState.DONE)
+        assert await read_reg(ctx, dut, 0, "CALL_COUNT") == 1
+
+        await start(ctx, dut, [*setup, call(5, 1, over_bits, FID, **over), end()], lead=40)
+        st = await wait_state(ctx, dut, 0, PPUState.ERROR)
+        assert st.illegal_instruction
+        assert await read_reg(ctx, dut, 0, "PC") == len(setup)
+        for _ in range(20):
+            assert not ctx.get(dut.call_req.valid)
+            await ctx.tick()
+        assert await read_reg(ctx, dut, 0, "CALL_COUNT") == 1
+
+    run(tb, params=params)

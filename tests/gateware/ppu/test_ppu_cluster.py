@@ -1179,6 +1179,8 @@ def test_bus_read_every_register_and_memory():
             value = (value >> (32 * ((r.offset >> 2) & 1))) & 0xFFFFFFFF
             if r.name == "TRACE_DEPTH":                             # the build's
                 assert value == PARAMS.trace_depth
+            elif r.name == "CALL_ARG_BYTES":
+                assert value == PARAMS.call_arg_bytes
             elif r.name not in ("TIMELINE_LO", "TIMELINE_HI", "UPLOAD_WORDS"):
                 assert value == r.reset, r.name
         assert await read_reg(ctx, dut, 1, "UPLOAD_WORDS") == 4     # the writes above
