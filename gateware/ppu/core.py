@@ -493,6 +493,7 @@ class PPU(wiring.Component):
             "arg_bytes": 4 * 3,            # CALL: each argument's bytes, ceil(bits / 8) ...
             "arg_nz": 4,                   # ... whether it has any
             "arg_first": 2,                # ... the first argument that has
+            "win_m1": 16,                  # ACQUIRE: window_cycles - 1, the last cycle's offset
             "loop": 1,                     # BRANCH with Cond.DBNZ: writes rs - 1 to rs
             "wrd": 4,                      # the register an instruction writes (LOOP: rs)
         })
@@ -597,6 +598,7 @@ class PPU(wiring.Component):
                 "arg_bytes": arg_bytes,
                 "arg_nz": arg_nz,
                 "arg_first": arg_first,
+                "win_m1": (ins.operands.acquire.window_cycles - 1)[:16],
                 "loop": is_loop,
                 "wrd": Mux(is_loop, raw[12:16], raw[8:12]),
             }
@@ -795,7 +797,7 @@ class PPU(wiring.Component):
         # iff ``x_valid & br_taken`` (two flip-flops, where ``load_tgt`` is a net across the
         # stage's hundreds of multiplexers).
         ctl_tgt = x_valid & br_taken
-        wide = {"arg_bytes", "arg_nz", "arg_first"}
+        wide = {"arg_bytes", "arg_nz", "arg_first", "win_m1"}
         with m.If(x_open):
             m.d.sync += [
                 x_raw.eq(Mux(load_tgt, tgt_insn, f_insn)),
@@ -955,7 +957,8 @@ class PPU(wiring.Component):
         # next instruction is checked two cycles after the push at the earliest).
         accepted = []
         window_last = Signal(tb)
-        m.d.sync += window_last.eq(add_small(x_time, (x.operands.acquire.window_cycles - 1)[:16]))
+        # ``window_cycles - 1`` comes decoded (``win_m1``): one carry chain between flip-flops.
+        m.d.sync += window_last.eq(add_small(x_time, xd.win_m1))
         # ``now_last``/``now_seen``: each channel's values as the instruction entering the
         # execute stage must see them.
         now_last, now_seen = [], []
