@@ -251,6 +251,7 @@ PROFILES: dict[str, BoardProfile] = {p.name: p for p in (
         keeps="2 PPUs with the default 1024-instruction ring and 4096-sample envelopes",
         cable="ft2232",
         rgmii_rx_delay_ns=0.0,
+        placer="static",
     ),
     BoardProfile(
         name="butterstick",
