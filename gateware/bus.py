@@ -86,9 +86,10 @@ def call_request_layout(arg_bytes: int = MAX_CALL_ARG_BYTES):
     The PPUs and the crossing to the network core carry requests of at most the build's
     ``QSCParams.call_arg_bytes`` (0..16) argument bytes: ``arg_len`` is ``range(arg_bytes + 1)``
     wide and ``args`` ``8 * arg_bytes`` bits, the other fields as in :class:`CallRequest`
-    (``73 + 8 * arg_bytes + bits(arg_len)`` bits). The network core takes :class:`CallRequest`;
-    the top zero-extends the fields into it. ``arg_bytes == MAX_CALL_ARG_BYTES`` gives
-    :class:`CallRequest` itself. Raises ``ValueError`` for ``arg_bytes`` outside 0..16.
+    (``68 + bits(arg_len) + 8 * arg_bytes`` bits: 103 for 4 bytes, 201 for 16). The network
+    core takes :class:`CallRequest`; the top zero-extends the fields into it.
+    ``arg_bytes == MAX_CALL_ARG_BYTES`` gives :class:`CallRequest` itself. Raises ``ValueError``
+    for ``arg_bytes`` outside 0..16.
     """
     if not 0 <= arg_bytes <= MAX_CALL_ARG_BYTES:
         raise ValueError(f"arg_bytes must be 0..{MAX_CALL_ARG_BYTES}, not {arg_bytes}")
