@@ -95,10 +95,6 @@ def call_request_layout(arg_bytes: int = MAX_CALL_ARG_BYTES):
         raise ValueError(f"arg_bytes must be 0..{MAX_CALL_ARG_BYTES}, not {arg_bytes}")
     if arg_bytes == MAX_CALL_ARG_BYTES:
         return CallRequest
-    return data.StructLayout({
-        "ppu": unsigned(4),
-        "function_id": unsigned(32),
-        "request_id": unsigned(32),
-        "arg_len": unsigned(arg_bytes.bit_length()),
-        "args": unsigned(8 * arg_bytes),
-    })
+    fields = {name: field.shape for name, field in data.Layout.cast(CallRequest)}
+    fields.update(arg_len=unsigned(arg_bytes.bit_length()), args=unsigned(8 * arg_bytes))
+    return data.StructLayout(fields)

@@ -30,7 +30,7 @@ Reset and clock robustness: a domain in reset or without a clock never wedges th
 from __future__ import annotations
 
 from amaranth.hdl import DomainRenamer, Module, Signal
-from amaranth.lib import stream, wiring
+from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ..memory_map import QSCParams
@@ -178,8 +178,7 @@ class QSCTop(wiring.Component):
         m.d.comb += [
             net.call_req.valid.eq(call_cdc.r.valid),
             call_cdc.r.ready.eq(net.call_req.ready),
-            *(getattr(req_out, f).eq(getattr(req_in, f))
-              for f in ("ppu", "function_id", "request_id", "arg_len", "args")),
+            *(req_out[name].eq(req_in[name]) for name, _ in data.Layout.cast(req_in.shape())),
         ]
         return m
 

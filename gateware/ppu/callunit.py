@@ -117,7 +117,6 @@ class CallUnit(wiring.Component):
             raise ValueError(f"ppu must be 0..15, not {ppu}")
         layout = call_request_layout(arg_bytes)
         self._ppu = ppu
-        self.arg_bytes = arg_bytes
         super().__init__({
             "issue": In(1),
             "function_id": In(32),
