@@ -145,7 +145,7 @@ def test_a_build_with_fewer_argument_bytes_sends_as_many_and_refuses_more(arg_by
     instruction that sends nothing (found as the gathering reaches the byte past them)."""
     params = replace(PARAMS, call_arg_bytes=arg_bytes)
     values = [0x11223344, 0x55667788, 0x99AABBCC]
-    # Arguments of 8, 24 and 16 bits: the first ``arg_bytes`` bytes of them, then one more.
+    # Arguments of ``arg_bytes`` bytes in all (8 bits of r1, then 24 or 32 of r2) ...
     fits = {0: {}, 4: {"rs1": 2, "arg1_bits": 24}, 5: {"rs1": 2, "arg1_bits": 32}}[arg_bytes]
     fits_bits = 0 if arg_bytes == 0 else 8
     # ... and a 1-bit argument after them.
