@@ -906,9 +906,13 @@ class PPU(wiring.Component):
         # ---- Core: execute stage -----------------------------------------------------------
         push = {kind: Signal(len(sel), name=f"push_{kind}") for kind, sel in x_sel.items()}
         chans = {"drive": drives, "readout": readouts, "marker": markers}
-        ready_sel = Signal()
-        m.d.comb += ready_sel.eq(Cat(*(
-            x_sel[kind] & Cat(*(ch.event.ready for ch in chans[kind])) for kind in chans)).any())
+        # ``ready_sel``: the selected channel's queue takes the event (its ``ready`` is a
+        # flip-flop). Kept apart from each queue's push (``ex`` AND'ed with the same select),
+        # so that synthesis does not build the stall from the pushes, whose LUTs sit by the
+        # queues, across the die from the core.
+        ready_sel = kept(m, Cat(*(
+            x_sel[kind] & Cat(*(ch.event.ready for ch in chans[kind])) for kind in chans)).any(),
+            "ready_sel")
         for kind, chs in chans.items():
             m.d.comb += push[kind].eq(Mux(ex, x_sel[kind], 0))
             for i, ch in enumerate(chs):
@@ -1311,15 +1315,21 @@ class PPU(wiring.Component):
         imem_locked = Mux(trig_accept, lock_trig, active & lock_range)
         with m.If(imem_write & imem_locked):
             m.d.sync += imem_refused.eq(imem_refused + 1)
-        counted = (imem_write & ~imem_locked) | (is_write & (region == WindowRegion.ENV))
-        m.d.sync += upload_words.eq(Mux(trig_accept, 0, upload_words) + counted)
+        # The word counted with each outcome of the trigger stage, so that the carry chain's
+        # input is two LUTs from flip-flops and the trigger's choice comes after the chain
+        # (an accepted trigger restarts the count from the write beside it).
+        env_write = is_write & (region == WindowRegion.ENV)
+        counted_if_accepted = (imem_write & ~lock_trig) | env_write
+        counted_if_not = (imem_write & ~(active & lock_range)) | env_write
+        m.d.sync += upload_words.eq(Mux(trig_accept, counted_if_accepted,
+                                        upload_words + counted_if_not))
         m.d.comb += [
             imem_w.addr.eq(off[1:]),
             imem_w.data.eq(Cat(cmd.data, cmd.data)),
             imem_w.en.eq(Mux(imem_write & ~imem_locked, Mux(off[0], cmd.be << 8, cmd.be), 0)),
             env_w.addr.eq(off),
             env_w.data.eq(cmd.data),
-            env_w.en.eq(Mux(is_write & (region == WindowRegion.ENV), cmd.be, 0)),
+            env_w.en.eq(Mux(env_write, cmd.be, 0)),
             imem_bus_r.addr.eq(off[1:]),
             env_bus_r.addr.eq(off),
         ]
