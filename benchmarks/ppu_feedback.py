@@ -6,8 +6,9 @@ into the PPU to the first sample of the conditional output, here the first DAC s
 It is measured, not computed: the program ``acquire`` / ``beq`` / ``play`` (or ``marker``) is
 run with the output's offset ``L`` cycles after the window's last sample, for ``L`` = 1, 2, ...;
 the latency is the smallest ``L`` that the PPU plays on time (no LATE), for the branch taken and
-not taken. Both builds are measured: the boards' (no NCOs, the design that meets the boards'
-timing) and the simulation build's (NCOs and demodulation, one cycle more).
+not taken. Each board's build is measured with its profile's parameters (``qlink build
+--board NAME`` builds the same PPU: no NCOs), and the simulation build's (NCOs and
+demodulation, one cycle more).
 
 Sustained rate: ``N`` events for one channel ``d`` cycles apart, from a start 60 cycles ahead;
 the smallest ``d`` at which every one plays on time gives the events per DTD cycle that the core
@@ -30,7 +31,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gateware
 
 from ppu_bench import (  # noqa: E402  (the bench lives beside the tests that use it)
     NCO_PARAMS,
-    PARAMS,
     Monitor,
     acquire,
     branch,
@@ -44,6 +44,7 @@ from ppu_bench import (  # noqa: E402  (the bench lives beside the tests that us
     upload_env,
 )
 
+from openqlink.gateware.boards.profiles import PROFILES  # noqa: E402
 from openqlink.isa.layout import Cond, PPUState  # noqa: E402
 from openqlink.memory_map import QSCParams  # noqa: E402
 
@@ -121,7 +122,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--events", type=int, default=200)
     args = ap.parse_args()
-    builds = (("boards (no NCO)", PARAMS), ("simulation (NCO)", NCO_PARAMS))
+    builds = [*((f"{name} (board build, no NCO)", prof.params) for name, prof in PROFILES.items()),
+              ("simulation (NCO)", NCO_PARAMS)]
     print("| build | output | branch | latency (DTD cycles) | at 125 MHz (ns) | at 250 MHz (ns) |")
     print("|---|---|---|---|---|---|")
     for name, params in builds:

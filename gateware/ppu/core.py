@@ -761,6 +761,10 @@ class PPU(wiring.Component):
         x_base = Signal(tb)
         x_cycles = Signal(32)
         x_cycles_p = Signal(33)
+        # The adder's second operand: ADD's immediate, or -1 for LOOP (which writes rs - 1 as
+        # its BRANCH retires, after the wide fields took the next instruction), loaded with
+        # the control: the carry chain starts at flip-flops.
+        x_addend = Signal(32)
 
         def plus_2_16(cycles):
             return Cat(cycles[:16], cycles[16:] + 1)
@@ -833,6 +837,9 @@ class PPU(wiring.Component):
                 x_ok.eq(~Mux(ctl_tgt, tgt_dec.illegal, f_dec.illegal)),
                 x_target.eq(Mux(ctl_tgt, Instruction(tgt_insn).operands.branch.target[:pc_bits],
                                 Instruction(f_insn).operands.branch.target[:pc_bits])),
+                x_addend.eq(Mux(ctl_tgt,
+                                Mux(tgt_dec.loop, -1, Instruction(tgt_insn).operands.add.imm),
+                                Mux(f_dec.loop, -1, Instruction(f_insn).operands.add.imm))),
                 *(getattr(xd, k).eq(Mux(ctl_tgt, getattr(tgt_dec, k), getattr(f_dec, k)))
                   for k in decoded.members if k not in wide),
                 call_issued.eq(0),
@@ -1127,12 +1134,11 @@ class PPU(wiring.Component):
                              (~br_taken | tgt_dec_valid | tgt_none)))),
             core_we.eq(ex & writes),
             core_wrd.eq(Mux(call_hi, o.rd_hi, xd.wrd)),
-            # ADD's adder also decrements LOOP's rs (the choice of the addend shares the
-            # adder's LUTs).
+            # ADD's adder also decrements LOOP's rs (``x_addend``).
             core_wdata.eq(Mux(x_is[Op.CALL], Mux(call_hi, call.result[32:], call.result[:32]),
                               Mux(x_is[Op.ALU], alu_res,
                                   Mux(x_is[Op.SET], x.operands.set.imm,
-                                      rs_value + Mux(xd.loop, -1, x.operands.add.imm))))),
+                                      rs_value + x_addend)))),
         ]
         with m.If(ex):
             with m.If(x_is[Op.END]):
