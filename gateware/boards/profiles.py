@@ -264,6 +264,7 @@ PROFILES: dict[str, BoardProfile] = {p.name: p for p in (
                            doc="SYZYGY0 single-ended S0.., VIO0 set to 3.3 V by the board top"),
         keeps="2 PPUs with the default 1024-instruction ring and 4096-sample envelopes",
         dfu=(0x1209, 0x5AF1),
+        placer="static",
     ),
 )}
 
