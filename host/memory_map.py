@@ -224,7 +224,9 @@ COUNTERS_BASE = 0x100
 #: QP context of PPU ``n`` at ``QP_BASE + QP_STRIDE * n``.
 QP_REGISTERS: tuple[Register, ...] = (
     _R("QSC_QPN", 0x00, Access.RO, 0, "QPN of this PPU's QP (qpn_base + n)"),
-    _R("HOST_QPN", 0x04, Access.RW, 0, "DestQP of requests: the host's QP for this PPU"),
+    _R("HOST_QPN", 0x04, Access.RW, 0,
+       "DestQP of requests: the host's QP for this PPU; a write restarts the QP (a host "
+       "configuring it): TX_PSN, RX_EPSN and the next request's ring slot return to 0"),
     _R("HOST_RKEY", 0x08, Access.RW, 0, "R_Key of the host's request ring"),
     _R("RING_VA_HI", 0x0C, Access.RW, 0, "Host ring base VA bits [63:32] (iova 0: keep 0)"),
     _R("RING_VA_LO", 0x10, Access.RW, 0, "Host ring base VA bits [31:0]"),

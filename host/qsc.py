@@ -265,7 +265,9 @@ class QSC:
                   env_rkey: int | None = None, regs_rkey: int | None = None) -> UCQueuePair:
         """Set up PPU ``ppu``'s QP contract on both sides; return the host QP.
 
-        Writes HOST_MAC_HI/LO and HOST_IP, then the PPU's QP context: HOST_QPN, HOST_RKEY (the
+        Writes HOST_MAC_HI/LO and HOST_IP, then the PPU's QP context: HOST_QPN (which restarts
+        the QSC's side of the QP: its next request goes with PSN 0 into slot 0, as a new host QP
+        and dispatcher expect, however many the QP carried before), HOST_RKEY (the
         ring's), RING_VA_HI/LO (0: the ring is registered with iova 0), NUM_SLOTS and SLOT_SIZE
         (when ``ring`` is given, with the PPU's CALL_SLOTS: at most that many CALLs outstanding,
         and none held from before), IMEM_RKEY, ENV_RKEY, REGS_RKEY; reads QSC_QPN. Then makes the

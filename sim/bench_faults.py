@@ -19,7 +19,7 @@ from cocotb.triggers import Timer
 
 from ..dispatch import SlotRing
 from ..isa import PPUState, assemble
-from ..memory_map import IMEM_OFFSET, ppu_base
+from ..memory_map import IMEM_OFFSET, ppu_base, ppu_reg, qp_reg
 from ..qsc import QSC
 from ..wire.packet import build_roce_frame, parse_frame
 from ..wire.roce import Opcode
@@ -115,6 +115,49 @@ def lost_upload_session(tb: TB) -> dict:
     return out
 
 
+RECONNECT_PROGRAM = "set r1, 7\ncall f(r1:8) -> r2\nend"
+
+
+def reconnect_session(tb: TB) -> dict:
+    """A host that restarts: three CALLs, none answered (each run stops with call_timeout),
+    take the QSC's side of PPU 0's QP to PSN 3 and slot 3; then a new host (a new QSC
+    object, ring and QP) configures the QP again, and its first request must arrive with
+    PSN 0 in slot 0, where the new ring and dispatcher expect it."""
+    program = assemble(RECONNECT_PROGRAM, params=tb.params)
+
+    def run(qsc: QSC) -> str:
+        qsc.control.write(ppu_reg(0, "CALL_TIMEOUT_CYCLES"), 300)
+        qsc.upload_program(0, program.to_bytes())
+        qsc.trigger(0, qsc.timeline(0) + 2000, len(program.instructions))
+        while (st := qsc.status(0)).state not in (PPUState.DONE, PPUState.ERROR):
+            tb._sleep_ns(2000)
+        return "call_timeout" if st.call_timeout else PPUState(st.state).name
+
+    def psns(qsc: QSC) -> list[int]:
+        return [qsc.control.read(qp_reg(0, name)) for name in ("TX_PSN", "RX_EPSN")]
+
+    out: dict = {"first_host": [run(tb.qsc) for _ in range(3)], "psns_before": psns(tb.qsc)}
+    # The bench steers the QSC's RoCE frames as a NIC would (``tb._roce_in``); the first
+    # host's requests are gone with it.
+    out["first_host_requests"] = len(tb._roce_in)
+    tb._roce_in.clear()
+    ring = SlotRing(tb.cfg["num_slots"], tb.cfg["slot_size"])
+    new = QSC(tb.transport, params=tb.params, host_mac=tb.cfg["host_mac"],
+              host_ip=tb.cfg["host_ip"])
+    new.connect()
+    new.configure(0, ring)
+    out["psns_configured"] = psns(new)
+    out["new_host"] = run(new)
+    out["new_host_requests"] = len(tb._roce_in)
+    for _, frame in tb._roce_in:
+        new.handle_frame(frame)
+    tb._roce_in.clear()
+    out["new_ring_ready_slots"] = [s for s in range(ring.num_slots) if ring.ready(s)]
+    out["new_qp_rx_epsn"] = new.qp(0).rx_epsn
+    tb.qsc = new
+    return out
+
+
 def host_session(tb: TB) -> dict:
     qsc = tb.qsc
     qsc.connect()
@@ -176,5 +219,6 @@ async def inject_faults(dut):
                  host_ip=cfg["host_ip"])
     results = await bridge(host_session)(tb)
     results["lost_upload"] = await bridge(lost_upload_session)(tb)
+    results["reconnect"] = await bridge(reconnect_session)(tb)
     await Timer(1, "us")
     Path(cfg["results"]).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")

@@ -142,6 +142,8 @@ class NetworkCore(wiring.Component):
             tx.timestamp.eq(timebase.timestamp),
             regs.rx_epsn.eq(rx.epsn),
             regs.tx_psn.eq(tx.tx_psn),
+            rx.qp_reset.eq(regs.qp_reset),
+            tx.qp_reset.eq(regs.qp_reset),
             tx_count[COUNTER_INDEX["TX_FRAMES"]].eq(tx.sent_frame),
             tx_count[COUNTER_INDEX["TX_RPC_REQUESTS"]].eq(tx.sent_rpc),
             regs.inc[0].eq(rx.count),

@@ -142,6 +142,10 @@ class NetRegisters(wiring.Component):
         Next PSN the TX builder sends on each QP, read back as TX_PSN.
     rx_epsn : In(ArrayLayout(24, num_ppus))
         Next PSN the receiver expects on each QP, read back as RX_EPSN.
+    qp_reset : Out(num_ppus)
+        Bit ``n`` is high for one cycle, the cycle after a write of QP ``n``'s HOST_QPN (a
+        host configuring the QP): the TX builder and the receiver restart the QP (PSNs and
+        ring slot at 0).
     inc : In(ArrayLayout(NUM_COUNTERS, num_inc_sources))
         Counter increment strobes: bit ``i`` of any source adds one to counter ``i``
         (:data:`openqlink.memory_map.COUNTERS` order). Counters are 32 bits and wrap. Every
@@ -180,6 +184,7 @@ class NetRegisters(wiring.Component):
             "qp": Out(data.ArrayLayout(QPContext, n)),
             "tx_psn": In(data.ArrayLayout(24, n)),
             "rx_epsn": In(data.ArrayLayout(24, n)),
+            "qp_reset": Out(n),
             "inc": In(data.ArrayLayout(NUM_COUNTERS, num_inc_sources)),
         })
 
@@ -198,6 +203,9 @@ class NetRegisters(wiring.Component):
 
         # address -> (read value, storage signal or None)
         entries: dict[int, tuple] = {}
+        # storage signal -> the strobe that its write pulses (a QP's HOST_QPN: ``qp_reset``)
+        strobes: dict[int, Value] = {}
+        m.d.sync += self.qp_reset.eq(0)
 
         glob: dict[str, Signal] = {}
         for reg in GLOBAL_REGISTERS:
@@ -230,6 +238,8 @@ class NetRegisters(wiring.Component):
                                  name=f"qp{n}_{reg.name.lower()}")
                     regs[reg.name] = sig
                     entries[addr] = (sig, sig if reg.access is Access.RW else None)
+                    if reg.name == "HOST_QPN":
+                        strobes[id(sig)] = self.qp_reset[n]
             qpregs.append(regs)
 
         # The entries by 64-byte window. Stage 1 registers, per window, whether ``addr`` lies
@@ -267,6 +277,8 @@ class NetRegisters(wiring.Component):
                         if storage is not None:
                             with m.Case(slot):
                                 m.d.sync += storage.eq(port.w_data)
+                                if id(storage) in strobes:
+                                    m.d.sync += strobes[id(storage)].eq(1)
             r_data = r_data | Mux(in_w, w_data, 0)
             hit = hit | (in_w & w_hit)
         # the counters: stage 1 is the bank's registered read, the region match and its gate

@@ -462,6 +462,9 @@ class RoCEReceiver(wiring.Component):
     epsn : Out(ArrayLayout(24, num_ppus))
         Next PSN expected on each PPU's QP (RX_EPSN), updated 1 cycle after an accepted
         packet's decision.
+    qp_reset : In(num_ppus)
+        Bit ``n`` restarts PPU ``n``'s QP (a host configured it): its ``epsn`` returns to 0,
+        over an update in the same cycle.
     count : Out(NUM_COUNTERS)
         Counter increment strobes (RX_FRAMES, RX_ROCE_ACCEPTED, RX_RPC_RESPONSES, PSN_GAP and the
         DROP_* counters), at most one frame decided per cycle.
@@ -496,6 +499,7 @@ class RoCEReceiver(wiring.Component):
             "busy": Out(1),
             "ctrl_req": Out(stream.Signature(ControlRequest)),
             "epsn": Out(data.ArrayLayout(24, n)),
+            "qp_reset": In(n),
             "count": Out(NUM_COUNTERS),
         })
 
@@ -1016,6 +1020,8 @@ class RoCEReceiver(wiring.Component):
         for n in range(num_ppus):
             with m.If(epsn_we[n]):
                 m.d.sync += epsn[n].eq(epsn_next)
+            with m.If(self.qp_reset[n]):
+                m.d.sync += epsn[n].eq(0)
         # A control request is written in the cycle after the decision, from registers: the
         # queue's level logic sits between this stage and the control plane, and no path joins
         # the two through it. ``w_rdy`` read at the decision still holds a cycle later (only a

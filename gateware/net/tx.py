@@ -142,6 +142,9 @@ class TxBuilder(wiring.Component):
     timestamp : In(64)
         From :class:`~openqlink.gateware.net.timebase.Timebase`, already in the configured
         format; sampled into ``ptp_timestamp`` in the cycle the request is taken.
+    qp_reset : In(num_ppus)
+        Bit ``n`` restarts PPU ``n``'s QP (a host configured it): its next request goes with
+        PSN 0 into slot 0. A request taken before keeps the PSN and slot it was given.
     call_req : In(stream.Signature(CallRequest))
         RPC requests of the PPUs: ``arg_len`` 0..16 argument bytes from ``args`` (128 bits,
         byte i at bits [8i+7:8i]; the bytes from ``arg_len`` up are sent as zeros). A request
@@ -193,6 +196,7 @@ class TxBuilder(wiring.Component):
             "config": In(NetConfig),
             "qp": In(data.ArrayLayout(QPContext, num_ppus)),
             "timestamp": In(64),
+            "qp_reset": In(num_ppus),
             "call_req": In(stream.Signature(CallRequest)),
             "ctrl_reply": In(stream.Signature(ControlReply)),
             "tx": Out(packet_signature(params.data_width_bits)),
@@ -383,6 +387,13 @@ class TxBuilder(wiring.Component):
             with m.If(self.qp[n].slot_size != size_seen[n]):
                 m.d.sync += [slot_ctr[n].eq(0), off_ctr[n].eq(0),
                              size_seen[n].eq(self.qp[n].slot_size)]
+                with m.If(ppu == n):
+                    m.d.sync += advance.eq(0)
+        # A QP restarted by its host: PSN and slot from 0, over the take's increment and any
+        # advance of a request taken before.
+        for n in range(self.num_ppus):
+            with m.If(self.qp_reset[n]):
+                m.d.sync += [slot_ctr[n].eq(0), off_ctr[n].eq(0), self.tx_psn[n].eq(0)]
                 with m.If(ppu == n):
                     m.d.sync += advance.eq(0)
 

@@ -158,6 +158,19 @@ def test_a_lost_upload_packet_never_runs_a_stale_program(faults):
     assert lost["verified"] == {"state": "DONE", "trigger_incomplete": 0, "r1": 5, "r2": 6}
 
 
+def test_a_restarted_host_gets_its_first_call_in_slot_0(faults):
+    """Configuring a QP again (a host that restarted) restarts the QSC's side of it: after
+    three requests (PSN 3, slot 3), the new host's first request arrives with PSN 0 in slot 0
+    of its new ring, against the gateware."""
+    rc = faults["reconnect"]
+    assert rc["first_host"] == ["call_timeout"] * 3 and rc["first_host_requests"] == 3
+    assert rc["psns_before"][0] == 3
+    assert rc["psns_configured"] == [0, 0]
+    assert rc["new_host"] == "call_timeout" and rc["new_host_requests"] == 1
+    assert rc["new_ring_ready_slots"] == [0]
+    assert rc["new_qp_rx_epsn"] == 1
+
+
 def test_results_json_has_the_documented_keys(run_one):
     results, out = run_one
     data = json.loads((out / "a.json").read_text())

@@ -146,6 +146,37 @@ def test_psn_readback():
     simulate(tb)
 
 
+def test_a_host_qpn_write_restarts_that_qp_alone():
+    """A write of QP ``n``'s HOST_QPN (a host configuring the QP) pulses ``qp_reset`` bit ``n``
+    for one cycle, the cycle after the write; writes of other registers, of another QP's
+    registers and reads pulse nothing."""
+    async def tb(ctx, dut):
+        seen = []
+
+        async def step(addr, value=None):
+            ctx.set(dut.port.addr, addr)
+            ctx.set(dut.port.w_data, value or 0)
+            await ctx.tick()
+            ctx.set(dut.port.w_en, value is not None)
+            seen.append(ctx.get(dut.qp_reset))
+            await ctx.tick()
+            ctx.set(dut.port.w_en, 0)
+            for _ in range(3):
+                seen.append(ctx.get(dut.qp_reset))
+                await ctx.tick()
+
+        for addr, value, pulses in ((qp_reg(1, "HOST_QPN"), 0x123, [0b010]),
+                                    (qp_reg(2, "HOST_QPN"), 0x456, [0b100]),
+                                    (qp_reg(1, "HOST_RKEY"), 0x789, []),
+                                    (qp_reg(0, "NUM_SLOTS"), 4, []),
+                                    (global_reg("HOST_IP"), 1, []),
+                                    (qp_reg(0, "HOST_QPN"), None, [])):
+            seen.clear()
+            await step(addr, value)
+            assert [v for v in seen if v] == pulses, (hex(addr), seen)
+    simulate(tb)
+
+
 def test_counters_sum_all_sources():
     async def tb(ctx, dut):
         frames = COUNTER_INDEX["RX_FRAMES"]

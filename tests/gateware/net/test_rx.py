@@ -67,6 +67,7 @@ class RxHarness(wiring.Component):
             dut.qp.eq(regs.qp),
             regs.inc[0].eq(dut.count),
             regs.rx_epsn.eq(dut.epsn),
+            dut.qp_reset.eq(regs.qp_reset),
         ]
         return m
 
@@ -95,8 +96,9 @@ COUNTER_NAMES = ["RX_FRAMES", "RX_ROCE_ACCEPTED", "DROP_ETH", "DROP_IP", "DROP_U
 
 
 def run_rx(frames, *, params=PARAMS, ready=lambda c: True, gap=0, rng=None, setup=None,
-           settle=80, ctrl_ready=lambda c: True, **kw):
-    """Drive ``frames``; return (bus commands, control requests, counters, epsn list)."""
+           settle=80, ctrl_ready=lambda c: True, after=None, **kw):
+    """Drive ``frames``; return (bus commands, control requests, counters, epsn list).
+    ``setup(ctx, regs)`` runs before the frames, ``after(ctx, regs)`` once they settled."""
     h = RxHarness(params, **kw)
     dut, regs = h.dut, h.regs
     sink = StreamSink(dut.bus_cmd, ready)
@@ -117,6 +119,8 @@ def run_rx(frames, *, params=PARAMS, ready=lambda c: True, gap=0, rng=None, setu
             await ctx.tick()
         while ctx.get(dut.busy):
             await ctx.tick()
+        if after is not None:
+            await after(ctx, regs)
         result["counters"] = {n: await reg_read(ctx, regs, counter_addr(n))
                               for n in COUNTER_NAMES}
         result["epsn"] = [await reg_read(ctx, regs, qp_reg(n, "RX_EPSN"))
@@ -232,6 +236,24 @@ def test_send_only_full_mailbox_and_second_ppu():
                               params=params)
     assert cmds == expected_writes(mailbox, data) + [mailbox_commit(mailbox, 64)]
     assert epsn == [0, 0, 78]
+
+
+def test_a_qp_configured_again_expects_psn_0():
+    """A write of a QP's HOST_QPN (a host configuring it again) returns that QP's RX_EPSN to
+    0, and no other QP's: a restarted host's first packet (PSN 0) is no PSN_GAP."""
+    params = QSCParams(num_ppus=3)
+    frames = [send_frame(payload_bytes(16), dest_qp=params.qpn_base + n, psn=77 + n)
+              for n in (1, 2)]
+
+    async def reconfigure(ctx, regs):
+        await reg_write(ctx, regs, qp_reg(2, "HOST_QPN"), 0x99)
+        for _ in range(2):
+            await ctx.tick()
+
+    _, _, _, epsn = run_rx(frames, params=params)
+    assert epsn == [0, 79, 80]
+    _, _, _, epsn = run_rx(frames, params=params, after=reconfigure)
+    assert epsn == [0, 79, 0]
 
 
 def test_write_to_second_ppu_uses_its_rkey_and_tail():

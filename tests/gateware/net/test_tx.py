@@ -61,6 +61,9 @@ class Bench:
     psn_out: list[int] = field(default_factory=list)
     #: QP contexts written after the item of that index was taken (a host reconfiguring).
     qps_after: dict[int, list[dict]] = field(default_factory=dict)
+    #: ``qp_reset`` pulsed for a cycle after the item of that index was taken (a host
+    #: configuring the QPs of the mask again).
+    reset_after: dict[int, int] = field(default_factory=dict)
 
     def run(self, items: list[tuple[str, dict]], *, gap_prob: float = 0.3) -> None:
         dut = TxBuilder(self.num_ppus, QSCParams(num_ppus=self.num_ppus))
@@ -98,6 +101,10 @@ class Bench:
                         self.qps_after[len(self.taken) - 1]))
                 ctx.set(port.valid, 0)
                 ctx.set(port.payload, layout.const({}))   # stale payload must not be reused
+                if len(self.taken) - 1 in self.reset_after:
+                    ctx.set(dut.qp_reset, self.reset_after[len(self.taken) - 1])
+                    await ctx.tick()
+                    ctx.set(dut.qp_reset, 0)
             producer_done[0] = True
 
         async def consumer(ctx):
@@ -362,6 +369,24 @@ def test_a_new_slot_size_restarts_the_slots():
     for k, (frame, (_, item, ts, _)) in enumerate(zip(bench.frames, bench.taken, strict=True)):
         slot, ctx = (k, qp) if k <= 2 else (k - 3, new)
         _check_rpc_frame(frame, item, ts, psn=k, slot=slot, qp=ctx)
+
+
+def test_a_qp_configured_again_restarts_its_psn_and_slots():
+    """A host that restarts and configures its QP again (``qp_reset``) gets the next request
+    with PSN 0 in slot 0, as its new QP and dispatcher expect; the request taken just before
+    (whose slot advance is still to come) keeps its PSN and slot, and the other QP goes on."""
+    qps = [{**_qp(0), "num_slots": 5}, {**_qp(1), "num_slots": 5}]
+    items = [("call", _call(n, i, 2)) for i in range(4) for n in (0, 1)]
+    items += [("call", _call(0, 10 + i, 1)) for i in range(3)]
+    # after item 6 (PPU 0's fourth request) PPU 0's QP restarts
+    bench = Bench(num_ppus=2, ready_prob=0.8, seed=4, qps=qps, reset_after={6: 0b01})
+    bench.run(items, gap_prob=0)
+    assert len(bench.frames) == len(items)
+    expect = [(0, 0), (0, 0), (1, 1), (1, 1), (2, 2), (2, 2), (3, 3), (3, 3),
+              (0, 0), (1, 1), (2, 2)]
+    for frame, (_, item, ts, _), (psn, slot) in zip(bench.frames, bench.taken, expect,
+                                                     strict=True):
+        _check_rpc_frame(frame, item, ts, psn=psn, slot=slot, qp=qps[item["ppu"]])
 
 
 def test_malformed_requests_are_dropped():
