@@ -21,6 +21,7 @@ cannot be loaded prints one line and exits with status 1.
 
 from __future__ import annotations
 
+import json
 import signal
 from pathlib import Path
 
@@ -287,6 +288,36 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
         print_report(results)
     if not all_done(results):
         raise click.exceptions.Exit(1)
+
+
+@main.command("info")
+@click.option("--ppus", "num_ppus", type=click.IntRange(1, 16), default=1, show_default=True,
+              help="PPUs of the simulated build (as `qlink sim --ppus`): one QP each.")
+@click.option("--qubits", type=click.IntRange(1, 5), default=1, show_default=True,
+              help="Qubits behind each PPU (as `qlink sim --qubits`).")
+@click.option("--samples-per-cycle", type=click.Choice(["1", "2", "4"]), default="1",
+              show_default=True, help="As `qlink sim --samples-per-cycle`.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
+def info_command(num_ppus: int, qubits: int, samples_per_cycle: str, as_json: bool) -> None:
+    """Print the simulated QSC's configuration as `qlink sim` sets it up: its MAC, IP and
+    ports, P_Key, path MTU, each PPU's QP (its peer: the simulated host's MAC, IP and QPN)
+    and every remotely writable region (VA, length in bytes, R_Key, the opcodes it takes)."""
+    from .sim.channel_map import sim_params
+    from .sim.info import sim_info
+
+    info = sim_info(sim_params(num_ppus, qubits, int(samples_per_cycle)))
+    if as_json:
+        click.echo(json.dumps(info, indent=2))
+        return
+    click.echo(f"QSC {info['mac']} {info['ip']}: control UDP {info['control_port']}, RoCEv2 "
+               f"UDP {info['rocev2_port']}, P_Key {info['pkey']:#06x}, PMTU {info['pmtu']}")
+    for qp in info["qps"]:
+        click.echo(f"  QP {qp['qpn']:#x} (PPU {qp['ppu']}): peer {qp['peer_mac']} "
+                   f"{qp['peer_ip']} QPN {qp['peer_qpn']:#x}, ePSN {qp['epsn']}")
+    for r in info["regions"]:
+        key = "no R_Key" if r["rkey"] is None else f"R_Key {r['rkey']:#010x}"
+        click.echo(f"  {r['name']:<14} VA {r['va']:#012x} {r['length']:>6} bytes, {key}, "
+                   f"{' '.join(r['opcodes'])}")
 
 
 @main.command("verilog")

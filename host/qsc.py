@@ -68,6 +68,8 @@ __all__ = ["QSC", "RKeys", "TraceStatus", "DEFAULT_HOST_QPN_BASE", "RX_COUNT_NAM
 
 #: Host QPN of PPU ``n`` unless :meth:`QSC.configure` is told otherwise: ``0x200 + n``.
 DEFAULT_HOST_QPN_BASE = 0x200
+#: The path MTU the host uses unless told otherwise (bytes of payload per packet).
+DEFAULT_PMTU_BYTES = 1024
 
 #: Keys of :attr:`QSC.rx_counts`.
 RX_COUNT_NAMES = ("roce", "roce_unknown_qpn", "control_unexpected", "malformed", "other")
@@ -192,7 +194,8 @@ class QSC:
                  host_ip: str | int, params: QSCParams | None = None,
                  qsc_mac: str | bytes | int | None = None, qsc_ip: str | int | None = None,
                  control_port: int = DEFAULT_LOCAL_PORT,
-                 roce_src_port: int = DEFAULT_ROCE_SRC_PORT, pmtu_bytes: int = 1024,
+                 roce_src_port: int = DEFAULT_ROCE_SRC_PORT,
+                 pmtu_bytes: int = DEFAULT_PMTU_BYTES,
                  timeout_s: float = 0.2, retries: int = 3):
         self._params_given = params is not None
         self.params = params or QSCParams()

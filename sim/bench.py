@@ -456,6 +456,9 @@ class TB:
             "run_limit_reached": limit_reached,
             "registers": registers,
             "counters": qsc.counters(),
+            # Each configured QP's context as the gateware holds it (``qlink info`` prints
+            # what the bench configures).
+            "qp_contexts": [qsc.read_qp_context(n) for n in ppus],
         }
 
     async def run(self) -> dict:
@@ -525,6 +528,7 @@ class TB:
             "qubits_final_p1": first["qubits_final_p1"],
             "rpc": self.rpc,
             "counters": host["counters"],
+            "qp_contexts": host["qp_contexts"],
             "registers": first["registers"],
             "status": first["status"],
             "fault_location": first["fault_location"],

@@ -377,3 +377,34 @@ def test_asm_for_the_simulation_build_of_several_ppus(tmp_path):
     q = CliRunner().invoke(main, ["asm", src, "--ppus", "2", "--qubits", "2",
                                   "--samples-per-cycle", "4", "-o", str(tmp_path / "b.bin")])
     assert q.exit_code == 0, q.output
+
+
+def test_qlink_info_json_lists_each_qp_and_every_writable_region():
+    """``qlink info --json``: the documented keys, one QP per PPU with its peer, and for every
+    PPU its three RDMA regions (R_Keys distinct, regions disjoint) and its SEND-only mailbox."""
+    from openqlink.memory_map import regions
+
+    res = CliRunner().invoke(main, ["info", "--json", "--ppus", "3"])
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.output)
+    assert {"mac", "ip", "control_port", "rocev2_port", "pkey", "pmtu", "qps",
+            "regions"} <= set(info)
+    assert (info["control_port"], info["rocev2_port"], info["pkey"]) == (8192, 4791, 0xFFFF)
+    assert [qp["ppu"] for qp in info["qps"]] == [0, 1, 2]
+    assert [qp["qpn"] - info["qps"][0]["qpn"] for qp in info["qps"]] == [0, 1, 2]
+    assert len({qp["peer_qpn"] for qp in info["qps"]}) == 3
+    assert all(set(qp) == {"qpn", "ppu", "peer_mac", "peer_ip", "peer_qpn", "epsn"}
+               for qp in info["qps"])
+    areas = info["regions"]
+    assert len(areas) == 3 * 4 and len({r["name"] for r in areas}) == len(areas)
+    spans = sorted((r["va"], r["va"] + r["length"]) for r in areas)
+    assert all(a_end <= b for (_, a_end), (b, _) in zip(spans, spans[1:], strict=False))
+    keys = [r["rkey"] for r in areas if r["rkey"] is not None]
+    assert len(keys) == 9 and len(set(keys)) == 9 and 0 not in keys
+    imem = next(r for r in areas if r["name"] == "ppu2_imem")
+    assert (imem["va"], imem["length"]) == next(
+        (r.va, r.length_bytes) for r in regions(QSCParams(num_ppus=3), 2) if r.name == "IMEM")
+    assert {tuple(r["opcodes"]) for r in areas} == {
+        ("RDMA_WRITE_ONLY", "RDMA_WRITE_ONLY_WITH_IMMEDIATE"), ("SEND_ONLY",)}
+    text = CliRunner().invoke(main, ["info"])
+    assert text.exit_code == 0 and "ppu0_mailbox" in text.output and "no R_Key" in text.output

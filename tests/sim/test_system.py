@@ -171,6 +171,38 @@ def test_a_restarted_host_gets_its_first_call_in_slot_0(faults):
     assert rc["new_qp_rx_epsn"] == 1
 
 
+def test_qlink_info_is_what_the_bench_configured(run_one):
+    """``qlink info``'s QPs and regions are the gateware's QP context after the bench
+    configured it, and every frame the host sent to the QSC is addressed with info's MAC, IP
+    and ports, with a region's R_Key inside its region."""
+    from openqlink.memory_map import QSCParams
+    from openqlink.sim.info import sim_info
+    from openqlink.wire.ethernet import mac_to_int
+    from openqlink.wire.ipv4 import ip_to_int
+
+    results, out = run_one
+    info = sim_info(QSCParams(**results["params"]), num_configured=1)
+    ctx = results["qp_contexts"][0]
+    (qp,) = info["qps"]
+    assert (qp["qpn"], qp["peer_qpn"]) == (ctx["QSC_QPN"], ctx["HOST_QPN"])
+    rdma = [r for r in info["regions"] if r["rkey"] is not None]
+    assert {r["name"]: r["rkey"] for r in rdma} == {
+        f"ppu0_{name.lower()}": ctx[f"{name}_RKEY"] for name in ("IMEM", "ENV", "REGS")}
+    writes = 0
+    for _, frame in read_pcap(out / "a.pcap"):
+        f = parse_frame(frame)
+        if f.eth["dst"] != mac_to_int(info["mac"]):
+            continue                                     # a frame from the QSC
+        assert f.ip["dst"] == ip_to_int(info["ip"])
+        assert f.udp["dst_port"] in (info["control_port"], info["rocev2_port"])
+        if f.reth is not None:
+            writes += 1
+            assert f.bth["dest_qp"] == qp["qpn"] and f.bth["p_key"] == info["pkey"]
+            region = next(r for r in rdma if r["rkey"] == f.reth["r_key"])
+            assert region["va"] <= f.reth["va"] < region["va"] + region["length"]
+    assert writes > 0
+
+
 def test_results_json_has_the_documented_keys(run_one):
     results, out = run_one
     data = json.loads((out / "a.json").read_text())

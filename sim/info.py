@@ -1,0 +1,83 @@
+"""The simulated QSC's configuration as the bench sets it up: what ``qlink info`` prints.
+
+The bench (:mod:`openqlink.sim.bench`) connects a host :class:`~openqlink.qsc.QSC` with the
+run configuration's host MAC and IP (:func:`~openqlink.sim.runner.SimConfig`) and configures
+PPU ``n``'s QP with host QPN ``host_qpn + n`` and the default R_Keys
+(:meth:`~openqlink.qsc.RKeys.default`); the QSC's own MAC, IP and QPNs come from the build's
+:class:`~openqlink.memory_map.QSCParams`. A capture made against the simulated QSC, or one to be
+replayed into it, is addressed with these values.
+
+Wire facts: RoCEv2 UDP port 4791 (IBTA Annex A17), the control plane's UDP port 8192
+(``docs/wire_formats.md``), the UC opcodes each region takes (IBTA Vol 1 9.2; the receive
+path's rules in :mod:`openqlink.gateware.net.rx`).
+"""
+
+from __future__ import annotations
+
+from ..memory_map import (
+    GLOBAL_REGISTERS,
+    MAILBOX_BYTES,
+    MAILBOX_OFFSET,
+    QSCParams,
+    ppu_base,
+    regions,
+)
+from ..qsc import DEFAULT_PMTU_BYTES, RKeys
+from ..wire.udp import CONTROL_PORT, ROCEV2_PORT
+from .runner import SimConfig
+
+__all__ = ["sim_info", "WRITE_OPCODES", "SEND_OPCODES"]
+
+#: The opcodes an RDMA region takes (ImmDt of a WRITE_WITH_IMMEDIATE into the instruction
+#: ring becomes its TAIL; into other regions it is ignored).
+WRITE_OPCODES = ("RDMA_WRITE_ONLY", "RDMA_WRITE_ONLY_WITH_IMMEDIATE")
+#: The opcodes the response mailbox takes (it has no R_Key: SENDs carry none).
+SEND_OPCODES = ("SEND_ONLY",)
+
+_RKEY_FIELD = {"IMEM_RKEY": "imem", "ENV_RKEY": "env", "REGS_RKEY": "regs"}
+
+
+def sim_info(params: QSCParams, num_configured: int | None = None,
+             cfg: dict | None = None) -> dict:
+    """The simulated QSC's configuration after the bench configured ``num_configured`` PPUs
+    (default: every PPU of ``params``; the bench configures one per program), with the run
+    configuration ``cfg`` (default :func:`SimConfig`'s).
+
+    Returns a JSON-ready dict: ``mac``, ``ip`` (strings), ``control_port``, ``rocev2_port``,
+    ``pkey``, ``pmtu`` (bytes), ``qpn_base`` (integers), ``qps`` (one ``{"qpn", "ppu",
+    "peer_mac", "peer_ip", "peer_qpn", "epsn"}`` per configured PPU; ``epsn`` the PSN the QSC
+    expects next, 0 after configuring) and ``regions`` (every remotely writable region of a
+    configured PPU: ``{"name", "ppu", "va", "length", "rkey", "opcodes"}``, ``length`` in
+    bytes, ``rkey`` ``None`` for the SEND-only mailbox, ``opcodes`` IBTA names; ``name`` is
+    unique and filename-safe, e.g. ``ppu0_imem``).
+
+    Raises ``ValueError`` for a ``num_configured`` outside 1..``params.num_ppus``.
+    """
+    cfg = SimConfig() if cfg is None else cfg
+    n_cfg = params.num_ppus if num_configured is None else num_configured
+    if not 1 <= n_cfg <= params.num_ppus:
+        raise ValueError(f"num_configured must be 1..{params.num_ppus}, not {n_cfg}")
+    p_key = next(r.reset for r in GLOBAL_REGISTERS if r.name == "P_KEY")
+    qps, areas = [], []
+    for n in range(n_cfg):
+        keys = RKeys.default(n)
+        qps.append({"qpn": params.qpn_base + n, "ppu": n, "peer_mac": cfg["host_mac"],
+                    "peer_ip": cfg["host_ip"], "peer_qpn": cfg["host_qpn"] + n, "epsn": 0})
+        for r in regions(params, n):
+            areas.append({"name": f"ppu{n}_{r.name.lower()}", "ppu": n, "va": r.va,
+                          "length": r.length_bytes,
+                          "rkey": getattr(keys, _RKEY_FIELD[r.rkey_register]),
+                          "opcodes": list(WRITE_OPCODES)})
+        areas.append({"name": f"ppu{n}_mailbox", "ppu": n, "va": ppu_base(n) + MAILBOX_OFFSET,
+                      "length": MAILBOX_BYTES, "rkey": None, "opcodes": list(SEND_OPCODES)})
+    return {
+        "mac": params.mac,
+        "ip": params.ip,
+        "control_port": CONTROL_PORT,
+        "rocev2_port": ROCEV2_PORT,
+        "pkey": p_key,
+        "pmtu": DEFAULT_PMTU_BYTES,
+        "qpn_base": params.qpn_base,
+        "qps": qps,
+        "regions": areas,
+    }
