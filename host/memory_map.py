@@ -218,6 +218,8 @@ COUNTERS: tuple[tuple[str, str], ...] = (
     ("DROP_BUS", "Commands to the PPUs dropped: the dtd side took none for 256 rti cycles "
                  "(no clock, in reset)"),
     ("DROP_MAC", "Frame flagged bad by the MAC: FCS or PHY error"),
+    ("DROP_IMMDT", "RDMA_WRITE_WITH_IMMEDIATE into an instruction ring whose ImmDt is not a "
+                   "TAIL of the ring (>= imem_depth): dropped whole, no byte written"),
 )
 COUNTERS_BASE = 0x100
 

@@ -30,9 +30,12 @@ order (the first failing check names the reason); the counter strobes show one c
     (:func:`openqlink.memory_map.regions`; the response mailbox is SEND-only).
 11. RKEY (WRITE): R_Key differs from the region's R_Key in PPU ``n``'s QP context.
 12. VA (WRITE): [VA, VA + DMALen) leaves the region.
-13. LENGTH: WRITE DMALen != payload bytes (UDP payload - BTH - RETH - ImmDt - pad - ICRC);
+13. IMMDT: an RDMA_WRITE_WITH_IMMEDIATE into the instruction ring whose ImmDt, the ring's new
+    TAIL, is not an index of the ring (>= ``imem_depth``): the whole packet is dropped (its
+    payload too), where the TAIL register would otherwise take ImmDt's low bits.
+14. LENGTH: WRITE DMALen != payload bytes (UDP payload - BTH - RETH - ImmDt - pad - ICRC);
     SEND_ONLY payload > MAILBOX_BYTES.
-14. OVERFLOW: the frame did not fit the receive buffer, or the descriptor / control request queue
+15. OVERFLOW: the frame did not fit the receive buffer, or the descriptor / control request queue
     is full (only frames that pass every other check count here).
 
 PSN (UC): the ONLY opcodes are accepted whatever their PSN and resynchronise the expected PSN
@@ -55,6 +58,7 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.fifo import SyncFIFOBuffered
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
+from amaranth.utils import exact_log2
 
 from ...memory_map import (
     MAILBOX_BYTES,
@@ -790,6 +794,7 @@ class RoCEReceiver(wiring.Component):
             "dst_lo_p7": 4,                   # dst_addr[2:0] + 7
             "src_delta": 7,
             "imm": 32,
+            "imm_fail": 1,                  # ImmDt >= imem_depth: not a TAIL of the ring
             "beats": 16,
             "ctrl": ControlRequest,
         })
@@ -845,6 +850,7 @@ class RoCEReceiver(wiring.Component):
             c1.dst_lo_p7.eq(dst_addr[:3] + 7),
             c1.src_delta.eq(_RETH_AT + ext_bytes - dst_addr[:3]),
             c1.imm.eq(immdt["imm"]),
+            c1.imm_fail.eq(immdt["imm"][exact_log2(params.imem_depth):] != 0),
             c1.beats.eq(f_beats),
             c1.ctrl.src_mac.eq(eth["src"]),
             c1.ctrl.src_ip.eq(ip["src"]),
@@ -909,6 +915,7 @@ class RoCEReceiver(wiring.Component):
             (roce & write & (c1.va_fail | ~region_hit), DropReason.VA),
             (roce & write & rkey_fail, DropReason.RKEY),
             (roce & write & range_fail, DropReason.VA),
+            (roce & c1.has_immdt & is_imem & c1.imm_fail, DropReason.IMMDT),
             (roce & len_fail, DropReason.LENGTH),
         ]
         # The checks that are single bits of c1, ORed in the verdict stage: at the decision

@@ -332,9 +332,10 @@ def test_reset_clears_the_counters():
         for _ in range(NUM_COUNTERS + 3):          # the clearing pass after power-up ends
             await ctx.tick()
         await preset_counters(ctx, dut, [1000 + i for i in range(NUM_COUNTERS)])
-        assert await read(ctx, dut, counter_addr("DROP_MAC")) == (1, 1000 + NUM_COUNTERS - 1)
+        last = COUNTERS[-1][0]
+        assert await read(ctx, dut, counter_addr(last)) == (1, 1000 + NUM_COUNTERS - 1)
         ctx.set(rst, 1)
-        ctx.set(dut.port.addr, counter_addr("DROP_MAC"))
+        ctx.set(dut.port.addr, counter_addr(last))
         await ctx.tick()
         ctx.set(rst, 0)
         ctx.set(dut.inc[1], 1 << frames)              # counted: after the reset

@@ -92,7 +92,7 @@ async def reg_read(ctx, regs, addr: int) -> int:
 COUNTER_NAMES = ["RX_FRAMES", "RX_ROCE_ACCEPTED", "DROP_ETH", "DROP_IP", "DROP_UDP",
                  "DROP_ICRC", "DROP_OPCODE", "DROP_PKEY", "DROP_QPN", "DROP_RKEY", "DROP_VA",
                  "DROP_LENGTH", "DROP_PSN", "PSN_GAP", "DROP_OVERFLOW", "RX_RPC_RESPONSES",
-                 "DROP_MAC"]
+                 "DROP_MAC", "DROP_IMMDT"]
 
 
 def run_rx(frames, *, params=PARAMS, ready=lambda c: True, gap=0, rng=None, setup=None,
@@ -371,6 +371,15 @@ DROPS = {
     "va_other_ppu": (_w(va=ppu_base(1) + IMEM_OFFSET), "DROP_VA"),
     "va_global_regs": (_w(va=0x100), "DROP_VA"),
     "va_regs_readonly": (_w(va=ppu_base(0) + REGS_OFFSET + 0x10, r_key=REGS_RKEY), "DROP_VA"),
+    # ImmDt of a WRITE_WITH_IMMEDIATE into the ring is its new TAIL: 0 .. imem_depth - 1
+    "immdt_not_a_tail": (write_frame(GOOD_VA, D16, IMEM_RKEY, imm=PARAMS.imem_depth),
+                         "DROP_IMMDT"),
+    "immdt_high_bit": (write_frame(GOOD_VA, D16, IMEM_RKEY, imm=1 << 31), "DROP_IMMDT"),
+    "immdt_zero_length": (write_frame(GOOD_VA, b"", IMEM_RKEY, imm=PARAMS.imem_depth + 3),
+                          "DROP_IMMDT"),
+    "immdt_last_tail": (write_frame(GOOD_VA, D16, IMEM_RKEY, imm=PARAMS.imem_depth - 1), None),
+    "immdt_elsewhere": (write_frame(ENV0 + 8, D16, ENV_RKEY, imm=0xFFFF_FFFF), None),
+    "immdt_bad_rkey_first": (write_frame(GOOD_VA, D16, IMEM_RKEY ^ 1, imm=1 << 20), "DROP_RKEY"),
     "dma_len": (_w(dma_len=20), "DROP_LENGTH"),
     "pad_cnt": (_w(pad_cnt=2), "DROP_LENGTH"),
     "send_too_long": (send_frame(bytes(68)), "DROP_LENGTH"),
