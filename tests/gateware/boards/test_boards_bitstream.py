@@ -18,7 +18,7 @@ from openqlink.cli import main
     "ecpix5-85",
     "butterstick",
     pytest.param("colorlight-5a-75b", marks=pytest.mark.xfail(
-        strict=True, reason="the 25F, 80% full, reaches 116-120 MHz in dtd (docs/benchmarks.md, "
+        strict=True, reason="the 25F, 80% full, reaches 107-120 MHz in dtd (docs/benchmarks.md, "
                             "twenty-second round)")),
 ])
 def test_qlink_build_meets_every_clock(board, tmp_path):
