@@ -382,20 +382,17 @@ class TxBuilder(wiring.Component):
         with m.If(phase[3]):
             m.d.sync += [va[32:].eq(ring_va[32:] + va_carry), sending.eq(1)]
         # A QP whose slot size changed starts again from slot 0 (its offsets were counted in the
-        # old size); this wins over an advance in the same cycle and cancels one to come.
+        # old size), and so does a QP restarted by its host, whose PSN also starts again from 0
+        # (over the take's increment); this wins over an advance in the same cycle and cancels
+        # one to come.
         for n in range(self.num_ppus):
-            with m.If(self.qp[n].slot_size != size_seen[n]):
+            with m.If((self.qp[n].slot_size != size_seen[n]) | self.qp_reset[n]):
                 m.d.sync += [slot_ctr[n].eq(0), off_ctr[n].eq(0),
                              size_seen[n].eq(self.qp[n].slot_size)]
                 with m.If(ppu == n):
                     m.d.sync += advance.eq(0)
-        # A QP restarted by its host: PSN and slot from 0, over the take's increment and any
-        # advance of a request taken before.
-        for n in range(self.num_ppus):
             with m.If(self.qp_reset[n]):
-                m.d.sync += [slot_ctr[n].eq(0), off_ctr[n].eq(0), self.tx_psn[n].eq(0)]
-                with m.If(ppu == n):
-                    m.d.sync += advance.eq(0)
+                m.d.sync += self.tx_psn[n].eq(0)
 
         # --- the frame words, from the latched fields (combinational) --------------------------
         def length_from(offset: int, ctrl: bool) -> Value:
