@@ -19,6 +19,7 @@ from ..memory_map import (
     MAILBOX_BYTES,
     MAILBOX_OFFSET,
     QSCParams,
+    _find,
     ppu_base,
     regions,
 )
@@ -33,8 +34,6 @@ __all__ = ["sim_info", "WRITE_OPCODES", "SEND_OPCODES"]
 WRITE_OPCODES = ("RDMA_WRITE_ONLY", "RDMA_WRITE_ONLY_WITH_IMMEDIATE")
 #: The opcodes the response mailbox takes (it has no R_Key: SENDs carry none).
 SEND_OPCODES = ("SEND_ONLY",)
-
-_RKEY_FIELD = {"IMEM_RKEY": "imem", "ENV_RKEY": "env", "REGS_RKEY": "regs"}
 
 
 def sim_info(params: QSCParams, num_configured: int | None = None,
@@ -57,7 +56,7 @@ def sim_info(params: QSCParams, num_configured: int | None = None,
     n_cfg = params.num_ppus if num_configured is None else num_configured
     if not 1 <= n_cfg <= params.num_ppus:
         raise ValueError(f"num_configured must be 1..{params.num_ppus}, not {n_cfg}")
-    p_key = next(r.reset for r in GLOBAL_REGISTERS if r.name == "P_KEY")
+    p_key = _find(GLOBAL_REGISTERS, "P_KEY").reset
     qps, areas = [], []
     for n in range(n_cfg):
         keys = RKeys.default(n)
@@ -66,7 +65,8 @@ def sim_info(params: QSCParams, num_configured: int | None = None,
         for r in regions(params, n):
             areas.append({"name": f"ppu{n}_{r.name.lower()}", "ppu": n, "va": r.va,
                           "length": r.length_bytes,
-                          "rkey": getattr(keys, _RKEY_FIELD[r.rkey_register]),
+                          # IMEM_RKEY -> RKeys.imem, ...
+                          "rkey": getattr(keys, r.rkey_register.removesuffix("_RKEY").lower()),
                           "opcodes": list(WRITE_OPCODES)})
         areas.append({"name": f"ppu{n}_mailbox", "ppu": n, "va": ppu_base(n) + MAILBOX_OFFSET,
                       "length": MAILBOX_BYTES, "rkey": None, "opcodes": list(SEND_OPCODES)})

@@ -10,7 +10,7 @@ from openqlink.cli import main
 from openqlink.errors import AssemblerError
 from openqlink.gateware.boards import PROFILES
 from openqlink.isa import assemble, decode, render_isa_tables
-from openqlink.memory_map import QSCParams, render_markdown
+from openqlink.memory_map import QSCParams, regions, render_markdown
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -382,8 +382,6 @@ def test_asm_for_the_simulation_build_of_several_ppus(tmp_path):
 def test_qlink_info_json_lists_each_qp_and_every_writable_region():
     """``qlink info --json``: the documented keys, one QP per PPU with its peer, and for every
     PPU its three RDMA regions (R_Keys distinct, regions disjoint) and its SEND-only mailbox."""
-    from openqlink.memory_map import regions
-
     res = CliRunner().invoke(main, ["info", "--json", "--ppus", "3"])
     assert res.exit_code == 0, res.output
     info = json.loads(res.output)

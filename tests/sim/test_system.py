@@ -13,9 +13,13 @@ from pathlib import Path
 
 import pytest
 
+from openqlink.memory_map import QSCParams
 from openqlink.pcap import read_pcap
 from openqlink.sim.bench_faults import FAULTS
+from openqlink.sim.info import sim_info
 from openqlink.sim.runner import SimConfig, run_bench, run_sim
+from openqlink.wire.ethernet import mac_to_int
+from openqlink.wire.ipv4 import ip_to_int
 from openqlink.wire.packet import parse_frame
 from openqlink.wire.rpc import Request, Response, fnv1a32
 
@@ -175,11 +179,6 @@ def test_qlink_info_is_what_the_bench_configured(run_one):
     """``qlink info``'s QPs and regions are the gateware's QP context after the bench
     configured it, and every frame the host sent to the QSC is addressed with info's MAC, IP
     and ports, with a region's R_Key inside its region."""
-    from openqlink.memory_map import QSCParams
-    from openqlink.sim.info import sim_info
-    from openqlink.wire.ethernet import mac_to_int
-    from openqlink.wire.ipv4 import ip_to_int
-
     results, out = run_one
     info = sim_info(QSCParams(**results["params"]), num_configured=1)
     ctx = results["qp_contexts"][0]
