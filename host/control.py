@@ -29,7 +29,13 @@ import threading
 from collections.abc import Callable
 
 from .bridges.base import FrameTransport
-from .errors import ControlPlaneError, FieldRangeError, PPUTimeoutError, WireFormatError
+from .errors import (
+    ClaimedError,
+    ControlPlaneError,
+    FieldRangeError,
+    PPUTimeoutError,
+    WireFormatError,
+)
 from .wire.control import CONTROL_REQUEST, RESPONSE_BIT, Command, Flags, Status
 from .wire.ethernet import mac_to_int
 from .wire.ipv4 import ip_to_int
@@ -178,6 +184,12 @@ class ControlClient:
                         "the PPU side (dtd clock domain) did not answer: no clock or held in "
                         "reset (a write so answered was not executed)",
                         status=resp["status"], addr=addr)
+                if resp["status"] == Status.CLAIMED:
+                    raise ClaimedError(
+                        f"{cmd.name} {addr:#010x}: QSC answered {status_name(resp['status'])}: "
+                        "another host claimed this QSC (read its CLAIM register for the "
+                        "owner's address; the owner writes 0 there to release it, or reset "
+                        "the QSC)", status=resp["status"], addr=addr)
                 if resp["status"] != Status.OK:
                     raise ControlPlaneError(
                         f"{cmd.name} {addr:#010x}: QSC answered {status_name(resp['status'])}",

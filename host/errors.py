@@ -13,6 +13,7 @@ __all__ = [
     "FieldRangeError",
     "AssemblerError",
     "ControlPlaneError",
+    "ClaimedError",
     "PPUTimeoutError",
     "VersionMismatchError",
     "UploadError",
@@ -93,6 +94,16 @@ class PPUTimeoutError(ControlPlaneError):
     gateware's bound (``PPU_TIMEOUT_CYCLES`` = 1024 ``rti`` cycles, 8.2 us at 125 MHz): its clock
     is stopped (a PLL not locked), it is held in reset, or the path to it stayed full. A write so
     answered was not executed; the network side of the QSC keeps working. ``status`` is 0x20.
+    """
+
+
+class ClaimedError(ControlPlaneError):
+    """The QSC answered status CLAIMED (0x21, an openqlink extension of the control-bus set).
+
+    Another host (another source MAC or IP) claimed the QSC's control plane: the write was not
+    executed. Reads stay open: the global CLAIM register gives the owner's IPv4 address. The
+    owner releases the QSC by writing 0 to CLAIM (:meth:`openqlink.qsc.QSC.release`); a reset of
+    the QSC releases it too. ``status`` is 0x21.
     """
 
 

@@ -191,7 +191,14 @@ GLOBAL_REGISTERS: tuple[Register, ...] = (
     _R("P_KEY", 0x030, Access.RW, 0xFFFF, "Partition key: low 15 bits matched, bit 15 = full"),
     _R("TIMESTAMP_FORMAT", 0x034, Access.RW, 0,
        "ptp_timestamp encoding: 0 = ns since reset (u64), 1 = {seconds[63:32], ns[31:0]}"),
-    _R("RX_ENABLE", 0x038, Access.RW, 1, "Bit 0: accept RoCEv2 packets"),
+    _R("RX_ENABLE", 0x038, Access.RW, 0,
+       "Bit 0: accept RoCEv2 packets (off from reset: the host sets it once it has configured "
+       "the QPs)"),
+    _R("CLAIM", 0x03C, Access.RW, 0,
+       "Control-plane owner: reads the IPv4 address of the host that claimed the QSC (0: "
+       "unclaimed). An accepted write from any host claims an unclaimed QSC; while claimed, "
+       "writes from another source MAC or IP are refused with status CLAIMED (reads stay "
+       "open); the owner writing 0 here, or a reset, releases it"),
 )
 
 #: Counters (RO, 32-bit, wrap), each a reason a frame is counted; at ``0x100 + 4*i``.
@@ -220,6 +227,8 @@ COUNTERS: tuple[tuple[str, str], ...] = (
     ("DROP_MAC", "Frame flagged bad by the MAC: FCS or PHY error"),
     ("DROP_IMMDT", "RDMA_WRITE_WITH_IMMEDIATE into an instruction ring whose ImmDt is not a "
                    "TAIL of the ring (>= imem_depth): dropped whole, no byte written"),
+    ("DROP_PEER", "RoCEv2 packet whose source MAC or IP is not the QP's peer (HOST_MAC, "
+                  "HOST_IP)"),
 )
 COUNTERS_BASE = 0x100
 

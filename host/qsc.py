@@ -60,7 +60,7 @@ from .memory_map import (
 )
 from .roce import SlotRingLike, UCQueuePair
 from .wire.ethernet import mac_to_int
-from .wire.ipv4 import ip_to_int
+from .wire.ipv4 import int_to_ip, ip_to_int
 from .wire.packet import DEFAULT_ROCE_SRC_PORT, parse_frame
 
 __all__ = ["QSC", "RKeys", "TraceStatus", "DEFAULT_HOST_QPN_BASE", "RX_COUNT_NAMES",
@@ -273,13 +273,18 @@ class QSC:
         and dispatcher expect, however many the QP carried before), HOST_RKEY (the
         ring's), RING_VA_HI/LO (0: the ring is registered with iova 0), NUM_SLOTS and SLOT_SIZE
         (when ``ring`` is given, with the PPU's CALL_SLOTS: at most that many CALLs outstanding,
-        and none held from before), IMEM_RKEY, ENV_RKEY, REGS_RKEY; reads QSC_QPN. Then makes the
+        and none held from before), IMEM_RKEY, ENV_RKEY, REGS_RKEY (a region's R_Key opens it from
+        this write on: the QSC holds every R_Key invalid from reset and from the HOST_QPN write),
+        then sets RX_ENABLE (off from reset); reads QSC_QPN. Its first write claims the QSC's
+        control plane for this host (global CLAIM register; :meth:`release` gives it up). Then
+        makes the
         host UC QP (``host_qpn`` -> QSC_QPN) and registers ``ring`` on it with ``ring_rkey``.
         Keys left ``None`` take :meth:`RKeys.default`; ``host_qpn`` defaults to
         ``DEFAULT_HOST_QPN_BASE + ppu``.
 
         Raises :class:`~openqlink.errors.FieldRangeError` (bad PPU, key, QPN or ring geometry:
-        1..4096 slots of at most 65535 bytes) and :class:`~openqlink.errors.ControlPlaneError`.
+        1..4096 slots of at most 65535 bytes), :class:`~openqlink.errors.ClaimedError` (another
+        host claimed the QSC) and :class:`~openqlink.errors.ControlPlaneError`.
         """
         self._check_ppu(ppu)
         d = RKeys.default(ppu)
@@ -313,6 +318,7 @@ class QSC:
         w(qp_reg(ppu, "IMEM_RKEY"), keys.imem)
         w(qp_reg(ppu, "ENV_RKEY"), keys.env)
         w(qp_reg(ppu, "REGS_RKEY"), keys.regs)
+        w(global_reg("RX_ENABLE"), 1)
         qsc_qpn = self.control.read(qp_reg(ppu, "QSC_QPN")) & 0xFF_FFFF
         qp = UCQueuePair(self.host_mac, self.host_ip, qpn, self.qsc_mac, self.qsc_ip, qsc_qpn,
                          udp_src_port=self.roce_src_port, pmtu_bytes=self.pmtu_bytes)
@@ -324,6 +330,19 @@ class QSC:
         self._ppus[ppu] = _PPUState(qp, qsc_qpn, keys, ring)
         self._by_qpn[qpn] = qp
         return qp
+
+    def claim_owner(self) -> str | None:
+        """The IPv4 address of the host that claimed the QSC's control plane (the global CLAIM
+        register), ``None`` while unclaimed. Raises
+        :class:`~openqlink.errors.ControlPlaneError`."""
+        owner = self.control.read(global_reg("CLAIM"))
+        return None if owner == 0 else int_to_ip(owner)
+
+    def release(self) -> None:
+        """Give up this host's claim of the QSC's control plane (write 0 to CLAIM), so that
+        another host may configure it. Raises :class:`~openqlink.errors.ClaimedError` when
+        another host holds the claim, :class:`~openqlink.errors.ControlPlaneError` otherwise."""
+        self.control.write(global_reg("CLAIM"), 0)
 
     def qp(self, ppu: int) -> UCQueuePair:
         """The host UC QP of a configured PPU."""

@@ -36,6 +36,9 @@ class QPContext(data.Struct):
     imem_rkey: unsigned(32)
     env_rkey: unsigned(32)
     regs_rkey: unsigned(32)
+    imem_rkey_valid: unsigned(1)    #: IMEM_RKEY written since the QP's reset or restart
+    env_rkey_valid: unsigned(1)
+    regs_rkey_valid: unsigned(1)
 
 
 class ControlReply(data.Struct):
@@ -74,3 +77,4 @@ class DropReason(enum.Enum, shape=5):
     PSN = COUNTER_INDEX["DROP_PSN"]
     OVERFLOW = COUNTER_INDEX["DROP_OVERFLOW"]
     IMMDT = COUNTER_INDEX["DROP_IMMDT"]
+    PEER = COUNTER_INDEX["DROP_PEER"]

@@ -11,6 +11,13 @@ for the TX builder:
 * SEQUENCE_CHECK set and ``seq`` != last accepted ``seq`` + 1 (mod 2**16): SEQUENCE_ERROR, nothing
   done (the first request after reset is always accepted). Every other request is *accepted*: its
   ``seq`` becomes ``latched_seq``, even when it then fails with BAD_ADDRESS or BAD_COMMAND;
+* the claim (an openqlink extension, the global CLAIM register): while the QSC is claimed, a
+  request whose source MAC or IP is not the owner's is *foreign*: a write command (WR_DWORD,
+  WR_BLOCK) is answered CLAIMED and not done; a read is done. Foreign requests neither check
+  nor latch the sequence number (the owner's session keeps its own). An accepted write from a
+  non-foreign source claims the QSC for that source (MAC and IP); its write of 0 to CLAIM
+  releases it, as does a reset. A read of CLAIM gives the owner's IPv4 address, 0 when
+  unclaimed;
 * WR_DWORD / RD_DWORD at a 4-byte aligned address of the rti register block
   (:class:`~openqlink.gateware.net.regs.NetRegisters`): done locally in one cycle;
 * WR_DWORD / RD_DWORD inside PPU ``n``'s window (``n < num_ppus``): one ``BusCommand`` WRITE (the
@@ -42,7 +49,7 @@ from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ...memory_map import PPU_BASE, PPU_STRIDE, QSCParams
+from ...memory_map import PPU_BASE, PPU_STRIDE, QSCParams, global_reg
 from ...wire.control import RESPONSE_BIT, Command, Flags, Status
 from ..bus import READ_TAG_BITS, BusCommand, BusOp, BusReadData
 from .common import COUNTER_INDEX, ControlReply
@@ -138,6 +145,11 @@ class ControlPlane(wiring.Component):
         reply_valid = Signal()
         have_seq = Signal()
         last_seq = Signal(16)
+        # The claim (global CLAIM register): the source MAC and IP of the host that owns the
+        # control plane while ``claimed``.
+        claimed = Signal()
+        owner_mac = Signal(48)
+        owner_ip = Signal(32)
 
         # The request is taken into ``req`` (IDLE), its checks are registered as single bits
         # (CHECK) while the register block decodes ``req.addr`` (READ_LATENCY_CYCLES), and DECODE
@@ -151,6 +163,9 @@ class ControlPlane(wiring.Component):
         aligned = Signal()
         dword = Signal()
         ack = Signal()
+        foreign = Signal()                  # claimed, and not by the requester
+        is_write = Signal()
+        claim_reg = Signal()                # the address is the CLAIM register
         num_windows = Const(PPU_BASE // PPU_STRIDE, 8)
         assert PPU_BASE % PPU_STRIDE == 0 and PPU_STRIDE == 1 << 24
         w_en = Signal()                     # a local register write, the cycle after DECODE
@@ -208,21 +223,27 @@ class ControlPlane(wiring.Component):
                     m.next = "CHECK"
 
             with m.State("CHECK"):
+                foreign_now = claimed & ((req.src_ip != owner_ip) | (req.src_mac != owner_mac))
                 m.d.sync += [
+                    foreign.eq(foreign_now),
+                    is_write.eq((req.cmd == Command.WR_DWORD) | (req.cmd == Command.WR_BLOCK)),
+                    claim_reg.eq(req.addr == global_reg("CLAIM")),
                     is_read.eq((req.cmd == Command.RD_DWORD) | (req.cmd == Command.RD_BLOCK)),
                     dword.eq((req.cmd == Command.WR_DWORD) | (req.cmd == Command.RD_DWORD)),
                     aligned.eq(req.addr[:2] == 0),
                     ack.eq((req.flags & Flags.ACK_REQUEST).any()),
                     flags_bad.eq((req.flags & ~Const(_KNOWN_FLAGS, 8)).any()),
+                    # another host's requests neither check nor latch the owner's sequence
                     seq_bad.eq((req.flags & Flags.SEQUENCE_CHECK).any() & have_seq &
-                               (req.seq != seq_next)),
+                               (req.seq != seq_next) & ~foreign_now),
                     in_ppu.eq((req.addr[24:] >= num_windows) &
                               (req.addr[24:] < num_windows + num_ppus)),
                 ]
                 m.next = "WAIT"
 
             with m.State("WAIT"):
-                m.d.sync += access.eq(~flags_bad & ~seq_bad & dword & aligned)
+                m.d.sync += access.eq(~flags_bad & ~seq_bad & ~(foreign & is_write) & dword &
+                                      aligned & ~claim_reg)
                 m.next = "DECODE"
 
             with m.State("DECODE"):
@@ -237,15 +258,30 @@ class ControlPlane(wiring.Component):
                 with m.Elif(seq_bad):
                     m.d.sync += status.eq(Status.SEQUENCE_ERROR)
                     m.next = "REPLY"
+                with m.Elif(foreign & is_write):
+                    m.d.sync += status.eq(Status.CLAIMED)
+                    m.next = "REPLY"
                 with m.Else():
-                    m.d.sync += [last_seq.eq(req.seq), seq_next.eq(req.seq + 1),
-                                 have_seq.eq(1)]
+                    with m.If(~foreign):
+                        m.d.sync += [last_seq.eq(req.seq), seq_next.eq(req.seq + 1),
+                                     have_seq.eq(1)]
                     m.d.comb += accepted.eq(1)
                     m.next = "REPLY"
+                    # an accepted write claims the QSC for its source (it is the owner's, or
+                    # the QSC is unclaimed); the owner's write of 0 to CLAIM releases it
+                    with m.If(is_write):
+                        m.d.sync += [claimed.eq(1), owner_mac.eq(req.src_mac),
+                                     owner_ip.eq(req.src_ip)]
+                        with m.If(claim_reg & dword & (req.data == 0)):
+                            m.d.sync += claimed.eq(0)
                     with m.If(~dword):
                         m.d.sync += status.eq(Status.BAD_COMMAND)
                     with m.Elif(~aligned):
                         m.d.sync += status.eq(Status.BAD_ADDRESS)
+                    with m.Elif(claim_reg):
+                        m.d.sync += [status.eq(Status.OK),
+                                     value.eq(Mux(is_read, Mux(claimed, owner_ip, 0),
+                                                  req.data))]
                     with m.Elif(~in_ppu | self.regs.hit):
                         m.d.sync += status.eq(Status.BAD_ADDRESS)
                         with m.If(self.regs.hit):

@@ -26,6 +26,7 @@ from ...memory_map import (
     QP_STRIDE,
     Access,
     QSCParams,
+    regions,
     version_word,
 )
 from ...wire.ethernet import mac_to_int
@@ -33,6 +34,7 @@ from ...wire.ipv4 import ip_to_int
 from .common import NetConfig, QPContext
 
 __all__ = ["RegisterPortSignature", "NetRegisters", "REGISTER_WIDTHS", "NUM_COUNTERS",
+           "CONTROL_PLANE_REGISTERS",
            "READ_LATENCY_CYCLES", "COUNTER_LAG_CYCLES"]
 
 #: Number of 32-bit counters (one increment strobe bit each).
@@ -54,6 +56,10 @@ READ_LATENCY_CYCLES = 2
 #: Address bits below the window: the registers are decoded in windows of 64 bytes (global
 #: registers, counters, one QP), so that a 16-way choice picks the entry inside one.
 _WINDOW_BITS = 6
+
+#: Global registers that the control plane holds itself (they concern the requests, not the
+#: network configuration): not decoded here.
+CONTROL_PLANE_REGISTERS = ("CLAIM",)
 
 #: Stored width in bits of every writable register (global and QP context).
 REGISTER_WIDTHS: dict[str, int] = {
@@ -137,7 +143,10 @@ class NetRegisters(wiring.Component):
     config : Out(NetConfig)
         The network configuration held in the global registers (registered outputs).
     qp : Out(ArrayLayout(QPContext, num_ppus))
-        Each PPU's QP context (registered outputs).
+        Each PPU's QP context (registered outputs). A region's R_Key is valid
+        (``<name>_rkey_valid``) once its register has been written since the last reset or
+        restart of the QP (a write of HOST_QPN): until the host configures it, no R_Key opens
+        a region, whatever its value (zero included).
     tx_psn : In(ArrayLayout(24, num_ppus))
         Next PSN the TX builder sends on each QP, read back as TX_PSN.
     rx_epsn : In(ArrayLayout(24, num_ppus))
@@ -172,7 +181,8 @@ class NetRegisters(wiring.Component):
         if num_inc_sources < 1:
             raise ValueError(f"num_inc_sources must be at least 1, not {num_inc_sources}")
         for reg in GLOBAL_REGISTERS + QP_REGISTERS:
-            if reg.access is not Access.RO and reg.name not in REGISTER_WIDTHS:
+            if (reg.access is not Access.RO and reg.name not in REGISTER_WIDTHS
+                    and reg.name not in CONTROL_PLANE_REGISTERS):
                 raise ValueError(f"register {reg.name} has no stored width in REGISTER_WIDTHS")
         self.params = params
         self.num_inc_sources = num_inc_sources
@@ -205,11 +215,16 @@ class NetRegisters(wiring.Component):
         entries: dict[int, tuple] = {}
         # storage signal -> the strobe that its write pulses (a QP's HOST_QPN: ``qp_reset``)
         strobes: dict[int, Value] = {}
+        # storage signal -> the flag that its write sets (a region's R_Key: its valid bit)
+        sets: dict[int, Signal] = {}
+        region_keys = {r.rkey_register for r in regions(params, 0)}
         m.d.sync += self.qp_reset.eq(0)
 
         glob: dict[str, Signal] = {}
         for reg in GLOBAL_REGISTERS:
             addr = GLOBAL_BASE + reg.offset
+            if reg.name in CONTROL_PLANE_REGISTERS:
+                continue
             if reg.name == "VERSION":
                 entries[addr] = (Const(version_word(ISA_VERSION), 32), None)
             elif reg.name == "NUM_PPUS":
@@ -240,6 +255,13 @@ class NetRegisters(wiring.Component):
                     entries[addr] = (sig, sig if reg.access is Access.RW else None)
                     if reg.name == "HOST_QPN":
                         strobes[id(sig)] = self.qp_reset[n]
+                    if reg.name in region_keys:
+                        valid = Signal(name=f"qp{n}_{reg.name.lower()}_valid")
+                        sets[id(sig)] = valid
+                        regs[reg.name + "_VALID"] = valid
+                        # a restart of the QP (its HOST_QPN written) invalidates the key
+                        with m.If(self.qp_reset[n]):
+                            m.d.sync += valid.eq(0)
             qpregs.append(regs)
 
         # The entries by 64-byte window. Stage 1 registers, per window, whether ``addr`` lies
@@ -279,6 +301,8 @@ class NetRegisters(wiring.Component):
                                 m.d.sync += storage.eq(port.w_data)
                                 if id(storage) in strobes:
                                     m.d.sync += strobes[id(storage)].eq(1)
+                                if id(storage) in sets:
+                                    m.d.sync += sets[id(storage)].eq(1)
             r_data = r_data | Mux(in_w, w_data, 0)
             hit = hit | (in_w & w_hit)
         # the counters: stage 1 is the bank's registered read, the region match and its gate
@@ -307,6 +331,9 @@ class NetRegisters(wiring.Component):
                 qp.imem_rkey.eq(regs["IMEM_RKEY"]),
                 qp.env_rkey.eq(regs["ENV_RKEY"]),
                 qp.regs_rkey.eq(regs["REGS_RKEY"]),
+                qp.imem_rkey_valid.eq(regs["IMEM_RKEY_VALID"]),
+                qp.env_rkey_valid.eq(regs["ENV_RKEY_VALID"]),
+                qp.regs_rkey_valid.eq(regs["REGS_RKEY_VALID"]),
             ]
         return m
 

@@ -18,24 +18,28 @@ order (the first failing check names the reason); the counter strobes show one c
 3. IP: version not 4, IHL not 5, bad header checksum (0x0000 or 0xFFFF folded sum accepted),
    ``total_length`` < 20 or > frame length - 14 (padding allowed), fragment (MF or offset), dst
    not the QSC IP, protocol not UDP.
-4. UDP: ``length`` != ``total_length`` - 20, destination port neither 4791 (with RX_ENABLE set) nor
-   8192, a RoCEv2 datagram shorter than BTH + ICRC or not a multiple of 4 bytes, a control
-   datagram shorter than the 14-byte request.
+4. UDP: ``length`` != ``total_length`` - 20, destination port neither 4791 (with RX_ENABLE set:
+   off from reset) nor 8192, a RoCEv2 datagram shorter than BTH + ICRC or not a multiple of 4
+   bytes, a control datagram shorter than the 14-byte request; then a non-zero UDP checksum
+   that does not verify (RFC 1122 4.1.3.4).
 5. ICRC (RoCEv2 from here on): the received ICRC differs from the computed one.
 6. OPCODE: not UC RDMA_WRITE_ONLY, RDMA_WRITE_ONLY_WITH_IMMEDIATE or SEND_ONLY, or TVer != 0.
 7. PKEY: P_Key low 15 bits differ from the configured P_Key, or neither has the full-member bit.
 8. QPN: DestQP is not ``qpn_base + n`` for a PPU ``n``.
-9. LENGTH: the datagram is too short for its extension headers and PadCnt.
-10. VA (WRITE): VA[63:32] != 0, VA not 4-byte aligned, VA not in an RDMA region of PPU ``n``
+9. PEER: the source MAC or IP is not the QP's peer (HOST_MAC, HOST_IP), as rxe checks a
+   connected QP's addresses.
+10. LENGTH: the datagram is too short for its extension headers and PadCnt.
+11. VA (WRITE): VA[63:32] != 0, VA not 4-byte aligned, VA not in an RDMA region of PPU ``n``
     (:func:`openqlink.memory_map.regions`; the response mailbox is SEND-only).
-11. RKEY (WRITE): R_Key differs from the region's R_Key in PPU ``n``'s QP context.
-12. VA (WRITE): [VA, VA + DMALen) leaves the region.
-13. IMMDT: an RDMA_WRITE_WITH_IMMEDIATE into the instruction ring whose ImmDt, the ring's new
+12. RKEY (WRITE): R_Key differs from the region's R_Key in PPU ``n``'s QP context, or that key
+    is not valid: not written since reset or since the QP's HOST_QPN was (closed by default).
+13. VA (WRITE): [VA, VA + DMALen) leaves the region.
+14. IMMDT: an RDMA_WRITE_WITH_IMMEDIATE into the instruction ring whose ImmDt, the ring's new
     TAIL, is not an index of the ring (>= ``imem_depth``): the whole packet is dropped (its
     payload too), where the TAIL register would otherwise take ImmDt's low bits.
-14. LENGTH: WRITE DMALen != payload bytes (UDP payload - BTH - RETH - ImmDt - pad - ICRC);
+15. LENGTH: WRITE DMALen != payload bytes (UDP payload - BTH - RETH - ImmDt - pad - ICRC);
     SEND_ONLY payload > MAILBOX_BYTES.
-15. OVERFLOW: the frame did not fit the receive buffer, or the descriptor / control request queue
+16. OVERFLOW: the frame did not fit the receive buffer, or the descriptor / control request queue
     is full (only frames that pass every other check count here).
 
 PSN (UC): the ONLY opcodes are accepted whatever their PSN and resynchronise the expected PSN
@@ -695,6 +699,62 @@ class RoCEReceiver(wiring.Component):
         # frame fails the IP checks (ranked before ICRC) anyway.
         crc_now = icrc.crc
 
+        # UDP checksum (RFC 768; RFC 1071 sum; RFC 1122 4.1.3.4: a non-zero checksum is
+        # verified, for control datagrams and RoCEv2 alike, as a host stack does before rxe sees
+        # a packet): the one's-complement sum of the pseudo-header and the datagram. The
+        # pseudo-header's addresses and the datagram are frame bytes [26, 14 + total_length):
+        # beat 3 lanes 2-7, then beats 4 on up to the IP packet's end (padding left out); its
+        # protocol and UDP length (17 and total_length - 20, the UDP length being checked equal
+        # to that) start the sum. Each beat's masked words are reduced to two and registered,
+        # then added to ``l4_acc`` (32 bits: no overflow below 2**16 words), which holds the
+        # whole sum 2 cycles after the last beat, when the verdict stage reads it.
+        l4_init = Signal(16)                  # 17 + total_length - 20 (beat 2)
+        l4_end = Signal(17)                   # 14 + total_length: the IP packet's end (beat 2)
+        l4_on = Signal()                      # the next beat (>= 4) carries datagram bytes
+        l4_last = Signal()                    # ... and it is the last that does
+        l4_left = Signal(14)                  # beats after the next before the last
+        l4_lanes = Signal(3)                  # datagram lanes of the last beat (0: none)
+        with m.If(take & at[2]):
+            tl_now = Cat(data_in[8:16], data_in[:8])
+            m.d.sync += [l4_init.eq(tl_now - 3), l4_end.eq(tl_now + _IP_AT)]
+        with m.If(take & at[3]):
+            m.d.sync += [
+                l4_on.eq(1),
+                l4_left.eq(l4_end[3:] - 5),
+                l4_last.eq(l4_end[3:] == 4),
+                l4_lanes.eq(l4_end[:3]),
+            ]
+        with m.Elif(take & beyond3 & l4_on):
+            m.d.sync += [l4_left.eq(l4_left - 1), l4_last.eq(l4_left == 0)]
+            with m.If(l4_last):
+                m.d.sync += l4_on.eq(0)
+        lanes_below = Array(Const((1 << i) - 1, 8) for i in range(8))
+        l4_be = Signal(8)
+        m.d.comb += l4_be.eq(Mux(at[3], 0xFC,
+                                 Mux(beyond3 & l4_on,
+                                     Mux(l4_last, lanes_below[l4_lanes], 0xFF), 0)))
+        l4_data = Signal(64)
+        m.d.comb += l4_data.eq(data_in & _byte_mask(l4_be))
+        l4_words = [Cat(l4_data[16 * i + 8:16 * i + 16], l4_data[16 * i:16 * i + 8])
+                    for i in range(4)]
+        l4_s = Signal(18, reset_less=True)
+        l4_k = Signal(18, reset_less=True)
+        l4_first = Signal()                   # l4_s/l4_k are beat 3's
+        l4_add = Signal()                     # ... or a later datagram beat's
+        s_now, k_now = _csa4(l4_words, 18)
+        m.d.sync += [l4_s.eq(s_now), l4_k.eq(k_now),
+                     l4_first.eq(take & at[3]), l4_add.eq(take & (at[3] | (beyond3 & l4_on)))]
+        l4_acc = Signal(32)
+        with m.If(l4_add):
+            m.d.sync += l4_acc.eq(_sum4([Mux(l4_first, l4_init, l4_acc), l4_s, l4_k,
+                                         Const(0, 32)], 32))
+        # RFC 1071: the datagram checks when its sum is 0 mod 0xFFFF (never 0 itself: the
+        # protocol number is in it); sum[15:0] + sum[31:16] is then 0xFFFF or 0x1FFFE.
+        l4_fold = Signal(17)
+        m.d.comb += l4_fold.eq(l4_acc[:16] + l4_acc[16:])
+        l4_sum_bad = Signal()
+        m.d.comb += l4_sum_bad.eq((l4_fold != 0xFFFF) & (l4_fold != 0x1FFFE))
+
         # ---- buffer write, three cycles behind the arrival ----------------------------------
         # The delay lets the decision of the previous frame (3 cycles after its last beat) move
         # wr_base before the next frame's first word is written. Whether a word fits is found
@@ -779,6 +839,8 @@ class RoCEReceiver(wiring.Component):
             "opcode_fail": 1,
             "pkey_fail": 1,
             "qpn_fail": 1,
+            "udp_sum_on": 1,                  # the UDP checksum is not 0: verify it
+            "peer_fail": 1,                   # source MAC or IP is not the QP's peer
             "has_reth": 1,
             "has_immdt": 1,
             "send": 1,
@@ -809,6 +871,10 @@ class RoCEReceiver(wiring.Component):
         m.d.sync += [dst_mine.eq(eth["dst"] == cfg.qsc_mac),
                      dst_bcast.eq(eth["dst"] == _BROADCAST)]
         udp_p20 = Signal(17)                  # udp length + 20 (beat 4)
+        src_mac_peer = Signal()               # the source MAC is the peer's (beat 1)
+        src_ip_peer = Signal()                # the source IP is the peer's (beat 3)
+        m.d.sync += [src_mac_peer.eq(eth["src"] == cfg.host_mac),
+                     src_ip_peer.eq(ip["src"] == cfg.host_ip)]
         m.d.sync += [tl_p14.eq(total_length + _IP_AT),
                      udp_p20.eq(udp_len + IPV4.length_bytes)]
         ip_ok_fields = ((ip["version"] == 4) & (ip["ihl"] == 5) & ~ip["flags"][0] &
@@ -836,6 +902,8 @@ class RoCEReceiver(wiring.Component):
             c1.opcode_fail.eq(~op["supported"] | (bth["tver"] != 0)),
             c1.pkey_fail.eq((rx_pkey[:15] != cfg.p_key[:15]) | ~(rx_pkey[15] | cfg.p_key[15])),
             c1.qpn_fail.eq((bth["dest_qp"] < params.qpn_base) | (qpn_off >= num_ppus)),
+            c1.peer_fail.eq(~src_mac_peer | ~src_ip_peer),
+            c1.udp_sum_on.eq(udp["checksum"] != 0),
             c1.has_reth.eq(op["has_reth"]),
             c1.has_immdt.eq(op["has_immdt"]),
             c1.send.eq(op["send"]),
@@ -866,8 +934,9 @@ class RoCEReceiver(wiring.Component):
             hi = lo + region.length_bytes
             m.d.sync += [
                 c1.region_hit[r].eq((win_off >= lo) & (win_off < hi)),
-                c1.rkey_ok[r].eq(reth["r_key"] == getattr(qpc_now,
-                                                          region.rkey_register.lower())),
+                c1.rkey_ok[r].eq(
+                    (reth["r_key"] == getattr(qpc_now, region.rkey_register.lower())) &
+                    getattr(qpc_now, region.rkey_register.lower() + "_valid")),
             ]
 
         # ---- verdict: the checks, registered 2 cycles after the last beat --------------------
@@ -902,29 +971,33 @@ class RoCEReceiver(wiring.Component):
 
         roce = c1.is_roce
         write = c1.has_reth
-        checks = [
-            (c1.mac_fail, DropReason.MAC),
-            (c1.eth_fail, DropReason.ETH),
-            (c1.ip_fields_fail | c1.ip_dst_fail | c1.ip_len_fail | csum_fail, DropReason.IP),
-            (c1.udp_fail | c1.udp_len_fail, DropReason.UDP),
-            (roce & icrc_fail, DropReason.ICRC),
-            (roce & c1.opcode_fail, DropReason.OPCODE),
-            (roce & c1.pkey_fail, DropReason.PKEY),
-            (roce & c1.qpn_fail, DropReason.QPN),
-            (roce & hdrlen_fail, DropReason.LENGTH),
-            (roce & write & (c1.va_fail | ~region_hit), DropReason.VA),
-            (roce & write & rkey_fail, DropReason.RKEY),
-            (roce & write & range_fail, DropReason.VA),
-            (roce & c1.has_immdt & is_imem & c1.imm_fail, DropReason.IMMDT),
-            (roce & len_fail, DropReason.LENGTH),
+        udp_sum_fail = Signal()
+        m.d.comb += udp_sum_fail.eq(c1.udp_sum_on & l4_sum_bad)
+        # (fail, reason, early): the checks in rank order. The early ones are single bits of
+        # c1 (and ``roce``), ORed in the verdict stage: at the decision ``dropped`` is that OR
+        # and the other checks' fail bits.
+        ranked = [
+            (c1.mac_fail, DropReason.MAC, True),
+            (c1.eth_fail, DropReason.ETH, True),
+            (c1.ip_fields_fail | c1.ip_dst_fail | c1.ip_len_fail | csum_fail, DropReason.IP,
+             False),
+            (c1.udp_fail | c1.udp_len_fail, DropReason.UDP, True),
+            (udp_sum_fail, DropReason.UDP, False),
+            (roce & icrc_fail, DropReason.ICRC, False),
+            (roce & c1.opcode_fail, DropReason.OPCODE, True),
+            (roce & c1.pkey_fail, DropReason.PKEY, True),
+            (roce & c1.qpn_fail, DropReason.QPN, True),
+            (roce & c1.peer_fail, DropReason.PEER, True),
+            (roce & hdrlen_fail, DropReason.LENGTH, True),
+            (roce & write & (c1.va_fail | ~region_hit), DropReason.VA, False),
+            (roce & write & rkey_fail, DropReason.RKEY, False),
+            (roce & write & range_fail, DropReason.VA, False),
+            (roce & c1.has_immdt & is_imem & c1.imm_fail, DropReason.IMMDT, False),
+            (roce & len_fail, DropReason.LENGTH, False),
         ]
-        # The checks that are single bits of c1, ORed in the verdict stage: at the decision
-        # ``dropped`` is this bit and the other checks' fail bits.
-        early = [0, 1, 3, 5, 6, 7, 8]
-        early_fail = (c1.mac_fail | c1.eth_fail | c1.ip_fields_fail | c1.ip_dst_fail |
-                      c1.ip_len_fail |
-                      c1.udp_fail | c1.udp_len_fail |
-                      (roce & (c1.opcode_fail | c1.pkey_fail | c1.qpn_fail | hdrlen_fail)))
+        checks = [(cond, why) for cond, why, _ in ranked]
+        early = [i for i, (_, _, is_early) in enumerate(ranked) if is_early]
+        early_fail = Cat(*(cond for cond, _, is_early in ranked if is_early)).any()
 
         # Descriptor fields that depend only on the header (the buffer position comes at the
         # decision).

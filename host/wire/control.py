@@ -51,6 +51,10 @@ class Status(enum.IntEnum, shape=8):
     bound (:data:`openqlink.gateware.net.control.PPU_TIMEOUT_CYCLES` ``rti`` cycles): its clock is
     stopped, it is held in reset, or the crossing to it stayed full. A WR_DWORD so answered was
     not executed; a RD_DWORD may still be executed later (its answer is discarded).
+
+    ``CLAIMED`` (an openqlink extension): another host claimed the QSC (its global CLAIM
+    register, see :mod:`openqlink.memory_map`): the write was not executed, and the request
+    neither checked nor latched the sequence number. Reads are never refused.
     """
 
     OK = 0x00
@@ -60,3 +64,4 @@ class Status(enum.IntEnum, shape=8):
     BAD_FLAGS = 0x06
     SEQUENCE_ERROR = 0x0B
     PPU_TIMEOUT = 0x20
+    CLAIMED = 0x21

@@ -43,9 +43,14 @@ class ControlHarness(wiring.Component):
         return m
 
 
-def req(cmd, addr, data=0, *, flags=ACK, seq=0):
-    return dict(src_mac=HOST_MAC, src_ip=HOST_IP, src_port=HOST_PORT, cmd=int(cmd),
+def req(cmd, addr, data=0, *, flags=ACK, seq=0, src_mac=HOST_MAC, src_ip=HOST_IP):
+    return dict(src_mac=src_mac, src_ip=src_ip, src_port=HOST_PORT, cmd=int(cmd),
                 flags=flags, seq=seq, addr=addr, data=data)
+
+
+#: A second host on the LAN, and one that shares the owner's IP but not its MAC.
+OTHER = dict(src_mac=HOST_MAC + 1, src_ip=HOST_IP + 1)
+SPOOF_IP = dict(src_mac=HOST_MAC + 2, src_ip=HOST_IP)
 
 
 def reply_of(p):
@@ -344,3 +349,73 @@ def test_ppu_command_dropped_is_answered_at_once_and_counted():
         assert reply["value"] == 1 + cycles       # one per cycle with bus_drop high
 
     _sim(tb)
+
+
+def test_claim_a_write_claims_and_other_hosts_writes_are_refused():
+    """The first accepted write claims the QSC for its source; another host's writes (a
+    different IP, or the owner's IP from a different MAC) are answered CLAIMED and not done,
+    while its reads are answered; the owner releases with a write of 0 to CLAIM, and then the
+    other host may claim it."""
+    scratch, claim = global_reg("SCRATCH"), global_reg("CLAIM")
+    replies, bus = run([
+        req(Command.RD_DWORD, claim, seq=1, **OTHER),                  # unclaimed: 0
+        req(Command.WR_DWORD, scratch, 11, seq=2),                     # claims
+        req(Command.RD_DWORD, claim, seq=3, **OTHER),                  # the owner's IP
+        req(Command.WR_DWORD, scratch, 22, seq=4, **OTHER),            # refused
+        req(Command.WR_DWORD, ppu_reg(0, "TRIGGER"), 1, seq=5, **SPOOF_IP),  # refused
+        req(Command.WR_DWORD, claim, 0, seq=6, **OTHER),               # no release by others
+        req(Command.RD_DWORD, scratch, seq=7, **OTHER),                # reads stay open
+        req(Command.WR_DWORD, claim, 0, seq=8),                        # the owner releases
+        req(Command.WR_DWORD, scratch, 33, seq=9, **OTHER),            # claims it
+        req(Command.WR_DWORD, scratch, 44, seq=10),                    # now refused
+        req(Command.RD_DWORD, claim, seq=11),
+    ])
+    assert bus == []
+    assert brief(replies) == [
+        (0x94, 0, claim, 0, 1),
+        (0x84, 0, scratch, 11, 2),
+        (0x94, 0, claim, HOST_IP, 2),             # another host's request latches nothing
+        (0x84, Status.CLAIMED, scratch, 0, 2),
+        (0x84, Status.CLAIMED, ppu_reg(0, "TRIGGER"), 0, 2),
+        (0x84, Status.CLAIMED, claim, 0, 2),
+        (0x94, 0, scratch, 11, 2),
+        (0x84, 0, claim, 0, 8),
+        (0x84, 0, scratch, 33, 9),
+        (0x84, Status.CLAIMED, scratch, 0, 9),
+        (0x94, 0, claim, HOST_IP + 1, 9),
+    ]
+
+
+def test_claim_other_hosts_do_not_disturb_the_owners_sequence():
+    """Another host's requests neither check nor latch the sequence number: the owner's
+    sequence-checked session goes on as if they had not come."""
+    scratch = global_reg("SCRATCH")
+    replies, _ = run([
+        req(Command.WR_DWORD, scratch, 1, flags=ACK | SEQ, seq=10),
+        req(Command.RD_DWORD, scratch, flags=ACK | SEQ, seq=500, **OTHER),   # not checked
+        req(Command.WR_DWORD, scratch, 2, flags=ACK | SEQ, seq=11),
+    ])
+    assert brief(replies) == [
+        (0x84, 0, scratch, 1, 10),
+        (0x94, 0, scratch, 1, 10),
+        (0x84, 0, scratch, 2, 11),
+    ]
+
+
+def test_claim_refused_and_failed_writes():
+    """A write that fails its flags or sequence check claims nothing; a write the QSC accepts
+    claims it even when it then fails (BAD_ADDRESS); a write of 0 to CLAIM on an unclaimed QSC
+    leaves it unclaimed."""
+    scratch, claim = global_reg("SCRATCH"), global_reg("CLAIM")
+    replies, _ = run([
+        req(Command.WR_DWORD, claim, 0, seq=1, **OTHER),
+        req(Command.WR_DWORD, scratch, 5, flags=ACK | 0x10, seq=2, **OTHER),   # BAD_FLAGS
+        req(Command.WR_DWORD, 0x0C, 5, seq=3),                                # claims
+        req(Command.WR_DWORD, scratch, 6, seq=4, **OTHER),
+    ])
+    assert brief(replies) == [
+        (0x84, 0, claim, 0, 1),
+        (0x84, Status.BAD_FLAGS, scratch, 0, 1),
+        (0x84, Status.BAD_ADDRESS, 0x0C, 0, 3),
+        (0x84, Status.CLAIMED, scratch, 0, 3),
+    ]

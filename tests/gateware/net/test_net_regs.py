@@ -10,6 +10,7 @@ from amaranth.sim import Simulator
 
 from openqlink.gateware.net.common import COUNTER_INDEX
 from openqlink.gateware.net.regs import (
+    CONTROL_PLANE_REGISTERS,
     COUNTER_LAG_CYCLES,
     NUM_COUNTERS,
     READ_LATENCY_CYCLES,
@@ -71,7 +72,10 @@ def test_reset_values_and_config():
         assert await read(ctx, dut, global_reg("QSC_MAC_LO")) == (1, 0x22334455)
         assert await read(ctx, dut, global_reg("QSC_IP")) == (1, ip_to_int("10.1.2.3"))
         for reg in GLOBAL_REGISTERS:
-            if reg.name not in ("VERSION", "NUM_PPUS", "QSC_MAC_HI", "QSC_MAC_LO", "QSC_IP"):
+            if reg.name in CONTROL_PLANE_REGISTERS:        # not decoded here
+                assert (await read(ctx, dut, global_reg(reg.name)))[0] == 0, reg.name
+            elif reg.name not in ("VERSION", "NUM_PPUS", "QSC_MAC_HI", "QSC_MAC_LO",
+                                  "QSC_IP"):
                 assert await read(ctx, dut, global_reg(reg.name)) == (1, reg.reset), reg.name
         for n in range(3):
             assert await read(ctx, dut, qp_reg(n, "QSC_QPN")) == (1, 0x200 + n)
@@ -81,9 +85,13 @@ def test_reset_values_and_config():
         cfg = ctx.get(dut.config)
         assert cfg.qsc_mac == mac_to_int("02:11:22:33:44:55")
         assert cfg.qsc_ip == ip_to_int("10.1.2.3")
-        assert cfg.p_key == 0xFFFF and cfg.udp_src_port == 0xC000 and cfg.rx_enable == 1
+        # closed from reset: RDMA receive off, no region's R_Key valid
+        assert cfg.p_key == 0xFFFF and cfg.udp_src_port == 0xC000 and cfg.rx_enable == 0
         qp = ctx.get(dut.qp)
         assert qp[2].num_slots == 8 and qp[2].slot_size == 256
+        for n in range(3):
+            assert (qp[n].imem_rkey_valid, qp[n].env_rkey_valid, qp[n].regs_rkey_valid) == \
+                (0, 0, 0)
 
     simulate(tb)
 
@@ -118,6 +126,16 @@ def test_writes_drive_config_and_qp_contexts():
         assert qp[1].ring_va == 0x1_8000_0000
         assert qp[1].num_slots == 4096 and qp[1].slot_size == 512
         assert (qp[2].imem_rkey, qp[2].env_rkey, qp[2].regs_rkey) == (0x11, 0x22, 0x33)
+        # a key is valid once written; a write of the QP's HOST_QPN invalidates its keys alone
+        assert (qp[2].imem_rkey_valid, qp[2].env_rkey_valid, qp[2].regs_rkey_valid) == (1, 1, 1)
+        assert (qp[1].imem_rkey_valid, qp[1].env_rkey_valid, qp[1].regs_rkey_valid) == (0, 0, 0)
+        await write(ctx, dut, qp_reg(1, "ENV_RKEY"), 0x44)
+        await write(ctx, dut, qp_reg(2, "HOST_QPN"), 0x5)
+        await write(ctx, dut, qp_reg(2, "ENV_RKEY"), 0x22)
+        await ctx.tick()
+        qp = ctx.get(dut.qp)
+        assert (qp[1].imem_rkey_valid, qp[1].env_rkey_valid, qp[1].regs_rkey_valid) == (0, 1, 0)
+        assert (qp[2].imem_rkey_valid, qp[2].env_rkey_valid, qp[2].regs_rkey_valid) == (0, 1, 0)
         assert qp[0].host_qpn == 0 and qp[0].imem_rkey == 0
 
     simulate(tb)
@@ -361,7 +379,7 @@ def test_unmapped_addresses_miss():
 
 def test_every_writable_register_has_a_width():
     for reg in GLOBAL_REGISTERS + QP_REGISTERS:
-        if reg.access is not Access.RO:
+        if reg.access is not Access.RO and reg.name not in CONTROL_PLANE_REGISTERS:
             assert 1 <= REGISTER_WIDTHS[reg.name] <= 32
 
 

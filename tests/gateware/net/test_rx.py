@@ -39,6 +39,7 @@ from openqlink.memory_map import (
     REGS_OFFSET,
     QSCParams,
     counter_addr,
+    global_reg,
     ppu_base,
     ppu_reg,
     qp_reg,
@@ -92,12 +93,26 @@ async def reg_read(ctx, regs, addr: int) -> int:
 COUNTER_NAMES = ["RX_FRAMES", "RX_ROCE_ACCEPTED", "DROP_ETH", "DROP_IP", "DROP_UDP",
                  "DROP_ICRC", "DROP_OPCODE", "DROP_PKEY", "DROP_QPN", "DROP_RKEY", "DROP_VA",
                  "DROP_LENGTH", "DROP_PSN", "PSN_GAP", "DROP_OVERFLOW", "RX_RPC_RESPONSES",
-                 "DROP_MAC", "DROP_IMMDT"]
+                 "DROP_MAC", "DROP_IMMDT", "DROP_PEER"]
+
+
+async def configure_rx(ctx, regs, params) -> None:
+    """What a host's configure writes: the peer's addresses, each QP's region R_Keys, then
+    RX_ENABLE."""
+    await reg_write(ctx, regs, global_reg("HOST_MAC_HI"), HOST_MAC >> 32)
+    await reg_write(ctx, regs, global_reg("HOST_MAC_LO"), HOST_MAC & 0xFFFF_FFFF)
+    await reg_write(ctx, regs, global_reg("HOST_IP"), HOST_IP)
+    for n in range(params.num_ppus):
+        await reg_write(ctx, regs, qp_reg(n, "IMEM_RKEY"), IMEM_RKEY + n)
+        await reg_write(ctx, regs, qp_reg(n, "ENV_RKEY"), ENV_RKEY + n)
+        await reg_write(ctx, regs, qp_reg(n, "REGS_RKEY"), REGS_RKEY + n)
+    await reg_write(ctx, regs, global_reg("RX_ENABLE"), 1)
 
 
 def run_rx(frames, *, params=PARAMS, ready=lambda c: True, gap=0, rng=None, setup=None,
-           settle=80, ctrl_ready=lambda c: True, after=None, **kw):
+           settle=80, ctrl_ready=lambda c: True, after=None, configure=True, **kw):
     """Drive ``frames``; return (bus commands, control requests, counters, epsn list).
+    ``configure`` (default) first writes what a host's configure would (:func:`configure_rx`);
     ``setup(ctx, regs)`` runs before the frames, ``after(ctx, regs)`` once they settled."""
     h = RxHarness(params, **kw)
     dut, regs = h.dut, h.regs
@@ -108,10 +123,8 @@ def run_rx(frames, *, params=PARAMS, ready=lambda c: True, gap=0, rng=None, setu
     result = {}
 
     async def testbench(ctx):
-        for n in range(params.num_ppus):
-            await reg_write(ctx, regs, qp_reg(n, "IMEM_RKEY"), IMEM_RKEY + n)
-            await reg_write(ctx, regs, qp_reg(n, "ENV_RKEY"), ENV_RKEY + n)
-            await reg_write(ctx, regs, qp_reg(n, "REGS_RKEY"), REGS_RKEY + n)
+        if configure:
+            await configure_rx(ctx, regs, params)
         if setup is not None:
             await setup(ctx, regs)
         await drive_frames(ctx, dut.rx, frames, gap=gap, rng=rng)
@@ -208,18 +221,18 @@ def test_first_bus_command_latency():
     seen = {}
 
     async def tb(ctx):
-        await reg_write(ctx, h.regs, qp_reg(0, "IMEM_RKEY"), IMEM_RKEY)
+        await configure_rx(ctx, h.regs, PARAMS)
         ctx.set(dut.bus_cmd.ready, 1)
         for b in beats(write_frame(IMEM0, bytes(32), IMEM_RKEY)):
             ctx.set(dut.rx.valid, 1)
             ctx.set(dut.rx.payload, b)
             await ctx.tick()
         ctx.set(dut.rx.valid, 0)
-        cycles = 1
-        while not ctx.get(dut.bus_cmd.valid):
+        for cycles in range(1, 100):
+            if ctx.get(dut.bus_cmd.valid):
+                seen["latency"] = cycles
+                break
             await ctx.tick()
-            cycles += 1
-        seen["latency"] = cycles
 
     sim = Simulator(h)
     sim.add_clock(6.4e-9)
@@ -455,6 +468,109 @@ def test_pkey_configured():
     assert counters["RX_ROCE_ACCEPTED"] == 1
     assert counters["DROP_PKEY"] == 2
     assert cmds == expected_writes(GOOD_VA, D16)
+
+
+def test_closed_from_reset_nothing_lands_before_configure():
+    """From reset RDMA receive is off and no R_Key is valid: an R_Key-0 write into the PPU's
+    registers (TRIGGER) lands nowhere; control requests are still taken."""
+    regs0 = ppu_base(0) + REGS_OFFSET
+    zero_key = [write_frame(regs0, bytes(8), 0), write_frame(GOOD_VA, D16, 0),
+                control_frame(Command.RD_DWORD, 0)]
+    cmds, reqs, counters, _ = run_rx(zero_key, configure=False)
+    assert cmds == [] and len(reqs) == 1
+    assert nonzero(counters) == {"RX_FRAMES": 3, "DROP_UDP": 2}
+
+    async def enable_only(ctx, regs):
+        # the peer and RX_ENABLE, but no R_Key written: every key, 0 included, is invalid
+        await reg_write(ctx, regs, global_reg("HOST_MAC_HI"), HOST_MAC >> 32)
+        await reg_write(ctx, regs, global_reg("HOST_MAC_LO"), HOST_MAC & 0xFFFF_FFFF)
+        await reg_write(ctx, regs, global_reg("HOST_IP"), HOST_IP)
+        await reg_write(ctx, regs, global_reg("RX_ENABLE"), 1)
+
+    cmds, _, counters, _ = run_rx(zero_key[:2] + [send_frame(b"ok")], configure=False,
+                                  setup=enable_only)
+    mailbox = ppu_base(0) + MAILBOX_OFFSET
+    assert cmds == expected_writes(mailbox, b"ok") + [mailbox_commit(mailbox, 2)]
+    assert counters["DROP_RKEY"] == 2 and counters["RX_ROCE_ACCEPTED"] == 1
+
+
+def test_a_qp_restart_invalidates_its_rkeys_until_written_again():
+    """A write of HOST_QPN (a host configuring the QP anew) closes the QP's regions until their
+    R_Keys are written again; another QP's keys stay valid."""
+    params = QSCParams(num_ppus=2)
+    ok0 = _w()
+    ok1 = write_frame(ppu_base(1) + IMEM_OFFSET, D16, IMEM_RKEY + 1, dest_qp=params.qpn_base + 1)
+
+    async def restart(ctx, regs):
+        await reg_write(ctx, regs, qp_reg(0, "HOST_QPN"), 0x321)
+
+    cmds, _, counters, _ = run_rx([ok0, ok1], params=params, setup=restart)
+    assert cmds == expected_writes(ppu_base(1) + IMEM_OFFSET, D16)
+    assert counters["DROP_RKEY"] == 1
+
+    async def restart_and_rekey(ctx, regs):
+        await restart(ctx, regs)
+        await reg_write(ctx, regs, qp_reg(0, "IMEM_RKEY"), IMEM_RKEY)
+
+    cmds, _, counters, _ = run_rx([ok0], params=params, setup=restart_and_rekey)
+    assert cmds == expected_writes(GOOD_VA, D16) and counters["DROP_RKEY"] == 0
+
+
+@pytest.mark.parametrize("who", ["mac", "ip", "both"])
+def test_packets_from_another_address_than_the_peer_are_dropped(who):
+    """rxe's address check: a QP takes packets only from its peer's MAC and IP, whatever the
+    keys say; the peer's next packet is taken."""
+    eth = {"src": HOST_MAC ^ 0x10} if who in ("mac", "both") else None
+    ip = {"src": HOST_IP + 7} if who in ("ip", "both") else None
+    frames = [_w(eth=eth, ip=ip), send_frame(b"x" * 8, eth=eth, ip=ip), _w()]
+    cmds, _, counters, _ = run_rx(frames)
+    assert cmds == expected_writes(GOOD_VA, D16)
+    assert nonzero(counters) == {"RX_FRAMES": 3, "DROP_PEER": 2, "RX_ROCE_ACCEPTED": 1}
+
+
+def _scapy_udp(dport: int, l4: bytes, *, chksum: int | None = None, pad: bytes = b"",
+               ip_id: int = 1, ip_frag: int = 0x4000) -> bytes:
+    """An Ethernet/IPv4/UDP frame from the peer, its UDP checksum computed by scapy (an
+    independent RFC 768 implementation; GPL: tests only) unless ``chksum`` is given, then
+    ``pad`` (Ethernet padding, outside the checksum)."""
+    from scapy.layers import inet
+    from scapy.layers.l2 import Ether
+
+    p = (Ether(dst=PARAMS.mac, src="02:00:00:00:00:65") /
+         inet.IP(src="192.168.0.101", dst=PARAMS.ip, id=ip_id, flags=ip_frag >> 13,
+                 frag=ip_frag & 0x1FFF) /
+         inet.UDP(sport=HOST_PORT, dport=dport, chksum=chksum) / l4)
+    return bytes(p) + pad
+
+
+def test_udp_checksum_verified_when_not_zero():
+    """RFC 1122: a non-zero UDP checksum is verified, for control datagrams (padded or odd
+    length, the padding left out of the sum) and RoCEv2 alike; zero means none."""
+    from openqlink.wire.control import CONTROL_REQUEST
+    from openqlink.wire.udp import CONTROL_PORT, ROCEV2_PORT
+
+    req = CONTROL_REQUEST.pack(cmd=Command.RD_DWORD, flags=0, seq=3, addr=0, data=0)
+    good_ctrl = _scapy_udp(CONTROL_PORT, req, pad=bytes(range(0xA0, 0xA4)))
+    odd_ctrl = _scapy_udp(CONTROL_PORT, req + b"\x5a", pad=b"\xff\xee\xdd")
+    roce = _w()                                   # netbench's frame: checksum 0
+    udp_at = 14 + 20
+    roce_l4 = roce[udp_at + 8:14 + int.from_bytes(roce[16:18], "big")]
+    # the same IPv4 identification and flags: the ICRC covers them
+    good_roce = _scapy_udp(ROCEV2_PORT, roce_l4, ip_id=int.from_bytes(roce[18:20], "big"),
+                           ip_frag=int.from_bytes(roce[20:22], "big"))
+    for f in (good_ctrl, odd_ctrl, good_roce):
+        assert f[udp_at + 6:udp_at + 8] != bytes(2)
+
+    def corrupt(frame: bytes) -> bytes:           # the checksum off by one
+        c = int.from_bytes(frame[udp_at + 6:udp_at + 8], "big")
+        return frame[:udp_at + 6] + ((c % 0xFFFF) + 1).to_bytes(2, "big") + frame[udp_at + 8:]
+
+    frames = [good_ctrl, odd_ctrl, good_roce, corrupt(good_ctrl), corrupt(odd_ctrl),
+              corrupt(good_roce), _scapy_udp(CONTROL_PORT, req, chksum=0)]
+    cmds, reqs, counters, _ = run_rx(frames)
+    assert len(reqs) == 3
+    assert cmds == expected_writes(GOOD_VA, D16)
+    assert nonzero(counters) == {"RX_FRAMES": 7, "DROP_UDP": 3, "RX_ROCE_ACCEPTED": 1}
 
 
 def test_truncated_and_runt_frames():
