@@ -1,5 +1,8 @@
 """Fault-injection bench: bad RoCE packets against the QSC's Verilog must write nothing.
 
+It begins with the QSC closed by default (:func:`closed_session`): nothing lands before the host
+configures it, and a second host can neither configure it nor write through RDMA.
+
 For each fault (a bad ICRC, a wrong R_Key, a VA range that leaves the instruction ring, a wrong
 DestQP, a wrong P_Key) the host sends a UC RDMA_WRITE_ONLY built by its own UC endpoint and then
 damaged; the bench then reads the drop counters and the targeted instruction-ring words back over
@@ -18,6 +21,7 @@ from cocotb.task import bridge
 from cocotb.triggers import Timer
 
 from ..dispatch import SlotRing
+from ..errors import ClaimedError
 from ..isa import PPUState, assemble
 from ..memory_map import IMEM_OFFSET, ppu_base, ppu_reg, qp_reg
 from ..qsc import QSC
@@ -158,6 +162,64 @@ def reconnect_session(tb: TB) -> dict:
     return out
 
 
+#: A second host on the bench's LAN.
+OTHER_HOST_MAC = "02:00:00:00:00:77"
+OTHER_HOST_IP = "192.168.0.77"
+
+
+def closed_session(tb: TB) -> dict:
+    """Closed by default, against the gateware: straight after reset an R_Key-0 write to PPU
+    0's TRIGGER runs nothing; once the host configured the QSC (claiming it), a second host can
+    read but not configure it (ClaimedError), and its RoCE packets, even with the right keys,
+    are dropped as not from the QP's peer (DROP_PEER); once released, the second host can claim
+    it, and its own release gives it back."""
+    qsc = tb.qsc
+    out: dict = {}
+    trigger = ppu_reg(0, "TRIGGER")
+    counters = qsc.counters()
+    # The host's own addresses and the QSC's QPN; R_Key 0: what an unconfigured QSC held.
+    zero_key = build_roce_frame(
+        dst_mac=qsc.qsc_mac, src_mac=qsc.host_mac, src_ip=qsc.host_ip, dst_ip=qsc.qsc_ip,
+        src_port=qsc.roce_src_port, opcode=Opcode.RDMA_WRITE_ONLY, dest_qp=qsc.params.qpn_base,
+        psn=0, va=trigger, r_key=0, payload=(1).to_bytes(4, "little"))
+    tb.transport.send_frame(zero_key)
+    after = qsc.counters()
+    out["before_configure"] = {
+        "state": PPUState(qsc.status(0).state).name,
+        "drop_udp": after["DROP_UDP"] - counters["DROP_UDP"],
+        "accepted": after["RX_ROCE_ACCEPTED"] - counters["RX_ROCE_ACCEPTED"],
+    }
+    qsc.connect()
+    qp = qsc.configure(0, tb.ring)
+    other = QSC(tb.transport, params=tb.params, host_mac=OTHER_HOST_MAC,
+                host_ip=OTHER_HOST_IP)
+    out["other_version"] = other.connect()
+    out["owner"] = other.claim_owner()
+    try:
+        other.configure(0)
+        out["other_configure"] = "ok"
+    except ClaimedError as e:
+        out["other_configure"] = f"ClaimedError {e.status:#04x}"
+    imem = ppu_base(0) + IMEM_OFFSET
+    before = _read_words(qsc, imem, 16)
+    counters = qsc.counters()
+    good = qp.write_frame(imem, qsc.rkeys(0).imem, PATTERN)
+    tb.transport.send_frame(_rebuild(good, src_mac=other.host_mac, src_ip=other.host_ip))
+    after = qsc.counters()
+    out["other_write"] = {
+        "drop_peer": after["DROP_PEER"] - counters["DROP_PEER"],
+        "accepted": after["RX_ROCE_ACCEPTED"] - counters["RX_ROCE_ACCEPTED"],
+        "unchanged": _read_words(qsc, imem, 16) == before,
+    }
+    qsc.release()
+    out["owner_released"] = other.claim_owner()
+    other.configure(0)
+    out["owner_other"] = qsc.claim_owner()
+    other.release()
+    out["owner_end"] = qsc.claim_owner()
+    return out
+
+
 def host_session(tb: TB) -> dict:
     qsc = tb.qsc
     qsc.connect()
@@ -217,7 +279,9 @@ async def inject_faults(dut):
     tb.ring = SlotRing(cfg["num_slots"], cfg["slot_size"])
     tb.qsc = QSC(tb.transport, params=tb.params, host_mac=cfg["host_mac"],
                  host_ip=cfg["host_ip"])
+    closed = await bridge(closed_session)(tb)
     results = await bridge(host_session)(tb)
+    results["closed"] = closed
     results["lost_upload"] = await bridge(lost_upload_session)(tb)
     results["reconnect"] = await bridge(reconnect_session)(tb)
     await Timer(1, "us")

@@ -152,6 +152,21 @@ def test_bad_packets_are_dropped_counted_and_write_nothing(faults):
     assert results["good_write_after_faults"] == results["pattern"]
 
 
+def test_the_qsc_is_closed_by_default_and_to_other_hosts(faults):
+    """Against the gateware: an R_Key-0 write to TRIGGER straight after reset is dropped (RDMA
+    receive off) and runs nothing; a second host reads but cannot configure a claimed QSC, nor
+    write through RDMA with the owner's keys; releases hand the claim over."""
+    closed = faults["closed"]
+    assert closed["before_configure"] == {"state": "IDLE", "drop_udp": 1, "accepted": 0}
+    assert closed["other_version"] != 0
+    assert closed["owner"] == "192.168.0.1"
+    assert closed["other_configure"] == "ClaimedError 0x21"
+    assert closed["other_write"] == {"drop_peer": 1, "accepted": 0, "unchanged": True}
+    assert closed["owner_released"] is None
+    assert closed["owner_other"] == "192.168.0.77"
+    assert closed["owner_end"] is None
+
+
 def test_a_lost_upload_packet_never_runs_a_stale_program(faults):
     """UC does not retransmit: the QSC refuses a trigger whose upload lost a packet, and a
     verified upload sends it again, against the gateware."""
