@@ -7,10 +7,15 @@
 a time and in order, and answers them with a :class:`~openqlink.gateware.net.common.ControlReply`
 for the TX builder:
 
+Checks in Holoscan Sensor Bridge's order (its RTL's priority), the first failing one answering:
+
+* a command byte that is none of WR_DWORD, RD_DWORD, WR_BLOCK, RD_BLOCK: BAD_COMMAND, the reply's
+  ``cmd`` the byte as it came (no response bit);
 * flags other than ACK_REQUEST | SEQUENCE_CHECK: status BAD_FLAGS, nothing done;
-* SEQUENCE_CHECK set and ``seq`` != last accepted ``seq`` + 1 (mod 2**16): SEQUENCE_ERROR, nothing
-  done (the first request after reset is always accepted). Every other request is *accepted*: its
-  ``seq`` becomes ``latched_seq``, even when it then fails with BAD_ADDRESS or BAD_COMMAND;
+* SEQUENCE_CHECK set and ``seq`` != last latched ``seq`` + 1 (mod 2**16): SEQUENCE_ERROR, nothing
+  done (the first request after reset is always accepted). None of these three latches ``seq``.
+  Every other request is *accepted*: its ``seq`` becomes ``latched_seq``, except that an address
+  error (BAD_ADDRESS, found here or by the PPU side's READ) leaves the latch as it was;
 * the claim (an openqlink extension, the global CLAIM register): while the QSC is claimed, a
   request whose source MAC or IP is not the owner's is *foreign*: a write command (WR_DWORD,
   WR_BLOCK) is answered CLAIMED and not done; a read is done. Foreign requests neither check
@@ -24,11 +29,11 @@ for the TX builder:
   32-bit value in both halves of ``data``, byte enables 0x0F or 0xF0 by ``addr[2]``) or READ
   (``word_addr = addr >> 3``, the same byte enables naming the half wanted, ``data`` the READ's
   tag; the answer's half selected by ``addr[2]``; ``BusReadData.error`` gives BAD_ADDRESS);
-* any other address (or an unaligned one): BAD_ADDRESS; any other command (WR_BLOCK, RD_BLOCK
-  included): BAD_COMMAND.
+* any other address (or an unaligned one): BAD_ADDRESS; WR_BLOCK and RD_BLOCK (not yet
+  executed): BAD_COMMAND, with the response bit.
 
 A reply is sent when ``flags`` has ACK_REQUEST or the command is a read (RD_DWORD, RD_BLOCK). Its
-``value`` is the register read, the written data for a write, 0 on error.
+``value`` is the register read; 0 for a write and on error (as HSB's RTL answers).
 
 The PPU side never holds a request up for long. A PPU access that the bus has not taken, or a
 READ whose answer has not come, :data:`PPU_TIMEOUT_CYCLES` cycles after the request was taken is
@@ -145,6 +150,9 @@ class ControlPlane(wiring.Component):
         reply_valid = Signal()
         have_seq = Signal()
         last_seq = Signal(16)
+        # the latch before the request in progress, restored if its bus READ finds no register
+        prev_have_seq = Signal()
+        prev_seq = Signal(16)
         # The claim (global CLAIM register): the source MAC and IP of the host that owns the
         # control plane while ``claimed``.
         claimed = Signal()
@@ -162,6 +170,7 @@ class ControlPlane(wiring.Component):
         in_ppu = Signal()
         aligned = Signal()
         dword = Signal()
+        cmd_bad = Signal()                  # not one of the four commands: echoed raw
         ack = Signal()
         foreign = Signal()                  # claimed, and not by the requester
         is_write = Signal()
@@ -230,6 +239,8 @@ class ControlPlane(wiring.Component):
                     claim_reg.eq(req.addr == global_reg("CLAIM")),
                     is_read.eq((req.cmd == Command.RD_DWORD) | (req.cmd == Command.RD_BLOCK)),
                     dword.eq((req.cmd == Command.WR_DWORD) | (req.cmd == Command.RD_DWORD)),
+                    cmd_bad.eq((req.cmd != Command.WR_DWORD) & (req.cmd != Command.RD_DWORD) &
+                               (req.cmd != Command.WR_BLOCK) & (req.cmd != Command.RD_BLOCK)),
                     aligned.eq(req.addr[:2] == 0),
                     ack.eq((req.flags & Flags.ACK_REQUEST).any()),
                     flags_bad.eq((req.flags & ~Const(_KNOWN_FLAGS, 8)).any()),
@@ -242,8 +253,8 @@ class ControlPlane(wiring.Component):
                 m.next = "WAIT"
 
             with m.State("WAIT"):
-                m.d.sync += access.eq(~flags_bad & ~seq_bad & ~(foreign & is_write) & dword &
-                                      aligned & ~claim_reg)
+                m.d.sync += access.eq(~cmd_bad & ~flags_bad & ~seq_bad & ~(foreign & is_write) &
+                                      dword & aligned & ~claim_reg)
                 m.next = "DECODE"
 
             with m.State("DECODE"):
@@ -252,7 +263,11 @@ class ControlPlane(wiring.Component):
                     reply_valid.eq(ack | is_read),      # to REPLY, unless to BUS (below)
                     value.eq(0),
                 ]
-                with m.If(flags_bad):
+                # Holoscan Sensor Bridge's priority: command, flags, sequence, (claim), address
+                with m.If(cmd_bad):
+                    m.d.sync += status.eq(Status.BAD_COMMAND)
+                    m.next = "REPLY"
+                with m.Elif(flags_bad):
                     m.d.sync += status.eq(Status.BAD_FLAGS)
                     m.next = "REPLY"
                 with m.Elif(seq_bad):
@@ -262,7 +277,11 @@ class ControlPlane(wiring.Component):
                     m.d.sync += status.eq(Status.CLAIMED)
                     m.next = "REPLY"
                 with m.Else():
-                    with m.If(~foreign):
+                    # the sequence number is latched, but not on an address error (nor by
+                    # another host's request); a bus READ's error restores the latch
+                    addr_bad = dword & (~aligned | (~claim_reg & ~in_ppu & ~self.regs.hit))
+                    m.d.sync += [prev_seq.eq(last_seq), prev_have_seq.eq(have_seq)]
+                    with m.If(~foreign & ~addr_bad):
                         m.d.sync += [last_seq.eq(req.seq), seq_next.eq(req.seq + 1),
                                      have_seq.eq(1)]
                     m.d.comb += accepted.eq(1)
@@ -327,7 +346,8 @@ class ControlPlane(wiring.Component):
             with m.State("READ"):
                 with m.If(answer.valid):
                     with m.If(answer.error):
-                        m.d.sync += status.eq(Status.BAD_ADDRESS)
+                        m.d.sync += [status.eq(Status.BAD_ADDRESS), last_seq.eq(prev_seq),
+                                     seq_next.eq(prev_seq + 1), have_seq.eq(prev_have_seq)]
                     with m.Else():
                         m.d.sync += value.eq(answer.value)
                     to_reply()
@@ -347,12 +367,14 @@ class ControlPlane(wiring.Component):
             reply.dst_mac.eq(req.src_mac),
             reply.dst_ip.eq(req.src_ip),
             reply.dst_port.eq(req.src_port),
-            reply.cmd.eq(req.cmd | RESPONSE_BIT),
+            # an invalid command byte is echoed as it came (HSB's RTL)
+            reply.cmd.eq(Mux(cmd_bad, req.cmd, req.cmd | RESPONSE_BIT)),
             reply.flags.eq(req.flags),
             reply.seq.eq(req.seq),
             reply.status.eq(status),
             reply.addr.eq(req.addr),
-            reply.value.eq(Mux(status == Status.OK, value, 0)),
+            # the register read; 0 for a write (HSB's RTL) and on error
+            reply.value.eq(Mux((status == Status.OK) & is_read, value, 0)),
             reply.latched_seq.eq(last_seq),
             self.reply.valid.eq(reply_valid),
         ]

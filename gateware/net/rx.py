@@ -20,8 +20,9 @@ order (the first failing check names the reason); the counter strobes show one c
    not the QSC IP, protocol not UDP.
 4. UDP: ``length`` != ``total_length`` - 20, destination port neither 4791 (with RX_ENABLE set:
    off from reset) nor 8192, a RoCEv2 datagram shorter than BTH + ICRC or not a multiple of 4
-   bytes, a control datagram shorter than the 14-byte request; then a non-zero UDP checksum
-   that does not verify (RFC 1122 4.1.3.4).
+   bytes, a control datagram shorter than the 14-byte request (10 bytes for a RD_DWORD, the
+   form without a data word that the Holoscan Sensor Bridge host sends); then a non-zero UDP
+   checksum that does not verify (RFC 1122 4.1.3.4).
 5. ICRC (RoCEv2 from here on): the received ICRC differs from the computed one.
 6. OPCODE: not UC RDMA_WRITE_ONLY, RDMA_WRITE_ONLY_WITH_IMMEDIATE or SEND_ONLY, or TVer != 0.
 7. PKEY: P_Key low 15 bits differ from the configured P_Key, or neither has the full-member bit.
@@ -74,7 +75,7 @@ from ...memory_map import (
     ppu_reg,
     regions,
 )
-from ...wire.control import CONTROL_REQUEST
+from ...wire.control import CONTROL_REQUEST, RD_DWORD_SHORT_BYTES, Command
 from ...wire.ethernet import ETHERNET, EtherType
 from ...wire.header import Header
 from ...wire.ipv4 import IPV4, IpProtocol
@@ -897,7 +898,9 @@ class RoCEReceiver(wiring.Component):
                 (total_length < IPV4.length_bytes + UDP.length_bytes) |
                 ~(is_roce | is_ctrl) |
                 (is_roce & ((udp_len < _ROCE_FIXED_BYTES) | (udp_len[:2] != 0))) |
-                (is_ctrl & (udp_len < UDP.length_bytes + CONTROL_REQUEST.length_bytes))),
+                (is_ctrl & ((udp_len < UDP.length_bytes + RD_DWORD_SHORT_BYTES) |
+                            ((udp_len < UDP.length_bytes + CONTROL_REQUEST.length_bytes) &
+                             (ctl["cmd"] != Command.RD_DWORD))))),
             c1.is_roce.eq(is_roce),
             c1.opcode_fail.eq(~op["supported"] | (bth["tver"] != 0)),
             c1.pkey_fail.eq((rx_pkey[:15] != cfg.p_key[:15]) | ~(rx_pkey[15] | cfg.p_key[15])),

@@ -12,12 +12,17 @@ from amaranth.lib import enum
 
 from .header import Header
 
-__all__ = ["CONTROL_REQUEST", "CONTROL_RESPONSE", "Command", "Flags", "Status"]
+__all__ = ["CONTROL_REQUEST", "CONTROL_RESPONSE", "Command", "Flags", "Status",
+           "RD_DWORD_SHORT_BYTES"]
 
 #: Request: cmd(8) flags(8) seq(16) reserved(16) addr(32) data(32).
 CONTROL_REQUEST = Header("ControlRequest", [
     ("cmd", 8), ("flags", 8), ("seq", 16), ("reserved", 16), ("addr", 32), ("data", 32),
 ], ref="HSB control bus (ECB) request")
+
+#: Bytes of a RD_DWORD as the Holoscan Sensor Bridge host library sends it (``read_uint32``):
+#: the request without its data word. A QSC takes both this form and the 14-byte one.
+RD_DWORD_SHORT_BYTES = 10
 
 #: Response: cmd|0x80 (8) flags(8) seq(16) status(8) reserved(8) addr(32) value(32)
 #: latched_seq(16).

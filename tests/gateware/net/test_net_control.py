@@ -141,14 +141,14 @@ def test_global_registers_read_write():
     ])
     assert bus == []
     assert brief(replies) == [
-        (0x84, 0, scratch, 0xCAFEF00D, 1),
+        (0x84, 0, scratch, 0, 1),                        # write replies carry value 0
         (0x94, 0, scratch, 0xCAFEF00D, 2),
         (0x94, 0, 4, 2, 3),
         (0x94, 0, global_reg("P_KEY"), 0xFFFF, 4),
-        (0x84, 0, 0, 5, 5),
+        (0x84, 0, 0, 0, 5),
         (0x94, 0, 0, version_word(ISA_VERSION), 6),
         (0x94, 0, qp_reg(1, "QSC_QPN"), PARAMS.qpn_base + 1, 7),
-        (0x84, 0, qp_reg(1, "HOST_QPN"), 0xFF_123456, 8),
+        (0x84, 0, qp_reg(1, "HOST_QPN"), 0, 8),
         (0x94, 0, qp_reg(1, "HOST_QPN"), 0x123456, 9),   # 24-bit register
         (0x94, 0, counter_addr("RX_CONTROL"), 9, 10),    # the 9 requests before this one
     ]
@@ -178,7 +178,7 @@ def test_ppu_register_write_and_read_through_bus():
         (BusOp.READ, pc >> 3, 0x0F, (tag + 1) % (1 << READ_TAG_BITS)),
     ]
     assert brief(replies) == [
-        (0x84, 0, tail, 17, 1),
+        (0x84, 0, tail, 0, 1),
         (0x94, 0, status, 0xAAAA_BBBB, 2),
         (0x94, 0, pc, 0x42, 3),
     ]
@@ -189,7 +189,7 @@ def test_bus_read_error_is_bad_address():
     replies, bus = run([req(Command.RD_DWORD, addr, seq=1)],
                        read_answers={addr >> 3: (0x1234, 1)})
     assert [c[:3] for c in bus] == [(BusOp.READ, addr >> 3, 0x0F)]
-    assert brief(replies) == [(0x94, Status.BAD_ADDRESS, addr, 0, 1)]
+    assert brief(replies) == [(0x94, Status.BAD_ADDRESS, addr, 0, 0)]   # latch restored
 
 
 def test_bus_back_pressure_and_reply_back_pressure():
@@ -214,7 +214,8 @@ def test_bad_addresses():
     ]
     replies, bus = run([req(Command.RD_DWORD, a, seq=i) for i, a in enumerate(bad)])
     assert bus == []
-    assert brief(replies) == [(0x94, Status.BAD_ADDRESS, a, 0, i) for i, a in enumerate(bad)]
+    # an address error latches no sequence number: latched_seq stays at its reset value
+    assert brief(replies) == [(0x94, Status.BAD_ADDRESS, a, 0, 0) for a in bad]
 
 
 def test_bad_command_and_flags():
@@ -228,10 +229,10 @@ def test_bad_command_and_flags():
     ])
     assert bus == []
     assert brief(replies) == [
-        (0x99, Status.BAD_COMMAND, scratch, 0, 2),
-        (0xB3, Status.BAD_COMMAND, scratch, 0, 3),
-        (0x84, Status.BAD_FLAGS, scratch, 0, 3),     # refused: seq not latched, nothing written
-        (0x94, Status.BAD_FLAGS, scratch, 0, 3),
+        (0x99, Status.BAD_COMMAND, scratch, 0, 2),   # a block command: accepted, latched
+        (0x33, Status.BAD_COMMAND, scratch, 0, 2),   # invalid: echoed raw, not latched
+        (0x84, Status.BAD_FLAGS, scratch, 0, 2),     # refused: seq not latched, nothing written
+        (0x94, Status.BAD_FLAGS, scratch, 0, 2),
     ]
 
 
@@ -244,20 +245,20 @@ def test_sequence_check():
         req(Command.WR_DWORD, scratch, 4, flags=ACK | SEQ, seq=0x0000),  # repeated: refused
         req(Command.WR_DWORD, scratch, 5, flags=ACK | SEQ, seq=0x0005),  # jump: refused
         req(Command.RD_DWORD, scratch, flags=SEQ, seq=0x0001),
-        req(Command.RD_DWORD, 0x0C, flags=SEQ, seq=0x0002),              # bad address, accepted
+        req(Command.RD_DWORD, 0x0C, flags=SEQ, seq=0x0002),              # bad address
         req(Command.RD_DWORD, scratch, flags=SEQ, seq=0x0003),
         req(Command.RD_DWORD, scratch, flags=0, seq=0x0100),             # unchecked: resyncs
         req(Command.RD_DWORD, scratch, flags=SEQ, seq=0x0101),
     ])
     assert brief(replies) == [
-        (0x84, 0, scratch, 1, 0xFFFE),
-        (0x84, 0, scratch, 2, 0xFFFF),
-        (0x84, 0, scratch, 3, 0x0000),
+        (0x84, 0, scratch, 0, 0xFFFE),
+        (0x84, 0, scratch, 0, 0xFFFF),
+        (0x84, 0, scratch, 0, 0x0000),
         (0x84, Status.SEQUENCE_ERROR, scratch, 0, 0x0000),
         (0x84, Status.SEQUENCE_ERROR, scratch, 0, 0x0000),
         (0x94, 0, scratch, 3, 0x0001),
-        (0x94, Status.BAD_ADDRESS, 0x0C, 0, 0x0002),
-        (0x94, 0, scratch, 3, 0x0003),
+        (0x94, Status.BAD_ADDRESS, 0x0C, 0, 0x0001),     # an address error: not latched
+        (0x94, Status.SEQUENCE_ERROR, scratch, 0, 0x0001),
         (0x94, 0, scratch, 3, 0x0100),
         (0x94, 0, scratch, 3, 0x0101),
     ]
@@ -373,14 +374,14 @@ def test_claim_a_write_claims_and_other_hosts_writes_are_refused():
     assert bus == []
     assert brief(replies) == [
         (0x94, 0, claim, 0, 1),
-        (0x84, 0, scratch, 11, 2),
+        (0x84, 0, scratch, 0, 2),
         (0x94, 0, claim, HOST_IP, 2),             # another host's request latches nothing
         (0x84, Status.CLAIMED, scratch, 0, 2),
         (0x84, Status.CLAIMED, ppu_reg(0, "TRIGGER"), 0, 2),
         (0x84, Status.CLAIMED, claim, 0, 2),
         (0x94, 0, scratch, 11, 2),
         (0x84, 0, claim, 0, 8),
-        (0x84, 0, scratch, 33, 9),
+        (0x84, 0, scratch, 0, 9),
         (0x84, Status.CLAIMED, scratch, 0, 9),
         (0x94, 0, claim, HOST_IP + 1, 9),
     ]
@@ -396,9 +397,9 @@ def test_claim_other_hosts_do_not_disturb_the_owners_sequence():
         req(Command.WR_DWORD, scratch, 2, flags=ACK | SEQ, seq=11),
     ])
     assert brief(replies) == [
-        (0x84, 0, scratch, 1, 10),
+        (0x84, 0, scratch, 0, 10),
         (0x94, 0, scratch, 1, 10),
-        (0x84, 0, scratch, 2, 11),
+        (0x84, 0, scratch, 0, 11),
     ]
 
 
@@ -416,6 +417,45 @@ def test_claim_refused_and_failed_writes():
     assert brief(replies) == [
         (0x84, 0, claim, 0, 1),
         (0x84, Status.BAD_FLAGS, scratch, 0, 1),
-        (0x84, Status.BAD_ADDRESS, 0x0C, 0, 3),
-        (0x84, Status.CLAIMED, scratch, 0, 3),
+        (0x84, Status.BAD_ADDRESS, 0x0C, 0, 1),          # not latched, but claimed
+        (0x84, Status.CLAIMED, scratch, 0, 1),
+    ]
+
+
+def test_error_priority_is_the_bridges():
+    """Holoscan Sensor Bridge's RTL ranks a bad command over bad flags over a sequence error
+    over an address error; none of them latches the sequence number."""
+    scratch = global_reg("SCRATCH")
+    replies, _ = run([
+        req(Command.RD_DWORD, scratch, flags=ACK | SEQ, seq=5),                # latched: 5
+        req(0x07, 0x0C, flags=ACK | SEQ | 0x40, seq=9),                        # all four wrong
+        req(Command.WR_DWORD, 0x0C, 1, flags=ACK | SEQ | 0x40, seq=9),         # flags first
+        req(Command.WR_DWORD, 0x0C, 1, flags=ACK | SEQ, seq=9),                # sequence next
+        req(Command.WR_DWORD, 0x0C, 1, flags=ACK | SEQ, seq=6),                # address last
+        req(Command.RD_DWORD, scratch, flags=ACK | SEQ, seq=6),                # 6 still next
+    ])
+    assert brief(replies) == [
+        (0x94, 0, scratch, 0, 5),
+        (0x07, Status.BAD_COMMAND, 0x0C, 0, 5),
+        (0x84, Status.BAD_FLAGS, 0x0C, 0, 5),
+        (0x84, Status.SEQUENCE_ERROR, 0x0C, 0, 5),
+        (0x84, Status.BAD_ADDRESS, 0x0C, 0, 5),
+        (0x94, 0, scratch, 0, 6),
+    ]
+
+
+def test_a_ppu_read_address_error_restores_the_latch():
+    """A RD_DWORD that the PPU side answers with an error (no register there) is an address
+    error: the sequence number latched with it is taken back."""
+    addr = ppu_base(0) + 0x80_0010
+    scratch = global_reg("SCRATCH")
+    replies, _ = run([
+        req(Command.RD_DWORD, scratch, flags=ACK | SEQ, seq=20),
+        req(Command.RD_DWORD, addr, flags=ACK | SEQ, seq=21),
+        req(Command.RD_DWORD, scratch, flags=ACK | SEQ, seq=21),
+    ], read_answers={addr >> 3: (0x1234, 1)})
+    assert brief(replies) == [
+        (0x94, 0, scratch, 0, 20),
+        (0x94, Status.BAD_ADDRESS, addr, 0, 20),
+        (0x94, 0, scratch, 0, 21),
     ]

@@ -329,6 +329,27 @@ def test_control_request_extracted():
     assert nonzero(counters) == {"RX_FRAMES": 1}
 
 
+def test_the_bridge_hosts_ten_byte_read_is_taken():
+    """The Holoscan Sensor Bridge host library's RD_DWORD is 10 bytes, serialized as its
+    ``read_uint32`` does (cmd, flags, be16 seq, two zero bytes, be32 addr: no data word); a
+    write or a read shorter than that is still too short."""
+    import struct
+
+    from openqlink.wire.udp import CONTROL_PORT
+
+    def datagram(payload: bytes) -> bytes:
+        return pad60(eth_header() + ip_udp(payload, dst_port=CONTROL_PORT))
+
+    short_read = struct.pack(">BBHBBI", Command.RD_DWORD, 0x03, 0x0102, 0, 0, 0x0000_0008)
+    short_write = struct.pack(">BBHBBI", Command.WR_DWORD, 0x03, 0x0103, 0, 0, 0x0000_0008)
+    frames = [datagram(short_read), datagram(short_write), datagram(short_read[:9])]
+    cmds, reqs, counters, _ = run_rx(frames)
+    assert cmds == []
+    assert [(r["cmd"], r["flags"], r["seq"], r["addr"]) for r in reqs] == [
+        (Command.RD_DWORD, 3, 0x0102, 8)]
+    assert nonzero(counters) == {"RX_FRAMES": 3, "DROP_UDP": 2}
+
+
 # ---- drops -------------------------------------------------------------------------------------
 
 GOOD_VA = IMEM0 + 0x80
