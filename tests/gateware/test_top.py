@@ -271,6 +271,7 @@ def test_writes_and_commands_while_dtd_stopped():
 
     async def tb(ctx, b: TopBench):
         await b.write(ctx, qp_reg(0, "IMEM_RKEY"), IMEM_RKEY)
+        await netbench.open_rx(b.write, ctx)
         await b.write(ctx, START_HI, 0x5A5A)
         b.dtd_running = False
         # RDMA WRITEs into a PPU whose clock is stopped: more than the receive buffer holds

@@ -93,6 +93,18 @@ def control_frame(cmd: int, addr: int, data: int = 0, *, flags: int = 0, seq: in
                  ip_udp(req, dst_port=CONTROL_PORT, src_port=src_port, ip=ip, udp=udp))
 
 
+async def open_rx(write, ctx) -> None:
+    """What a host's configure writes before RDMA is taken (the QSC is closed from reset): the
+    peer's MAC and IP, then RX_ENABLE. ``write(ctx, addr, value)`` is the bench's control-plane
+    write. The region R_Keys the test writes itself."""
+    from openqlink.memory_map import global_reg
+
+    await write(ctx, global_reg("HOST_MAC_HI"), HOST_MAC >> 32)
+    await write(ctx, global_reg("HOST_MAC_LO"), HOST_MAC & 0xFFFF_FFFF)
+    await write(ctx, global_reg("HOST_IP"), HOST_IP)
+    await write(ctx, global_reg("RX_ENABLE"), 1)
+
+
 class MacError(bytes):
     """A frame that the MAC flags bad (``error`` set on its last beat), e.g. an FCS mismatch."""
 

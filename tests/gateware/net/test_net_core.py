@@ -16,6 +16,7 @@ from netbench import (
     drive_frames,
     expected_writes,
     mailbox_commit,
+    open_rx,
     send_frame,
     tail_write,
     write_frame,
@@ -142,6 +143,7 @@ def test_end_to_end():
     async def tb(ctx, b):
         # configuration over the control plane, registers read back
         await b.write(ctx, qp_reg(0, "IMEM_RKEY"), IMEM_RKEY)
+        await open_rx(b.write, ctx)
         assert await b.read(ctx, qp_reg(0, "IMEM_RKEY")) == IMEM_RKEY
         assert await b.read(ctx, qp_reg(1, "QSC_QPN")) == PARAMS.qpn_base + 1
         # an RDMA WRITE_WITH_IMMEDIATE: data, then the TAIL commit
@@ -234,6 +236,7 @@ def test_packet_and_control_commands_never_interleave():
 
     async def tb(ctx, b):
         await b.write(ctx, qp_reg(0, "IMEM_RKEY"), IMEM_RKEY)
+        await open_rx(b.write, ctx)
         n = len(b.bus.items)
         # the control write arrives right behind the packet, and again right before another one
         b.seq += 1
