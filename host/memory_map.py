@@ -229,6 +229,16 @@ COUNTERS: tuple[tuple[str, str], ...] = (
                    "TAIL of the ring (>= imem_depth): dropped whole, no byte written"),
     ("DROP_PEER", "RoCEv2 packet whose source MAC or IP is not the QP's peer (HOST_MAC, "
                   "HOST_IP)"),
+    ("RX_ARP_REQUESTS", "ARP requests for the QSC's IP (each answered, unless counted in "
+                        "REPLIES_SKIPPED)"),
+    ("RX_ECHO_REQUESTS", "ICMP echo requests to the QSC (each answered, unless counted in "
+                         "REPLIES_SKIPPED)"),
+    ("DROP_ARP", "ARP packet that is not a request for the QSC's IP (replies and "
+                 "announcements included: the QSC learns no address from ARP)"),
+    ("DROP_ICMP", "ICMP message that is not an echo request, fails its checksum, or is "
+                  "longer than the echo buffer"),
+    ("REPLIES_SKIPPED", "ARP or echo requests not answered: the responder was still busy "
+                        "with an earlier reply"),
 )
 COUNTERS_BASE = 0x100
 

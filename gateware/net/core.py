@@ -6,7 +6,7 @@
 Written in ``sync``; the top places it in ``rti`` with ``DomainRenamer``.
 """
 
-from amaranth.hdl import Module, Signal
+from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -16,11 +16,12 @@ from ..packet import packet_signature
 from .common import COUNTER_INDEX
 from .control import ControlPlane
 from .regs import NUM_COUNTERS, NetRegisters
+from .responder import Responder
 from .rx import RoCEReceiver
 from .timebase import Timebase
 from .tx import TxBuilder
 
-__all__ = ["BusArbiter", "NetworkCore"]
+__all__ = ["BusArbiter", "FrameArbiter", "NetworkCore"]
 
 
 class BusArbiter(wiring.Component):
@@ -60,6 +61,39 @@ class BusArbiter(wiring.Component):
         return m
 
 
+class FrameArbiter(wiring.Component):
+    """Merges two frame streams into one, a whole frame at a time.
+
+    The grant moves only between frames, to the other source when the granted one offers
+    nothing and the other does. ``o`` is ``a`` or ``b`` passed through combinationally (no
+    latency); the source not granted sees ``ready`` low.
+
+    Members
+    -------
+    a, b : In(packet_signature())
+        The sources (each keeps ``valid`` until its beat is taken).
+    o : Out(packet_signature())
+    """
+
+    a: In(packet_signature())
+    b: In(packet_signature())
+    o: Out(packet_signature())
+
+    def elaborate(self, platform) -> Module:
+        m = Module()
+        grant_b = Signal()
+        in_frame = Signal()
+        with m.If(grant_b):
+            wiring.connect(m, wiring.flipped(self.b), wiring.flipped(self.o))
+        with m.Else():
+            wiring.connect(m, wiring.flipped(self.a), wiring.flipped(self.o))
+        with m.If(self.o.valid & self.o.ready):
+            m.d.sync += in_frame.eq(~self.o.payload.last)
+        with m.Elif(~in_frame & ~self.o.valid):
+            m.d.sync += grant_b.eq(Mux(grant_b, ~self.a.valid, self.b.valid))
+        return m
+
+
 class NetworkCore(wiring.Component):
     """The network core: :class:`~openqlink.gateware.net.rx.RoCEReceiver`,
     :class:`~openqlink.gateware.net.control.ControlPlane`,
@@ -80,7 +114,8 @@ class NetworkCore(wiring.Component):
         Frames from the MAC, FCS stripped; ``ready`` is always 1 (full buffer: frames dropped
         and counted as DROP_OVERFLOW).
     tx : Out(packet_signature())
-        Frames to the MAC (RPC requests, control replies), no FCS, padded to 60 bytes.
+        Frames to the MAC (RPC requests, control replies; ARP and echo replies through a
+        :class:`FrameArbiter`), no FCS, padded to 60 bytes.
     bus_cmd : Out(stream.Signature(BusCommand))
         Commands to the PPU cluster: a packet's commands and a control request's command are
         never interleaved (:class:`BusArbiter`); honours ``ready`` (the receive buffer absorbs
@@ -113,13 +148,20 @@ class NetworkCore(wiring.Component):
 
         m.submodules.rx = rx = RoCEReceiver(params, buffer_bytes=self.rx_buffer_bytes)
         m.submodules.control = ctrl = ControlPlane(params)
-        m.submodules.regs = regs = NetRegisters(params, num_inc_sources=3)
+        m.submodules.regs = regs = NetRegisters(params, num_inc_sources=4)
+        m.submodules.responder = responder = Responder()
+        m.submodules.tx_arbiter = tx_arbiter = FrameArbiter()
         m.submodules.timebase = timebase = Timebase(params.rti_clk_hz)
         m.submodules.tx = tx = TxBuilder(params.num_ppus, params)
         m.submodules.arbiter = arbiter = BusArbiter()
 
         wiring.connect(m, wiring.flipped(self.rx), rx.rx)
-        wiring.connect(m, tx.tx, wiring.flipped(self.tx))
+        # the responder listens to the same frames (both take every beat)
+        m.d.comb += [responder.rx.valid.eq(self.rx.valid),
+                     responder.rx.payload.eq(self.rx.payload)]
+        wiring.connect(m, tx.tx, tx_arbiter.a)
+        wiring.connect(m, responder.tx, tx_arbiter.b)
+        wiring.connect(m, tx_arbiter.o, wiring.flipped(self.tx))
         wiring.connect(m, wiring.flipped(self.call_req), tx.call_req)
         wiring.connect(m, wiring.flipped(self.bus_rdata), ctrl.bus_rdata)
         wiring.connect(m, rx.ctrl_req, ctrl.req)
@@ -149,5 +191,8 @@ class NetworkCore(wiring.Component):
             regs.inc[0].eq(rx.count),
             regs.inc[1].eq(ctrl.count),
             regs.inc[2].eq(tx_count),
+            regs.inc[3].eq(responder.count),
+            responder.reply.eq(rx.reply),
+            responder.config.eq(regs.config),
         ]
         return m

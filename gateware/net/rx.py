@@ -14,10 +14,17 @@ and counted under exactly one :class:`~openqlink.gateware.net.common.DropReason`
 order (the first failing check names the reason); the counter strobes show one cycle later:
 
 1. MAC: the MAC flagged the frame bad (``error`` on its last beat).
-2. ETH: shorter than 14 bytes, destination neither the QSC MAC nor broadcast, EtherType not IPv4.
+2. ETH: shorter than 14 bytes, destination neither the QSC MAC nor broadcast, EtherType neither
+   IPv4 nor ARP.
+   ARP (RFC 826): not a request (hardware Ethernet, protocol IPv4, lengths 6 and 4, operation 1)
+   for the QSC's IP: counted ARP. A request passes to the responder (``reply``); no ARP packet
+   teaches the QSC an address.
 3. IP: version not 4, IHL not 5, bad header checksum (0x0000 or 0xFFFF folded sum accepted),
    ``total_length`` < 20 or > frame length - 14 (padding allowed), fragment (MF or offset), dst
-   not the QSC IP, protocol not UDP.
+   not the QSC IP, protocol neither UDP nor ICMP.
+   ICMP (RFC 792): not an echo request (type 8, code 0, at least 8 bytes), a checksum that does
+   not verify, or a frame longer than :data:`ECHO_MAX_FRAME_BYTES`: counted ICMP. An echo request
+   passes to the responder.
 4. UDP: ``length`` != ``total_length`` - 20, destination port neither 4791 (with RX_ENABLE set:
    off from reset) nor 8192, a RoCEv2 datagram shorter than BTH + ICRC or not a multiple of 4
    bytes, a control datagram shorter than the 14-byte request (10 bytes for a RD_DWORD, the
@@ -75,9 +82,11 @@ from ...memory_map import (
     ppu_reg,
     regions,
 )
+from ...wire.arp import ARP, ARP_HTYPE_ETHERNET, ArpOperation
 from ...wire.control import CONTROL_REQUEST, RD_DWORD_SHORT_BYTES, Command
 from ...wire.ethernet import ETHERNET, EtherType
 from ...wire.header import Header
+from ...wire.icmp import ICMP_ECHO, IcmpType
 from ...wire.ipv4 import IPV4, IpProtocol
 from ...wire.roce import BTH, ICRC_BYTES, IMMDT, RETH, Opcode
 from ...wire.udp import CONTROL_PORT, ROCEV2_PORT, UDP
@@ -91,7 +100,8 @@ from .icrc import ICRC_WORD_MASKS, ICRCEngine, icrc_terms
 from .regs import NUM_COUNTERS
 
 __all__ = ["RoCEReceiver", "CommitEngine", "commit_descriptor_layout", "HEADER_BYTES",
-           "COMMIT_LATENCY_CYCLES"]
+           "COMMIT_LATENCY_CYCLES", "REPLY_LAYOUT", "REPLY_LATENCY_CYCLES",
+           "ECHO_MAX_FRAME_BYTES"]
 
 # Byte offsets of the headers in a frame (IPv4 without options).
 _ETH_AT = 0
@@ -109,6 +119,18 @@ _IPV4_WORDS = Header("IPv4Words", [(f"w{i}", 16) for i in range(IPV4.length_byte
 #: up to whole 64-bit beats.
 HEADER_BYTES = -(-(_IMM_AT + IMMDT.length_bytes) // 8) * 8
 _HEADER_BEATS = HEADER_BYTES // 8
+
+#: What the receiver tells the responder about a frame it should answer: ``valid`` for one
+#: cycle, :data:`REPLY_LATENCY_CYCLES` after the frame's last beat; ``arp``: an ARP request for
+#: the QSC's IP (else an ICMP echo request to it), every check passed.
+REPLY_LAYOUT = data.StructLayout({"valid": 1, "arp": 1})
+
+#: Cycles from a frame's last beat to its ``reply`` strobe (the decision 3, registered 1).
+REPLY_LATENCY_CYCLES = 4
+
+#: Bytes of the longest frame (FCS stripped) whose echo request is answered: the responder's
+#: buffer holds one such frame (a standard 1500-byte MTU's).
+ECHO_MAX_FRAME_BYTES = 1514
 
 #: Cycles from a frame's last beat to its first bus command (commit engine idle, bus ready):
 #: decision 3 (header checks 2, the decision 1), descriptor queue 1, commit engine 4.
@@ -475,8 +497,13 @@ class RoCEReceiver(wiring.Component):
         Bit ``n`` restarts PPU ``n``'s QP (a host configured it): its ``epsn`` returns to 0,
         over an update in the same cycle.
     count : Out(NUM_COUNTERS)
-        Counter increment strobes (RX_FRAMES, RX_ROCE_ACCEPTED, RX_RPC_RESPONSES, PSN_GAP and the
-        DROP_* counters), at most one frame decided per cycle.
+        Counter increment strobes (RX_FRAMES, RX_ROCE_ACCEPTED, RX_RPC_RESPONSES, PSN_GAP,
+        RX_ARP_REQUESTS, RX_ECHO_REQUESTS and the DROP_* counters), at most one frame decided
+        per cycle.
+    reply : Out(REPLY_LAYOUT)
+        A frame the responder should answer (an ARP request for our IP, an ICMP echo request
+        that passed every check, its checksum included): ``valid`` for one cycle,
+        :data:`REPLY_LATENCY_CYCLES` after the frame's last beat.
 
     Latency: a frame is decided 2 cycles after its last beat; with the commit engine idle and
     ``bus_cmd.ready`` high, the first bus command of an accepted packet is valid 8 cycles after
@@ -510,6 +537,7 @@ class RoCEReceiver(wiring.Component):
             "epsn": Out(data.ArrayLayout(24, n)),
             "qp_reset": In(n),
             "count": Out(NUM_COUNTERS),
+            "reply": Out(REPLY_LAYOUT),
         })
 
     def elaborate(self, platform) -> Module:
@@ -715,9 +743,15 @@ class RoCEReceiver(wiring.Component):
         l4_last = Signal()                    # ... and it is the last that does
         l4_left = Signal(14)                  # beats after the next before the last
         l4_lanes = Signal(3)                  # datagram lanes of the last beat (0: none)
+        # ICMP (RFC 792): the same sum over the ICMP message alone, frame bytes
+        # [34, 14 + total_length), with no pseudo-header (the protocol is beat 2's lane 7).
+        l4_icmp = Signal()
+        assert _IP_AT + 9 == 8 * 2 + 7
         with m.If(take & at[2]):
             tl_now = Cat(data_in[8:16], data_in[:8])
-            m.d.sync += [l4_init.eq(tl_now - 3), l4_end.eq(tl_now + _IP_AT)]
+            icmp_now = data_in[56:64] == IpProtocol.ICMP
+            m.d.sync += [l4_init.eq(Mux(icmp_now, 0, tl_now - 3)),
+                         l4_end.eq(tl_now + _IP_AT), l4_icmp.eq(icmp_now)]
         with m.If(take & at[3]):
             m.d.sync += [
                 l4_on.eq(1),
@@ -731,9 +765,10 @@ class RoCEReceiver(wiring.Component):
                 m.d.sync += l4_on.eq(0)
         lanes_below = Array(Const((1 << i) - 1, 8) for i in range(8))
         l4_be = Signal(8)
-        m.d.comb += l4_be.eq(Mux(at[3], 0xFC,
+        m.d.comb += l4_be.eq(Mux(at[3], Mux(l4_icmp, 0, 0xFC),
                                  Mux(beyond3 & l4_on,
-                                     Mux(l4_last, lanes_below[l4_lanes], 0xFF), 0)))
+                                     Mux(l4_last, lanes_below[l4_lanes], 0xFF) &
+                                     Mux(at[4] & l4_icmp, 0xFC, 0xFF), 0)))
         l4_data = Signal(64)
         m.d.comb += l4_data.eq(data_in & _byte_mask(l4_be))
         l4_words = [Cat(l4_data[16 * i + 8:16 * i + 16], l4_data[16 * i:16 * i + 8])
@@ -750,7 +785,8 @@ class RoCEReceiver(wiring.Component):
             m.d.sync += l4_acc.eq(_sum4([Mux(l4_first, l4_init, l4_acc), l4_s, l4_k,
                                          Const(0, 32)], 32))
         # RFC 1071: the datagram checks when its sum is 0 mod 0xFFFF (never 0 itself: the
-        # protocol number is in it); sum[15:0] + sum[31:16] is then 0xFFFF or 0x1FFFE.
+        # protocol number is in it; an echo request's type is 8); sum[15:0] + sum[31:16] is then
+        # 0xFFFF or 0x1FFFE.
         l4_fold = Signal(17)
         m.d.comb += l4_fold.eq(l4_acc[:16] + l4_acc[16:])
         l4_sum_bad = Signal()
@@ -837,6 +873,12 @@ class RoCEReceiver(wiring.Component):
             "udp_fail": 1,
             "udp_len_fail": 1,
             "is_roce": 1,
+            "is_ctrl": 1,
+            "is_udp": 1,                      # IPv4 carrying UDP
+            "is_arp": 1,
+            "is_icmp": 1,                     # IPv4 carrying ICMP
+            "arp_fail": 1,                    # not an ARP request for our IP
+            "icmp_fail": 1,                   # not an echo request we can answer (not its sum)
             "opcode_fail": 1,
             "pkey_fail": 1,
             "qpn_fail": 1,
@@ -878,16 +920,35 @@ class RoCEReceiver(wiring.Component):
                      src_ip_peer.eq(ip["src"] == cfg.host_ip)]
         m.d.sync += [tl_p14.eq(total_length + _IP_AT),
                      udp_p20.eq(udp_len + IPV4.length_bytes)]
+        is_arp = eth["ethertype"] == EtherType.ARP
+        proto_udp = ip["protocol"] == IpProtocol.UDP
+        proto_icmp = ip["protocol"] == IpProtocol.ICMP
         ip_ok_fields = ((ip["version"] == 4) & (ip["ihl"] == 5) & ~ip["flags"][0] &
-                        (ip["fragment_offset"] == 0) & (ip["protocol"] == IpProtocol.UDP))
-        is_roce = (udp["dst_port"] == ROCEV2_PORT) & cfg.rx_enable
-        is_ctrl = udp["dst_port"] == CONTROL_PORT
+                        (ip["fragment_offset"] == 0) & (proto_udp | proto_icmp))
+        is_roce = (udp["dst_port"] == ROCEV2_PORT) & cfg.rx_enable & proto_udp & ~is_arp
+        is_ctrl = (udp["dst_port"] == CONTROL_PORT) & proto_udp & ~is_arp
+        arp = ARP.view(hbytes(_IP_AT, ARP))
+        icmp = ICMP_ECHO.view(hbytes(_UDP_AT, ICMP_ECHO))
+        arp_tpa_mine = Signal()               # an ARP packet's target IP is ours (beats 4-5)
+        m.d.sync += arp_tpa_mine.eq(arp["tpa"] == cfg.qsc_ip)
         rx_pkey = bth["p_key"]
         m.d.sync += [
             c1.valid.eq(s1_valid),
             c1.mac_fail.eq(f_error),
             c1.eth_fail.eq((f_len < _IP_AT) | ~(dst_mine | dst_bcast) |
-                           (eth["ethertype"] != EtherType.IPV4)),
+                           ((eth["ethertype"] != EtherType.IPV4) & ~is_arp)),
+            c1.is_arp.eq(is_arp),
+            c1.is_udp.eq(proto_udp & ~is_arp),
+            c1.is_icmp.eq(proto_icmp & ~is_arp),
+            c1.is_ctrl.eq(is_ctrl),
+            c1.arp_fail.eq((f_len < _IP_AT + ARP.length_bytes) |
+                           (arp["htype"] != ARP_HTYPE_ETHERNET) |
+                           (arp["ptype"] != EtherType.IPV4) | (arp["hlen"] != 6) |
+                           (arp["plen"] != 4) | (arp["oper"] != ArpOperation.REQUEST) |
+                           ~arp_tpa_mine),
+            c1.icmp_fail.eq((icmp["type"] != IcmpType.ECHO_REQUEST) | (icmp["code"] != 0) |
+                            (total_length < IPV4.length_bytes + ICMP_ECHO.length_bytes) |
+                            (tl_p14 > ECHO_MAX_FRAME_BYTES)),
             c1.ip_dst_fail.eq(ip["dst"] != cfg.qsc_ip),
             c1.ip_fields_fail.eq((f_len < _UDP_AT) | ~ip_ok_fields |
                                  (total_length < IPV4.length_bytes)),
@@ -982,10 +1043,12 @@ class RoCEReceiver(wiring.Component):
         ranked = [
             (c1.mac_fail, DropReason.MAC, True),
             (c1.eth_fail, DropReason.ETH, True),
-            (c1.ip_fields_fail | c1.ip_dst_fail | c1.ip_len_fail | csum_fail, DropReason.IP,
-             False),
-            (c1.udp_fail | c1.udp_len_fail, DropReason.UDP, True),
-            (udp_sum_fail, DropReason.UDP, False),
+            (c1.is_arp & c1.arp_fail, DropReason.ARP, True),
+            (~c1.is_arp & (c1.ip_fields_fail | c1.ip_dst_fail | c1.ip_len_fail | csum_fail),
+             DropReason.IP, False),
+            (c1.is_icmp & (c1.icmp_fail | l4_sum_bad), DropReason.ICMP, False),
+            (c1.is_udp & (c1.udp_fail | c1.udp_len_fail), DropReason.UDP, True),
+            (c1.is_udp & udp_sum_fail, DropReason.UDP, False),
             (roce & icrc_fail, DropReason.ICRC, False),
             (roce & c1.opcode_fail, DropReason.OPCODE, True),
             (roce & c1.pkey_fail, DropReason.PKEY, True),
@@ -1029,6 +1092,9 @@ class RoCEReceiver(wiring.Component):
             "early_fail": 1,
             "roce_ok": 1,
             "roce": 1,
+            "is_ctrl": 1,
+            "arp": 1,
+            "icmp": 1,
             "send": 1,
             "ppu": n_bits,
             "psn": 24,
@@ -1049,6 +1115,9 @@ class RoCEReceiver(wiring.Component):
             s2.early_fail.eq(early_fail),
             s2.roce_ok.eq(c1.valid & roce & ~early_fail),
             s2.roce.eq(roce),
+            s2.is_ctrl.eq(c1.is_ctrl),
+            s2.arp.eq(c1.is_arp),
+            s2.icmp.eq(c1.is_icmp),
             s2.send.eq(c1.send),
             s2.ppu.eq(c1.ppu),
             s2.psn.eq(c1.psn),
@@ -1085,7 +1154,7 @@ class RoCEReceiver(wiring.Component):
         # other frames ``overflow`` is not used).
         overflow = Signal()
         m.d.comb += overflow.eq(Mux(s2.roce, ovf | w3.nofit | ~desc_fifo.w_rdy,
-                                    ~ctrl_fifo.w_rdy))
+                                    s2.is_ctrl & ~ctrl_fifo.w_rdy))
         # The RoCE write strobe from few registered bits: ``s2.roce_ok`` (valid, RoCE, no early
         # check failed), the other checks' fail bits, the overflow registers, the queue's flag.
         roce_write = Signal()
@@ -1111,7 +1180,7 @@ class RoCEReceiver(wiring.Component):
         # read can happen in between: decisions are at least a frame, 8 beats, apart).
         ctrl_w_en = Signal()
         ctrl_w_data = Signal.like(s2.ctrl)
-        m.d.sync += [ctrl_w_en.eq(s2.valid & ~s2.roce & ~dropped & ctrl_fifo.w_rdy),
+        m.d.sync += [ctrl_w_en.eq(s2.valid & s2.is_ctrl & ~dropped & ctrl_fifo.w_rdy),
                      ctrl_w_data.eq(s2.ctrl)]
         m.d.comb += [ctrl_fifo.w_en.eq(ctrl_w_en), ctrl_fifo.w_data.eq(ctrl_w_data)]
 
@@ -1135,8 +1204,14 @@ class RoCEReceiver(wiring.Component):
             count_next[COUNTER_INDEX["RX_ROCE_ACCEPTED"]].eq(accept),
             count_next[COUNTER_INDEX["RX_RPC_RESPONSES"]].eq(accept & s2.send),
             count_next[COUNTER_INDEX["PSN_GAP"]].eq(accept & s2.psn_gap),
+            count_next[COUNTER_INDEX["RX_ARP_REQUESTS"]].eq(s2.valid & s2.arp & ~dropped),
+            count_next[COUNTER_INDEX["RX_ECHO_REQUESTS"]].eq(s2.valid & s2.icmp & ~dropped),
         ]
-        m.d.sync += count.eq(count_next)
+        m.d.sync += [
+            count.eq(count_next),
+            self.reply.valid.eq(s2.valid & (s2.arp | s2.icmp) & ~dropped),
+            self.reply.arp.eq(s2.arp),
+        ]
 
         # ---- commit engine and outputs -----------------------------------------------------
         m.d.comb += [

@@ -45,7 +45,6 @@ from openqlink.memory_map import (
     qp_reg,
 )
 from openqlink.wire.control import Command
-from openqlink.wire.ethernet import EtherType
 from openqlink.wire.roce import Opcode
 
 IMEM_RKEY, ENV_RKEY, REGS_RKEY = 0x1111_0001, 0x2222_0002, 0x3333_0003
@@ -93,7 +92,8 @@ async def reg_read(ctx, regs, addr: int) -> int:
 COUNTER_NAMES = ["RX_FRAMES", "RX_ROCE_ACCEPTED", "DROP_ETH", "DROP_IP", "DROP_UDP",
                  "DROP_ICRC", "DROP_OPCODE", "DROP_PKEY", "DROP_QPN", "DROP_RKEY", "DROP_VA",
                  "DROP_LENGTH", "DROP_PSN", "PSN_GAP", "DROP_OVERFLOW", "RX_RPC_RESPONSES",
-                 "DROP_MAC", "DROP_IMMDT", "DROP_PEER"]
+                 "DROP_MAC", "DROP_IMMDT", "DROP_PEER", "RX_ARP_REQUESTS", "RX_ECHO_REQUESTS",
+                 "DROP_ARP", "DROP_ICMP"]
 
 
 async def configure_rx(ctx, regs, params) -> None:
@@ -364,7 +364,7 @@ def _w(**kw):
 
 
 def _not_ipv4():
-    return pad60(eth_header(ethertype=EtherType.ARP) + bytes(28))
+    return pad60(eth_header(ethertype=0x86DD) + bytes(40))          # IPv6: not handled
 
 
 def _tcp():
