@@ -25,6 +25,10 @@ from ..errors import ClaimedError
 from ..isa import PPUState, assemble
 from ..memory_map import IMEM_OFFSET, ppu_base, ppu_reg, qp_reg
 from ..qsc import QSC
+from ..wire.arp import ARP, ArpOperation
+from ..wire.ethernet import ETHERNET, EtherType
+from ..wire.icmp import ICMP_ECHO, IcmpType
+from ..wire.ipv4 import IPV4, IpProtocol, ipv4_checksum
 from ..wire.packet import build_roce_frame, parse_frame
 from ..wire.roce import Opcode
 from .bench import TB
@@ -220,6 +224,37 @@ def closed_session(tb: TB) -> dict:
     return out
 
 
+def ping_session(tb: TB) -> dict:
+    """``arping`` and ``ping`` against the QSC's Verilog: an ARP request for its IP and ICMP
+    echo requests (an odd-length payload, a short one), built from the RFC layouts; the frames
+    that come back are returned as hex for the test to check with an independent decoder."""
+    qsc = tb.qsc
+    mine = qsc.host_mac.to_bytes(6, "big")
+    arp = (ETHERNET.pack(dst=(1 << 48) - 1, src=qsc.host_mac, ethertype=EtherType.ARP) +
+           ARP.pack(oper=ArpOperation.REQUEST, sha=qsc.host_mac, spa=qsc.host_ip, tha=0,
+                    tpa=qsc.qsc_ip))
+    requests = {"arp": arp + bytes(60 - len(arp))}
+    for name, data in (("echo_odd", bytes(range(57))), ("echo_short", b"hi")):
+        icmp = ICMP_ECHO.pack(type=IcmpType.ECHO_REQUEST, code=0, checksum=0, identifier=0x51,
+                              sequence=len(data)) + data
+        icmp = icmp[:2] + ipv4_checksum(icmp).to_bytes(2, "big") + icmp[4:]
+        ip = IPV4.pack(total_length=20 + len(icmp), identification=7, ttl=33,
+                       protocol=IpProtocol.ICMP, checksum=0, src=qsc.host_ip, dst=qsc.qsc_ip)
+        ip = ip[:10] + ipv4_checksum(ip).to_bytes(2, "big") + ip[12:]
+        frame = ETHERNET.pack(dst=qsc.qsc_mac, src=qsc.host_mac, ethertype=EtherType.IPV4)
+        frame += ip + icmp
+        requests[name] = frame + bytes(max(0, 60 - len(frame)))
+    out: dict = {"requests": {k: v.hex() for k, v in requests.items()}, "replies": {}}
+    for name, frame in requests.items():
+        tb.transport.send_frame(frame)
+        for _ in range(20):
+            got = tb.transport.recv_frame(0.0001)
+            if got is not None and got[:6] == mine:
+                out["replies"][name] = got.hex()
+                break
+    return out
+
+
 def host_session(tb: TB) -> dict:
     qsc = tb.qsc
     qsc.connect()
@@ -282,6 +317,7 @@ async def inject_faults(dut):
     closed = await bridge(closed_session)(tb)
     results = await bridge(host_session)(tb)
     results["closed"] = closed
+    results["ping"] = await bridge(ping_session)(tb)
     results["lost_upload"] = await bridge(lost_upload_session)(tb)
     results["reconnect"] = await bridge(reconnect_session)(tb)
     await Timer(1, "us")

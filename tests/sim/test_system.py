@@ -167,6 +167,36 @@ def test_the_qsc_is_closed_by_default_and_to_other_hosts(faults):
     assert closed["owner_end"] is None
 
 
+def test_the_qsc_answers_arp_and_ping(faults):
+    """Against the Verilog: an ARP request for the QSC's IP and two echo requests (odd and
+    short payloads) are answered as an independent decoder (scapy) expects: addresses swapped,
+    the request's data, checksums right, 60-byte minimum."""
+    from scapy.layers.inet import ICMP, IP
+    from scapy.layers.l2 import ARP, Ether
+    from scapy.utils import checksum
+
+    ping = faults["ping"]
+    assert set(ping["replies"]) == {"arp", "echo_odd", "echo_short"}
+    req = Ether(bytes.fromhex(ping["requests"]["arp"]))
+    rep = Ether(bytes.fromhex(ping["replies"]["arp"]))
+    assert len(bytes(rep)) == 60 and rep[ARP].op == 2
+    assert (rep[ARP].hwdst, rep[ARP].pdst) == (req[ARP].hwsrc, req[ARP].psrc)
+    assert rep.dst == req.src and (rep[ARP].hwsrc, rep[ARP].psrc) == (rep.src, req[ARP].pdst)
+    for name in ("echo_odd", "echo_short"):
+        req = Ether(bytes.fromhex(ping["requests"][name]))
+        raw = bytes.fromhex(ping["replies"][name])
+        rep = Ether(raw)
+        assert len(raw) == max(60, 14 + req[IP].len)
+        assert (rep.dst, rep.src) == (req.src, req.dst)
+        assert (rep[IP].src, rep[IP].dst, rep[IP].ttl) == (req[IP].dst, req[IP].src, 64)
+        assert (rep[ICMP].type, rep[ICMP].id, rep[ICMP].seq) == (0, req[ICMP].id, req[ICMP].seq)
+        data_len = req[IP].len - 28
+        assert bytes(rep[ICMP].payload)[:data_len] == bytes(req[ICMP].payload)[:data_len]
+        # both checksums verify (scapy's RFC 1071 sum over the header, the ICMP message)
+        assert checksum(raw[14:34]) == 0
+        assert checksum(raw[34:14 + req[IP].len]) == 0
+
+
 def test_a_lost_upload_packet_never_runs_a_stale_program(faults):
     """UC does not retransmit: the QSC refuses a trigger whose upload lost a packet, and a
     verified upload sends it again, against the gateware."""
