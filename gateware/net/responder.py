@@ -126,8 +126,11 @@ class Responder(wiring.Component):
         m.d.comb += first_copy.eq(take & beat.first & idle)
         copy_now = Signal()
         m.d.comb += copy_now.eq(first_copy | (take & ~beat.first & copying))
+        # The beat as it came, not masked by ``keep``: the reply's bytes past the request's
+        # length are zeroed when it is sent, and no logic is shared with the receiver's own
+        # masked copy (which synthesis would otherwise merge and place by this block's RAM).
         data_in = Signal(64)
-        m.d.comb += data_in.eq(beat.data & Cat(*(beat.keep[i].replicate(8) for i in range(8))))
+        m.d.comb += data_in.eq(beat.data)
         index = Signal.like(beat_no)
         m.d.comb += index.eq(Mux(beat.first, 0, beat_no))
         with m.If(take):

@@ -163,3 +163,31 @@ def test_replies_and_control_replies_share_the_mac_whole_frames_under_back_press
     assert echo_reply_expected(data) in sent and arp_reply_expected() in sent
     (ctrl,) = [f for f in sent if f not in (echo_reply_expected(data), arp_reply_expected())]
     assert parse_frame(ctrl).control["seq"] == 9
+
+
+def test_bytes_past_the_frames_end_never_reach_a_reply():
+    """A request's Ethernet padding need not be zeros, and a MAC may leave junk in the lanes
+    past ``keep`` on the last beat: the reply carries none of it (the request's bytes, then
+    zeros up to 60)."""
+    from netbench import beats
+
+    data = payload(3)                       # 14 + 20 + 8 + 3 = 45 bytes, then 15 of padding
+    request = echo_request(data)
+    frame = request[:45] + b"\xee" * 15     # padding that is not zero
+    bench = CoreBench(PARAMS)
+    out = {}
+
+    async def tb(ctx, b):
+        port = b.dut.rx
+        for bt in beats(frame):
+            if bt["last"]:
+                bt = dict(bt, data=bt["data"] | 0xDD << 56)         # junk past ``keep``
+            ctx.set(port.valid, 1)
+            ctx.set(port.payload, bt)
+            await ctx.tick()
+        ctx.set(port.valid, 0)
+        await b.settle(ctx, 300)
+        out["sent"] = list(b.tx_frames)
+
+    bench.run(tb)
+    assert out["sent"] == [echo_reply_expected(data)]
