@@ -6,6 +6,9 @@ Commands::
     qlink disasm FILE [--base N] [--function NAME ...] [--board NAME]
     qlink sim [--ppus N] [--qubits Q] [--samples-per-cycle S] [--model F] PROGRAM...
               [--json F] [--pcap F] [--waves F] [--seed N] [...]
+    qlink sim --inject FILE.pcap [--ppus N] [--gap-cycles N] [--json F] [--pcap F]
+              [--dump-regions DIR] [--qsc-mac M] [--qsc-ip A] [--host-mac M] [...]
+    qlink info [--ppus N] [--json] [--qsc-mac M] [--rkey REGION=KEY] [...]
     qlink docs memory-map [-o PATH]
     qlink docs isa-tables [-o PATH]
     qlink build --board NAME [-o DIR] [--seed N] [--seeds N] [--jobs N] [--placer P]
@@ -63,6 +66,106 @@ def _write(path: Path | None, data: bytes | str) -> None:
             path.write_bytes(data)
     except OSError as exc:
         _fail(f"{path}: {exc}")
+
+
+def _mac_option(ctx, param, value: str | None) -> str | None:
+    from .wire.ethernet import int_to_mac, mac_to_int
+
+    if value is None:
+        return None
+    try:
+        return int_to_mac(mac_to_int(value))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), ctx=ctx, param=param) from None
+
+
+def _ip_option(ctx, param, value: str | None) -> str | None:
+    from .wire.ipv4 import int_to_ip, ip_to_int
+
+    if value is None:
+        return None
+    try:
+        return int_to_ip(ip_to_int(value))
+    except ValueError:
+        raise click.BadParameter(f"not an IPv4 address: {value!r}", ctx=ctx,
+                                 param=param) from None
+
+
+def _int_option(bits: int):
+    def convert(ctx, param, value: str | None) -> int | None:
+        if value is None:
+            return None
+        try:
+            number = int(value, 0)
+        except ValueError:
+            raise click.BadParameter(f"not an integer: {value!r}", ctx=ctx,
+                                     param=param) from None
+        if not 0 <= number < 1 << bits:
+            raise click.BadParameter(f"{value} does not fit in {bits} bits", ctx=ctx,
+                                     param=param)
+        return number
+    return convert
+
+
+def _rkey_option(ctx, param, values: tuple[str, ...]) -> dict[str, int]:
+    keys: dict[str, int] = {}
+    for item in values:
+        name, sep, key = item.partition("=")
+        if not sep:
+            raise click.BadParameter(f"{item!r} is not REGION=KEY (e.g. ppu0_imem=0x1234)",
+                                     ctx=ctx, param=param)
+        keys[name.strip()] = _int_option(32)(ctx, param, key.strip())
+    return keys
+
+
+def _setup_options(command):
+    """The options that set up the simulated QSC and its host as a capture expects (``qlink
+    sim --inject`` configures the QSC with them, ``qlink info`` prints the result)."""
+    options = [
+        click.option("--qsc-mac", callback=_mac_option, metavar="MAC",
+                     help="The QSC's MAC address [default: the build's, see qlink info]."),
+        click.option("--qsc-ip", callback=_ip_option, metavar="IP",
+                     help="The QSC's IPv4 address [default: the build's]."),
+        click.option("--qpn-base", callback=_int_option(24), metavar="QPN",
+                     help="QPN of PPU 0's QP on the QSC; PPU n's is QPN + n [default 0x100]."),
+        click.option("--host-mac", callback=_mac_option, metavar="MAC",
+                     help="The host's MAC: each QP's peer [default 02:4e:56:51:00:01]."),
+        click.option("--host-ip", callback=_ip_option, metavar="IP",
+                     help="The host's IPv4 address [default 192.168.0.1]."),
+        click.option("--host-qpn", callback=_int_option(24), metavar="QPN",
+                     help="The host's QPN for PPU 0 (n: QPN + n) [default 0x11]."),
+        click.option("--rkey", "rkeys", multiple=True, callback=_rkey_option,
+                     metavar="REGION=KEY",
+                     help="R_Key of a region, named as qlink info names it (ppu0_imem, "
+                     "ppu0_env, ppu0_regs; ppu0_ring: the host's ring); repeatable."),
+        click.option("--epsn", callback=_int_option(24), metavar="PSN",
+                     help="The PSN every QP expects next when the replay starts [default 0]."),
+    ]
+    for option in reversed(options):
+        command = option(command)
+    return command
+
+
+def _setup(num_ppus: int, qubits: int, samples_per_cycle: int, setup: dict):
+    """The build parameters and bench overrides of the ``_setup_options``."""
+    from dataclasses import replace
+
+    from .sim.channel_map import sim_params
+
+    params = sim_params(num_ppus, qubits, samples_per_cycle)
+    changes = {"mac": setup["qsc_mac"], "ip": setup["qsc_ip"], "qpn_base": setup["qpn_base"]}
+    params = replace(params, **{k: v for k, v in changes.items() if v is not None})
+    if params.qpn_base + params.num_ppus > 1 << 24:
+        raise click.BadParameter(f"QPNs {params.qpn_base:#x} + {params.num_ppus} PPUs leave "
+                                 "24 bits", param_hint="'--qpn-base'")
+    bench = {k: setup[k] for k in ("host_mac", "host_ip", "host_qpn", "epsn")
+             if setup[k] is not None}
+    if setup["rkeys"]:
+        bench["rkeys"] = setup["rkeys"]
+    if "host_qpn" in bench and bench["host_qpn"] + num_ppus > 1 << 24:
+        raise click.BadParameter(f"host QPNs {bench['host_qpn']:#x} + {num_ppus} PPUs leave "
+                                 "24 bits", param_hint="'--host-qpn'")
+    return params, bench
 
 
 @click.group()
@@ -183,7 +286,7 @@ def isa_tables_command(output: Path | None) -> None:
 
 
 @main.command("sim")
-@click.argument("programs", metavar="PROGRAM...", nargs=-1, required=True,
+@click.argument("programs", metavar="PROGRAM...", nargs=-1,
                 type=click.Path(exists=True, dir_okay=False, path_type=Path))
 @click.option("--ppus", "num_ppus", type=click.IntRange(1, 16), default=1, show_default=True,
               help="PPUs of the simulated build. Give exactly one PROGRAM per PPU, PPU 0 first "
@@ -228,21 +331,59 @@ def isa_tables_command(output: Path | None) -> None:
               "DEVICE_CALL handlers of the handlers file's device_table() (needs a GPU and "
               "the [gpu] extra; one PPU only).")
 @click.option("--quiet", is_flag=True, help="Print only the final status line.")
+@click.option("--inject", "inject_path", type=click.Path(exists=True, dir_okay=False,
+              path_type=Path), default=None, metavar="FILE.pcap",
+              help="Replay the frames of this capture (pcap, Ethernet) into the QSC once the "
+              "bench has configured its QPs (--ppus of them; no PROGRAM), and report each "
+              "frame's verdict. The setup options below make a capture from another setup "
+              "replay.")
+@click.option("--gap-cycles", type=click.IntRange(min=0), default=None,
+              help="With --inject: idle rti cycles between frames [default 3: back to back at "
+              "10 Gb/s line rate].")
+@click.option("--dump-regions", "dump_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=None, metavar="DIR",
+              help="With --inject: write each region's final bytes, its whole length, to "
+              "DIR/<name>.bin (names as qlink info prints them; DIR is created).")
+@_setup_options
 def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
                 samples_per_cycle: str, model_path: Path | None, handlers: tuple[Path, ...],
                 json_path: Path | None, pcap_path: Path | None, waves_path: Path | None,
                 seed: int, host_turnaround_ns: int, build_dir: Path | None,
-                verilog_path: Path | None, max_run_us: float, gpu: bool, quiet: bool) -> None:
+                verilog_path: Path | None, max_run_us: float, gpu: bool, quiet: bool,
+                inject_path: Path | None, gap_cycles: int | None, dump_dir: Path | None,
+                **setup) -> None:
     """Simulate PROGRAM end to end: the QSC gateware's Verilog on Icarus (cocotb) against the
     host package and its dispatcher. With --ppus N, PPU n runs the n-th PROGRAM (each with its
     own QP, ring, dispatcher and qubit model), all triggered at one start time. With --qubits
     Q, each PPU's model has Q qubits and Q-1 couplers on its PTD channels.
 
-    Exit status 0 when every PPU ends DONE, 1 otherwise, 2 for bad input."""
+    With --inject FILE.pcap instead of PROGRAM: replay a capture into the configured QSC and
+    print each frame's verdict (accepted, or the drop counter that counted it).
+
+    Exit status 0 when every PPU ends DONE (with --inject: when the replay ran, whatever was
+    dropped), 1 otherwise, 2 for bad input."""
     from .errors import QlinkError
     from .sim.channel_map import ModelError, load_model, make_system, sim_params
     from .sim.report import all_done, print_report, status_line
     from .sim.runner import run_sim
+
+    ctx = click.get_current_context()
+    if inject_path is not None:
+        if programs:
+            raise click.UsageError("--inject replays a capture into the configured QSC and "
+                                   "runs no PROGRAM: give one or the other", ctx=ctx)
+        _inject(inject_path, num_ppus, qubits, int(samples_per_cycle), setup,
+                gap_cycles=gap_cycles, json_path=json_path, pcap_path=pcap_path,
+                dump_dir=dump_dir, waves_path=waves_path, build_dir=build_dir,
+                verilog_path=verilog_path, max_run_us=max_run_us, quiet=quiet)
+        return
+    given = [opt for opt, value in (("--gap-cycles", gap_cycles), ("--dump-regions", dump_dir))
+             if value is not None]
+    given += ["--" + name.replace("_", "-") for name, value in setup.items() if value]
+    if given:
+        raise click.UsageError(f"{', '.join(given)}: only with --inject", ctx=ctx)
+    if not programs:
+        raise click.UsageError("give a PROGRAM to simulate (or --inject FILE.pcap)", ctx=ctx)
 
     if len(programs) != num_ppus:
         hint = f" (for {len(programs)} PPUs: --ppus {len(programs)})" if len(programs) <= 16 \
@@ -290,6 +431,40 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
         raise click.exceptions.Exit(1)
 
 
+def _inject(capture: Path, num_ppus: int, qubits: int, samples_per_cycle: int, setup: dict,
+            *, gap_cycles: int | None, json_path: Path | None, pcap_path: Path | None,
+            dump_dir: Path | None, waves_path: Path | None, build_dir: Path | None,
+            verilog_path: Path | None, max_run_us: float, quiet: bool) -> None:
+    """``qlink sim --inject``: replay ``capture`` and print each frame's verdict."""
+    from .errors import QlinkError
+    from .sim.runner import LINE_RATE_GAP_CYCLES, run_inject
+
+    params, bench = _setup(num_ppus, qubits, samples_per_cycle, setup)
+    try:
+        results = run_inject(capture, params=params, num_configured=num_ppus,
+                             gap_cycles=LINE_RATE_GAP_CYCLES if gap_cycles is None
+                             else gap_cycles, json_path=json_path, pcap_path=pcap_path,
+                             dump_dir=dump_dir, waves_path=waves_path, build_dir=build_dir,
+                             verilog_path=verilog_path, max_run_ns=round(max_run_us * 1000),
+                             **bench)
+    except QlinkError as exc:
+        _fail(f"qlink sim: {exc}")
+        return
+    frames = results["frames"]
+    accepted = sum(f["accepted"] for f in frames)
+    if not quiet:
+        for f in frames:
+            if not f["accepted"]:
+                click.echo(f"  frame {f['index']:>5}: dropped, {f['reason']}")
+    reasons: dict[str, int] = {}
+    for f in frames:
+        if f["reason"]:
+            reasons[f["reason"]] = reasons.get(f["reason"], 0) + 1
+    dropped = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
+    click.echo(f"replayed {len(frames)} frames from {capture}: {accepted} accepted, "
+               f"{len(frames) - accepted} dropped{' (' + dropped + ')' if dropped else ''}")
+
+
 @main.command("info")
 @click.option("--ppus", "num_ppus", type=click.IntRange(1, 16), default=1, show_default=True,
               help="PPUs of the simulated build (as `qlink sim --ppus`): one QP each.")
@@ -298,14 +473,21 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
 @click.option("--samples-per-cycle", type=click.Choice(["1", "2", "4"]), default="1",
               show_default=True, help="As `qlink sim --samples-per-cycle`.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object.")
-def info_command(num_ppus: int, qubits: int, samples_per_cycle: str, as_json: bool) -> None:
+@_setup_options
+def info_command(num_ppus: int, qubits: int, samples_per_cycle: str, as_json: bool,
+                 **setup) -> None:
     """Print the simulated QSC's configuration as `qlink sim` sets it up: its MAC, IP and
     ports, P_Key, path MTU, each PPU's QP (its peer: the simulated host's MAC, IP and QPN)
-    and every remotely writable region (VA, length in bytes, R_Key, the opcodes it takes)."""
-    from .sim.channel_map import sim_params
+    and every remotely writable region (VA, length in bytes, R_Key, the opcodes it takes).
+    The setup options change it as they change `qlink sim --inject`'s."""
     from .sim.info import sim_info
+    from .sim.runner import SimConfig
 
-    info = sim_info(sim_params(num_ppus, qubits, int(samples_per_cycle)))
+    params, bench = _setup(num_ppus, qubits, int(samples_per_cycle), setup)
+    try:
+        info = sim_info(params, cfg=SimConfig(**bench))
+    except ValueError as exc:
+        raise click.BadParameter(str(exc), param_hint="'--rkey'") from None
     if as_json:
         click.echo(json.dumps(info, indent=2))
         return

@@ -109,17 +109,20 @@ class PcapWriter:
         self.close()
 
 
-def read_pcap(path: str | os.PathLike[str]) -> list[tuple[int, bytes]]:
+def read_pcap(path: str | os.PathLike[str], *,
+              whole: bool = False) -> list[tuple[int, bytes]]:
     """Read a classic pcap file of Ethernet frames: ``[(time_ns, frame), ...]`` in file order.
 
     Accepts nanosecond and microsecond magics in either byte order (microseconds are scaled to
-    ns). A frame cut by the snap length is returned as stored (``incl_len`` bytes).
+    ns). A frame cut by the snap length is returned as stored (``incl_len`` bytes), unless
+    ``whole`` asks for whole frames only (to replay them): then a cut or empty record raises.
 
     Raises
     ------
     WireFormatError
         ``pcap.magic`` is not a classic pcap magic (pcapng files are not read),
-        ``pcap.network`` is not Ethernet, or a record's ``incl_len`` exceeds its ``orig_len``.
+        ``pcap.network`` is not Ethernet, a record's ``incl_len`` exceeds its ``orig_len``, or
+        (with ``whole``) is less than it or 0 (``record.incl_len``).
     TruncatedError
         The global header or a record ends early (names ``pcap.magic`` or ``record.incl_len``).
     """
@@ -152,6 +155,10 @@ def read_pcap(path: str | os.PathLike[str]) -> list[tuple[int, bytes]]:
         if incl > orig:
             raise WireFormatError("record", "incl_len", incl,
                                   f"record {len(out)}: incl_len {incl} exceeds orig_len {orig}")
+        if whole and (incl < orig or incl == 0):
+            why = "is empty" if incl == 0 else f"holds {incl} of the frame's {orig} bytes"
+            raise WireFormatError("record", "incl_len", incl,
+                                  f"record {len(out)} {why}: not a whole frame")
         if len(data) - pos < incl:
             raise TruncatedError("record", "incl_len", incl,
                                  f"record {len(out)} needs {incl} bytes, {len(data) - pos} remain")

@@ -45,6 +45,7 @@ from cocotb.task import bridge, resume
 from cocotb.triggers import Event, First, RisingEdge, Timer, ValueChange
 
 from ..dispatch import Dispatcher, SlotRing
+from ..errors import WireFormatError
 from ..isa import PPUState, PPUStatus
 from ..isa.asm import assemble
 from ..memory_map import MAILBOX_BYTES, QSCParams
@@ -178,23 +179,29 @@ class TB:
             self.pcap.write(frame, round(self.now_ns()))
 
     def _on_host_frame(self, frame: bytes, _t: int) -> None:
-        """A frame from the host has been taken by the QSC's rx port."""
+        """A frame from the host has been taken by the QSC's rx port. Any frame may come this
+        way (a replayed capture, a damaged one): one that is not a well-formed RPC response is
+        only recorded."""
         self._record(frame)
-        f = parse_frame(frame)
-        if f.bth is not None and f.bth["opcode"] == Opcode.SEND_ONLY:
+        try:
+            f = parse_frame(frame)
+            if f.bth is None or f.bth["opcode"] != Opcode.SEND_ONLY:
+                return
             resp = Response.unpack(f.payload)
-            ppu = self._ppu_of_qsc_qpn.get(f.bth["dest_qp"], 0)
-            req = self._requests.pop((ppu, resp.request_id), None)
-            if req is not None:
-                rtt_ns = self.now_ns() - req["t_ns"]
-                self.rpc.append({
-                    "ppu": ppu,
-                    "function": req["function"], "function_id": req["function_id"],
-                    "request_id": resp.request_id, "status": resp.status,
-                    "args": req["args"], "result": resp.result.hex(),
-                    "round_trip_cycles": round(rtt_ns * 1000 / self.dtd_period_ps),
-                    "round_trip_ns": round(rtt_ns, 3),
-                })
+        except WireFormatError:
+            return
+        ppu = self._ppu_of_qsc_qpn.get(f.bth["dest_qp"], 0)
+        req = self._requests.pop((ppu, resp.request_id), None)
+        if req is not None:
+            rtt_ns = self.now_ns() - req["t_ns"]
+            self.rpc.append({
+                "ppu": ppu,
+                "function": req["function"], "function_id": req["function_id"],
+                "request_id": resp.request_id, "status": resp.status,
+                "args": req["args"], "result": resp.result.hex(),
+                "round_trip_cycles": round(rtt_ns * 1000 / self.dtd_period_ps),
+                "round_trip_ns": round(rtt_ns, 3),
+            })
 
     def _on_qsc_frame(self, frame: bytes, _t: int) -> None:
         """A frame left the QSC's tx port: steer it as a RoCE NIC would."""

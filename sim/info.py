@@ -27,13 +27,35 @@ from ..qsc import DEFAULT_PMTU_BYTES, RKeys
 from ..wire.udp import CONTROL_PORT, ROCEV2_PORT
 from .runner import SimConfig
 
-__all__ = ["sim_info", "WRITE_OPCODES", "SEND_OPCODES"]
+__all__ = ["sim_info", "region_rkeys", "WRITE_OPCODES", "SEND_OPCODES"]
 
 #: The opcodes an RDMA region takes (ImmDt of a WRITE_WITH_IMMEDIATE into the instruction
 #: ring becomes its TAIL; into other regions it is ignored).
 WRITE_OPCODES = ("RDMA_WRITE_ONLY", "RDMA_WRITE_ONLY_WITH_IMMEDIATE")
 #: The opcodes the response mailbox takes (it has no R_Key: SENDs carry none).
 SEND_OPCODES = ("SEND_ONLY",)
+
+
+def region_rkeys(params: QSCParams, ppu: int, cfg: dict | None = None) -> RKeys:
+    """The R_Keys the bench configures for PPU ``ppu``: :meth:`RKeys.default`, each replaced
+    by ``cfg["rkeys"][name]`` where the run configuration names the region (``ppu0_imem``,
+    ``ppu0_env``, ``ppu0_regs``; the names :func:`sim_info` gives; ``ppu0_ring`` for the
+    host's request ring).
+
+    Raises ``ValueError`` for a name that is no region of a PPU of ``params`` or a key that is
+    not 32 bits."""
+    given = dict((cfg or {}).get("rkeys") or {})
+    known = {f"ppu{n}_{part}" for n in range(params.num_ppus)
+             for part in ("ring", "imem", "env", "regs")}
+    for name, key in given.items():
+        if name not in known:
+            raise ValueError(f"R_Key for {name!r}: no such region (known: ppuN_ring, "
+                             f"ppuN_imem, ppuN_env, ppuN_regs with N in 0..{params.num_ppus - 1})")
+        if not isinstance(key, int) or not 0 <= key < 1 << 32:
+            raise ValueError(f"R_Key for {name!r}: {key!r} is not a 32-bit integer")
+    d = RKeys.default(ppu)
+    return RKeys(**{part: given.get(f"ppu{ppu}_{part}", getattr(d, part))
+                    for part in ("ring", "imem", "env", "regs")})
 
 
 def sim_info(params: QSCParams, num_configured: int | None = None,
@@ -50,18 +72,26 @@ def sim_info(params: QSCParams, num_configured: int | None = None,
     bytes, ``rkey`` ``None`` for the SEND-only mailbox, ``opcodes`` IBTA names; ``name`` is
     unique and filename-safe, e.g. ``ppu0_imem``).
 
-    Raises ``ValueError`` for a ``num_configured`` outside 1..``params.num_ppus``.
+    ``cfg`` may override what the bench configures (``qlink sim --inject``'s options): the
+    host's ``host_mac``, ``host_ip`` and ``host_qpn``, ``rkeys`` (see :func:`region_rkeys`) and
+    ``epsn`` (the PSN each QP expects next; default 0).
+
+    Raises ``ValueError`` for a ``num_configured`` outside 1..``params.num_ppus``, an unknown
+    region in ``rkeys`` or a key or PSN out of range.
     """
     cfg = SimConfig() if cfg is None else cfg
     n_cfg = params.num_ppus if num_configured is None else num_configured
     if not 1 <= n_cfg <= params.num_ppus:
         raise ValueError(f"num_configured must be 1..{params.num_ppus}, not {n_cfg}")
     p_key = _find(GLOBAL_REGISTERS, "P_KEY").reset
+    epsn = cfg.get("epsn") or 0
+    if not 0 <= epsn < 1 << 24:
+        raise ValueError(f"epsn {epsn} is not a 24-bit PSN")
     qps, areas = [], []
     for n in range(n_cfg):
-        keys = RKeys.default(n)
+        keys = region_rkeys(params, n, cfg)
         qps.append({"qpn": params.qpn_base + n, "ppu": n, "peer_mac": cfg["host_mac"],
-                    "peer_ip": cfg["host_ip"], "peer_qpn": cfg["host_qpn"] + n, "epsn": 0})
+                    "peer_ip": cfg["host_ip"], "peer_qpn": cfg["host_qpn"] + n, "epsn": epsn})
         for r in regions(params, n):
             areas.append({"name": f"ppu{n}_{r.name.lower()}", "ppu": n, "va": r.va,
                           "length": r.length_bytes,

@@ -23,8 +23,8 @@ from .channel_map import ModelError, check_build, check_model, load_model, make_
 from .handlers import default_handlers_path, load_function_table
 
 __all__ = [
-    "SimulationError", "SimConfig", "run_sim", "run_bench", "build_verilog", "icarus_compatible",
-    "TOPLEVEL",
+    "SimulationError", "SimConfig", "run_sim", "run_inject", "run_bench", "build_verilog",
+    "icarus_compatible", "TOPLEVEL", "LINE_RATE_GAP_CYCLES",
 ]
 
 TOPLEVEL = "qsc_top"
@@ -281,4 +281,96 @@ def run_sim(program: str | Path | Sequence[str | Path], *,
                         waves_path=waves_path, verilog_path=verilog_path)
     if json_path is not None:
         Path(json_path).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    return results
+
+
+#: Idle rti cycles between back-to-back frames at line rate: a 10 Gb/s MAC's preamble and
+#: inter-frame gap (20 bytes) at 8 bytes a cycle, rounded up.
+LINE_RATE_GAP_CYCLES = 3
+
+
+def run_inject(capture: str | Path, *, params: QSCParams | None = None, num_configured: int = 1,
+               gap_cycles: int = LINE_RATE_GAP_CYCLES, json_path: str | Path | None = None,
+               pcap_path: str | Path | None = None, dump_dir: str | Path | None = None,
+               waves_path: str | Path | None = None, build_dir: str | Path | None = None,
+               verilog_path: str | Path | None = None, **bench: object) -> dict:
+    """Replay the Ethernet frames of the pcap file ``capture`` into the simulated QSC once the
+    bench has configured it, and return what happened to each.
+
+    The bench (:mod:`openqlink.sim.bench_inject`) configures PPUs ``0 .. num_configured - 1``
+    as :func:`openqlink.sim.info.sim_info` prints for the same overrides, sends the capture's
+    frames in file order with ``gap_cycles`` idle rti cycles between them
+    (:data:`LINE_RATE_GAP_CYCLES`: back to back at 10 Gb/s line rate), and records each frame's
+    verdict as the receiver counts it.
+
+    Parameters
+    ----------
+    capture : path
+        Classic pcap file, link type Ethernet (no FCS), every record whole.
+    params : QSCParams, optional
+        The build (its ``mac``, ``ip`` and ``qpn_base`` are the QSC's addresses and QPNs);
+        default :func:`~openqlink.sim.channel_map.sim_params` of ``num_configured`` PPUs.
+    json_path, pcap_path, waves_path : path, optional
+        The results as JSON; every frame on the simulated wire, the bench's configuration
+        traffic, the replayed frames and the QSC's replies included; the waveforms.
+    dump_dir : path, optional
+        Directory (created if missing) that receives each region's final bytes, its whole
+        length, as ``<name>.bin`` (names as :func:`~openqlink.sim.info.sim_info` gives).
+    **bench
+        Overrides of :func:`SimConfig`: ``host_mac``, ``host_ip``, ``host_qpn``, ``rkeys``
+        (``{region name: R_Key}``), ``epsn`` (each QP's expected PSN before the replay),
+        ``max_run_ns`` (how long a frame may go without a verdict before the replay fails).
+
+    Returns
+    -------
+    dict
+        ``frames`` (one ``{"index", "accepted", "reason"}`` per record, ``index`` 0-based in
+        file order, ``reason`` the name of the drop counter that counted it or None),
+        ``counters`` (the QSC's counters after the replay, read through the control plane),
+        ``replay_counters`` (their increments while the capture played), ``config`` (what the
+        bench configured: :func:`~openqlink.sim.info.sim_info`'s object), ``qp_contexts``
+        (each QP's registers before the replay) and ``gap_cycles``; the JSON file holds the same
+        (without the regions' bytes, which go to ``dump_dir``).
+
+    Raises
+    ------
+    SimulationError
+        The capture cannot be read, holds an empty or cut record (``incl_len`` < ``orig_len``:
+        the frame is not whole), an override is out of range, a frame got no verdict (the
+        receive path wedged), or the simulator failed.
+    """
+    from ..errors import WireFormatError
+    from ..pcap import read_pcap
+    from .channel_map import sim_params as default_params
+    from .info import sim_info
+
+    capture = Path(capture).resolve()
+    try:
+        records = read_pcap(capture, whole=True)
+    except (OSError, WireFormatError) as exc:
+        raise SimulationError(f"{capture}: {exc}") from None
+    if not records:
+        raise SimulationError(f"{capture}: the capture holds no frames")
+    if gap_cycles < 0:
+        raise SimulationError(f"gap_cycles {gap_cycles} is negative")
+    params = params or default_params(num_configured, 1)
+    cfg = SimConfig(**bench)
+    cfg.update({"inject": str(capture), "num_configured": num_configured,
+                "gap_cycles": gap_cycles,
+                "pcap": str(Path(pcap_path).resolve()) if pcap_path else None})
+    try:
+        sim_info(params, num_configured, cfg)
+    except ValueError as exc:
+        raise SimulationError(str(exc)) from None
+    results = run_bench("openqlink.sim.bench_inject", cfg, params=params, build_dir=build_dir,
+                        waves_path=waves_path, verilog_path=verilog_path)
+    regions = {name: bytes.fromhex(hexed) for name, hexed in results.pop("regions").items()}
+    if dump_dir is not None:
+        dump_dir = Path(dump_dir)
+        dump_dir.mkdir(parents=True, exist_ok=True)
+        for name, data in regions.items():
+            (dump_dir / f"{name}.bin").write_bytes(data)
+    if json_path is not None:
+        Path(json_path).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
+    results["regions"] = regions
     return results

@@ -11,6 +11,7 @@ from openqlink.errors import AssemblerError
 from openqlink.gateware.boards import PROFILES
 from openqlink.isa import assemble, decode, render_isa_tables
 from openqlink.memory_map import QSCParams, regions, render_markdown
+from openqlink.pcap import PcapWriter
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -406,3 +407,57 @@ def test_qlink_info_json_lists_each_qp_and_every_writable_region():
         ("RDMA_WRITE_ONLY", "RDMA_WRITE_ONLY_WITH_IMMEDIATE"), ("SEND_ONLY",)}
     text = CliRunner().invoke(main, ["info"])
     assert text.exit_code == 0 and "ppu0_mailbox" in text.output and "no R_Key" in text.output
+
+
+def test_qlink_info_shows_the_setup_a_replay_configures():
+    """The setup options of ``qlink sim --inject`` change what ``qlink info`` prints."""
+    res = CliRunner().invoke(main, [
+        "info", "--json", "--ppus", "2", "--qsc-mac", "02-AA-00-00-00-09", "--qsc-ip",
+        "10.1.2.9", "--qpn-base", "0x240", "--host-mac", "02:bb:00:00:00:01", "--host-ip",
+        "10.1.2.1", "--host-qpn", "0x77", "--rkey", "ppu1_env=0xbadf00d", "--epsn", "1000"])
+    assert res.exit_code == 0, res.output
+    info = json.loads(res.output)
+    assert (info["mac"], info["ip"], info["qpn_base"]) == ("02:aa:00:00:00:09", "10.1.2.9",
+                                                          0x240)
+    assert [(qp["qpn"], qp["peer_qpn"], qp["peer_mac"], qp["peer_ip"], qp["epsn"])
+            for qp in info["qps"]] == [(0x240 + n, 0x77 + n, "02:bb:00:00:00:01", "10.1.2.1",
+                                        1000) for n in (0, 1)]
+    keys = {r["name"]: r["rkey"] for r in info["regions"]}
+    assert keys["ppu1_env"] == 0xBADF00D and keys["ppu0_env"] != 0xBADF00D
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--rkey", "ppu2_imem=1"], "no such region"),
+    (["--rkey", "ppu0_imem"], "is not REGION=KEY"),
+    (["--rkey", "ppu0_imem=0x1ffffffff"], "does not fit in 32 bits"),
+    (["--epsn", "0x1000000"], "does not fit in 24 bits"),
+    (["--qsc-ip", "10.1.2"], "not an IPv4 address"),
+    (["--host-mac", "02:bb"], "not a MAC address"),
+    (["--qpn-base", "0xffffff", "--ppus", "2"], "leave 24 bits"),
+])
+def test_setup_options_refuse_bad_values(args, message):
+    res = CliRunner().invoke(main, ["info", *args])
+    assert res.exit_code == 2 and message in res.output, res.output
+
+
+def test_sim_inject_usage_errors(tmp_path):
+    capture = tmp_path / "c.pcap"
+    with PcapWriter(capture) as pcap:
+        pcap.write(bytes(60), 0)
+    program = Path(__file__).resolve().parents[2] / "firmware" / "active_reset.s"
+    cases = [
+        (["sim", "--inject", str(capture), str(program)], "runs no PROGRAM"),
+        (["sim", str(program), "--epsn", "3"], "--epsn: only with --inject"),
+        (["sim", str(program), "--dump-regions", str(tmp_path / "d")], "only with --inject"),
+        (["sim"], "give a PROGRAM"),
+    ]
+    for args, message in cases:
+        res = CliRunner().invoke(main, args)
+        assert res.exit_code == 2 and message in res.output, (args, res.output)
+    # A capture whose frame is cut by the snap length cannot be replayed: refused before
+    # anything is built.
+    cut = tmp_path / "cut.pcap"
+    raw = capture.read_bytes()
+    cut.write_bytes(raw[:24] + raw[24:32] + (20).to_bytes(4, "little") + raw[36:40] + raw[40:60])
+    res = CliRunner().invoke(main, ["sim", "--inject", str(cut)])
+    assert res.exit_code == 2 and "record 0 holds 20 of the frame's 60 bytes" in res.output

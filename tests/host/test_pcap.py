@@ -107,6 +107,20 @@ def test_bad_files_raise_naming_the_field(tmp_path, data, exc, header, field):
     assert (e.value.header, e.value.field) == (header, field)
 
 
+@pytest.mark.parametrize("incl, orig, why", [(20, 60, "holds 20 of the frame's 60"),
+                                             (0, 0, "is empty")])
+def test_whole_refuses_cut_and_empty_records(tmp_path, incl, orig, why):
+    path = tmp_path / "cut.pcap"
+    good = build_udp_frame(dst_mac=1, src_mac=2, src_ip=3, dst_ip=4, src_port=5, dst_port=6)
+    path.write_bytes(struct.pack("<IHHiIII", MAGIC_NANOSECONDS, 2, 4, 0, 0, 65535, 1)
+                     + struct.pack("<IIII", 0, 0, len(good), len(good)) + good
+                     + struct.pack("<IIII", 0, 0, incl, orig) + good[:incl])
+    assert len(read_pcap(path)) == 2                    # as stored, by default
+    with pytest.raises(WireFormatError, match=f"record 1 {why}") as e:
+        read_pcap(path, whole=True)
+    assert (e.value.header, e.value.field) == ("record", "incl_len")
+
+
 @pytest.mark.skipif(shutil.which("tshark") is None,
                     reason="tshark is not installed (apt-get install tshark)")
 def test_tshark_dissects_roce_as_infiniband(tmp_path):
