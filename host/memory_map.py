@@ -122,7 +122,7 @@ class QSCParams:
     call_arg_bytes: int = 16
     rti_clk_hz: int = 156_250_000     #: network clock (10GBASE-R MAC side)
     dtd_clk_hz: int = 250_000_000     #: PPU / timeline clock
-    qpn_base: int = 0x100             #: QPN of PPU n is qpn_base + n
+    qpn_base: int = 0x100             #: QPN of PPU n from reset is qpn_base + n (QSC_QPN)
     mac: str = "02:4e:56:51:00:02"    #: QSC MAC address at reset (locally administered)
     ip: str = "192.168.0.2"           #: QSC IPv4 address at reset (HSB's default)
 
@@ -244,7 +244,11 @@ COUNTERS_BASE = 0x100
 
 #: QP context of PPU ``n`` at ``QP_BASE + QP_STRIDE * n``.
 QP_REGISTERS: tuple[Register, ...] = (
-    _R("QSC_QPN", 0x00, Access.RO, 0, "QPN of this PPU's QP (qpn_base + n)"),
+    _R("QSC_QPN", 0x00, Access.RW, 0,
+       "QPN of this PPU's QP: the DestQP its packets carry (from reset the build's qpn_base + "
+       "n). Write it before HOST_QPN, e.g. 0x2 for CUDA-Q's GPU bridge's "
+       "default remote QP; QPNs of two QPs must differ (a packet goes to the lowest PPU whose "
+       "QSC_QPN matches)"),
     _R("HOST_QPN", 0x04, Access.RW, 0,
        "DestQP of requests: the host's QP for this PPU; a write restarts the QP (a host "
        "configuring it): TX_PSN, RX_EPSN and the next request's ring slot return to 0"),
@@ -258,6 +262,11 @@ QP_REGISTERS: tuple[Register, ...] = (
     _R("REGS_RKEY", 0x24, Access.RW, 0, "R_Key of the PPU registers TAIL .. TRIGGER"),
     _R("TX_PSN", 0x28, Access.RO, 0, "Next PSN we send on this QP"),
     _R("RX_EPSN", 0x2C, Access.RO, 0, "Next PSN we expect on this QP"),
+    _R("RESPONSE_BYTES", 0x30, Access.RW, 64,
+       "Largest SEND payload this QP takes into the PPU's response mailbox, in bytes (13 "
+       "bits; a larger SEND is dropped, DROP_LENGTH). The mailbox keeps the first 64 bytes: the "
+       "RPC response header and up to 40 result bytes, as result_len says. CUDA-Q's GPU "
+       "bridge SENDs 24 + its payload size whatever result_len is: set its size here"),
 )
 
 #: PPU registers at ``ppu_base(n) + REGS_OFFSET``.
@@ -430,15 +439,17 @@ def render_markdown(params: QSCParams | None = None) -> str:
         "",
         "## QP context of PPU n (rti domain), at `0x1000 + 0x100*n`",
         "",
-        _table([(f"`+{r.offset:#04x}`", r.name, r.access.value, f"`{r.reset:#x}`", r.doc)
+        _table([(f"`+{r.offset:#04x}`", r.name, r.access.value,
+                 "qpn_base + n" if r.name == "QSC_QPN" else f"`{r.reset:#x}`", r.doc)
                 for r in QP_REGISTERS], ("offset", "name", "access", "reset", "")),
         "",
-        f"PPU n's QPN is `qpn_base + n` (default qpn_base {params.qpn_base:#x}). Requests go "
+        f"PPU n's QPN is QSC_QPN, `qpn_base + n` from reset (default qpn_base "
+        f"{params.qpn_base:#x}). Requests go "
         "to HOST_QPN as UC RDMA_WRITE_ONLY_WITH_IMMEDIATE into slot `s` at VA "
         "`RING_VA + s*SLOT_SIZE` with ImmDt `{PSN[19:0], s[11:0]}`, slots round-robin from 0 "
         "(a write that changes SLOT_SIZE restarts them at 0), at most NUM_SLOTS outstanding. "
         "Responses come back as UC SEND_ONLY to QSC_QPN and land in the PPU's mailbox, matched "
-        "by request_id.",
+        "by request_id; a SEND of up to RESPONSE_BYTES is taken, its first 64 bytes kept.",
         "",
         "## PPU registers, at `0x1000_0000 + 0x0100_0000*n + 0xC0_0000`",
         "",

@@ -62,6 +62,7 @@ from .roce import SlotRingLike, UCQueuePair
 from .wire.ethernet import mac_to_int
 from .wire.ipv4 import int_to_ip, ip_to_int
 from .wire.packet import DEFAULT_ROCE_SRC_PORT, parse_frame
+from .wire.rpc import HEADER_BYTES
 
 __all__ = ["QSC", "RKeys", "TraceStatus", "DEFAULT_HOST_QPN_BASE", "RX_COUNT_NAMES",
            "TRIGGER_UPLOAD_CHECK"]
@@ -265,7 +266,9 @@ class QSC:
 
     def configure(self, ppu: int, ring: SlotRingLike | None = None, host_qpn: int | None = None,
                   ring_rkey: int | None = None, imem_rkey: int | None = None,
-                  env_rkey: int | None = None, regs_rkey: int | None = None) -> UCQueuePair:
+                  env_rkey: int | None = None, regs_rkey: int | None = None,
+                  qsc_qpn: int | None = None,
+                  response_bytes: int | None = None) -> UCQueuePair:
         """Set up PPU ``ppu``'s QP contract on both sides; return the host QP.
 
         Writes HOST_MAC_HI/LO and HOST_IP, then the PPU's QP context: HOST_QPN (which restarts
@@ -280,7 +283,11 @@ class QSC:
         makes the
         host UC QP (``host_qpn`` -> QSC_QPN) and registers ``ring`` on it with ``ring_rkey``.
         Keys left ``None`` take :meth:`RKeys.default`; ``host_qpn`` defaults to
-        ``DEFAULT_HOST_QPN_BASE + ppu``.
+        ``DEFAULT_HOST_QPN_BASE + ppu``. ``qsc_qpn`` (24 bits) is written to QSC_QPN first
+        when given (the QSC's QPN for this PPU, e.g. 0x2, CUDA-Q's GPU bridge's default remote
+        QP; else the QSC keeps its own, ``qpn_base + ppu`` from reset), and ``response_bytes``
+        (24..8191) to RESPONSE_BYTES: the largest SEND the QP takes into the response mailbox
+        (64 from reset; CUDA-Q's GPU bridge SENDs 24 + its payload size bytes).
 
         Raises :class:`~openqlink.errors.FieldRangeError` (bad PPU, key, QPN or ring geometry:
         1..4096 slots of at most 65535 bytes), :class:`~openqlink.errors.ClaimedError` (another
@@ -299,6 +306,12 @@ class QSC:
         qpn = DEFAULT_HOST_QPN_BASE + ppu if host_qpn is None else host_qpn
         if not 0 <= qpn < 1 << 24:
             raise FieldRangeError("BTH", "dest_qp", qpn, f"host QPN {qpn:#x} is not 24 bits")
+        if qsc_qpn is not None and not 0 <= qsc_qpn < 1 << 24:
+            raise FieldRangeError("BTH", "dest_qp", qsc_qpn,
+                                  f"QSC QPN {qsc_qpn:#x} is not 24 bits")
+        if response_bytes is not None and not HEADER_BYTES <= response_bytes < 1 << 13:
+            raise FieldRangeError("QPContext", "response_bytes", response_bytes,
+                                  f"RESPONSE_BYTES {response_bytes} is not {HEADER_BYTES}..8191")
         if ring is not None and not (1 <= ring.num_slots <= 4096
                                      and 0 < ring.slot_size < 1 << 16):
             raise FieldRangeError("QPContext", "num_slots", (ring.num_slots, ring.slot_size),
@@ -307,7 +320,11 @@ class QSC:
         w(global_reg("HOST_MAC_HI"), self.host_mac >> 32)
         w(global_reg("HOST_MAC_LO"), self.host_mac & 0xFFFF_FFFF)
         w(global_reg("HOST_IP"), self.host_ip)
+        if qsc_qpn is not None:
+            w(qp_reg(ppu, "QSC_QPN"), qsc_qpn)
         w(qp_reg(ppu, "HOST_QPN"), qpn)
+        if response_bytes is not None:
+            w(qp_reg(ppu, "RESPONSE_BYTES"), response_bytes)
         w(qp_reg(ppu, "HOST_RKEY"), keys.ring)
         w(qp_reg(ppu, "RING_VA_HI"), 0)
         w(qp_reg(ppu, "RING_VA_LO"), 0)

@@ -28,6 +28,7 @@ class NetConfig(data.Struct):
 class QPContext(data.Struct):
     """One PPU's QP context, from its QP registers."""
 
+    qsc_qpn: unsigned(24)           #: the DestQP of this QP's packets
     host_qpn: unsigned(24)
     host_rkey: unsigned(32)
     ring_va: unsigned(64)
@@ -39,6 +40,7 @@ class QPContext(data.Struct):
     imem_rkey_valid: unsigned(1)    #: IMEM_RKEY written since the QP's reset or restart
     env_rkey_valid: unsigned(1)
     regs_rkey_valid: unsigned(1)
+    response_bytes: unsigned(13)    #: largest SEND payload taken into the mailbox
 
 
 class ControlReply(data.Struct):

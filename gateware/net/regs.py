@@ -74,6 +74,7 @@ REGISTER_WIDTHS: dict[str, int] = {
     "P_KEY": 16,
     "TIMESTAMP_FORMAT": 1,
     "RX_ENABLE": 1,
+    "QSC_QPN": 24,
     "HOST_QPN": 24,
     "HOST_RKEY": 32,
     "RING_VA_HI": 32,
@@ -83,6 +84,7 @@ REGISTER_WIDTHS: dict[str, int] = {
     "IMEM_RKEY": 32,
     "ENV_RKEY": 32,
     "REGS_RKEY": 32,
+    "RESPONSE_BYTES": 13,
 }
 
 
@@ -131,7 +133,8 @@ class NetRegisters(wiring.Component):
     Parameters
     ----------
     params : QSCParams
-        ``num_ppus``, ``qpn_base`` (QSC_QPN = qpn_base + n) and the reset MAC/IP address.
+        ``num_ppus``, ``qpn_base`` (QSC_QPN's reset value: qpn_base + n) and the reset MAC/IP
+        address.
     num_inc_sources : int
         Number of counter increment vectors (one per block that counts).
 
@@ -242,14 +245,13 @@ class NetRegisters(wiring.Component):
             regs: dict[str, Signal] = {}
             for reg in QP_REGISTERS:
                 addr = QP_BASE + QP_STRIDE * n + reg.offset
-                if reg.name == "QSC_QPN":
-                    entries[addr] = (Const(params.qpn_base + n, 32), None)
-                elif reg.name == "TX_PSN":
+                if reg.name == "TX_PSN":
                     entries[addr] = (self.tx_psn[n], None)
                 elif reg.name == "RX_EPSN":
                     entries[addr] = (self.rx_epsn[n], None)
                 else:
-                    sig = Signal(REGISTER_WIDTHS[reg.name], init=reg.reset,
+                    init = params.qpn_base + n if reg.name == "QSC_QPN" else reg.reset
+                    sig = Signal(REGISTER_WIDTHS[reg.name], init=init,
                                  name=f"qp{n}_{reg.name.lower()}")
                     regs[reg.name] = sig
                     entries[addr] = (sig, sig if reg.access is Access.RW else None)
@@ -323,6 +325,7 @@ class NetRegisters(wiring.Component):
         for n, regs in enumerate(qpregs):
             qp = self.qp[n]
             m.d.comb += [
+                qp.qsc_qpn.eq(regs["QSC_QPN"]),
                 qp.host_qpn.eq(regs["HOST_QPN"]),
                 qp.host_rkey.eq(regs["HOST_RKEY"]),
                 qp.ring_va.eq(Cat(regs["RING_VA_LO"], regs["RING_VA_HI"])),
@@ -334,6 +337,7 @@ class NetRegisters(wiring.Component):
                 qp.imem_rkey_valid.eq(regs["IMEM_RKEY_VALID"]),
                 qp.env_rkey_valid.eq(regs["ENV_RKEY_VALID"]),
                 qp.regs_rkey_valid.eq(regs["REGS_RKEY_VALID"]),
+                qp.response_bytes.eq(regs["RESPONSE_BYTES"]),
             ]
         return m
 

@@ -33,7 +33,8 @@ order (the first failing check names the reason); the counter strobes show one c
 5. ICRC (RoCEv2 from here on): the received ICRC differs from the computed one.
 6. OPCODE: not UC RDMA_WRITE_ONLY, RDMA_WRITE_ONLY_WITH_IMMEDIATE or SEND_ONLY, or TVer != 0.
 7. PKEY: P_Key low 15 bits differ from the configured P_Key, or neither has the full-member bit.
-8. QPN: DestQP is not ``qpn_base + n`` for a PPU ``n``.
+8. QPN: DestQP is no PPU's QSC_QPN (``qpn_base + n`` for PPU ``n`` from reset; the lowest PPU
+   whose QSC_QPN matches takes the packet).
 9. PEER: the source MAC or IP is not the QP's peer (HOST_MAC, HOST_IP), as rxe checks a
    connected QP's addresses.
 10. LENGTH: the datagram is too short for its extension headers and PadCnt.
@@ -46,7 +47,9 @@ order (the first failing check names the reason); the counter strobes show one c
     TAIL, is not an index of the ring (>= ``imem_depth``): the whole packet is dropped (its
     payload too), where the TAIL register would otherwise take ImmDt's low bits.
 15. LENGTH: WRITE DMALen != payload bytes (UDP payload - BTH - RETH - ImmDt - pad - ICRC);
-    SEND_ONLY payload > MAILBOX_BYTES.
+    SEND_ONLY payload > the QP's RESPONSE_BYTES (64 from reset). Of a SEND longer than the
+    mailbox (CUDA-Q's GPU bridge SENDs 24 + its payload size whatever ``result_len`` says) the
+    first MAILBOX_BYTES are committed, and the MAILBOX_COMMIT carries that count.
 16. OVERFLOW: the frame did not fit the receive buffer, or the descriptor / control request queue
     is full (only frames that pass every other check count here).
 
@@ -466,7 +469,7 @@ class RoCEReceiver(wiring.Component):
     Parameters
     ----------
     params : QSCParams
-        ``num_ppus`` and ``qpn_base`` (DestQP of PPU ``n`` is ``qpn_base + n``), the region
+        ``num_ppus`` (each QP's DestQP comes from its context, ``qp[n].qsc_qpn``), the region
         sizes (``imem_depth``, ``env_depth``).
     buffer_bytes : int
         Receive buffer size in bytes (a power of two, at least 2 KiB): a ring of 64-bit words.
@@ -844,10 +847,16 @@ class RoCEReceiver(wiring.Component):
         win_off = va[:win_bits]
         udp_len = udp["length"]
 
-        qpn_off = Signal(24)
-        m.d.comb += qpn_off.eq(bth["dest_qp"] - params.qpn_base)
+        # DestQP against each QP's QSC_QPN, registered from ``hdr`` every cycle like
+        # ``src_mac_peer`` below: DestQP ends in beat 6, and a frame that reaches the QPN check
+        # has at least 8 beats. The packet goes to the lowest PPU whose QPN matches.
+        qpn_hit = Signal(num_ppus)
+        m.d.sync += qpn_hit.eq(Cat(*(bth["dest_qp"] == self.qp[n].qsc_qpn
+                                     for n in range(num_ppus))))
         ppu_now = Signal(n_bits)
-        m.d.comb += ppu_now.eq(qpn_off[:n_bits])
+        for n in reversed(range(num_ppus)):
+            with m.If(qpn_hit[n]):
+                m.d.comb += ppu_now.eq(n)
         ext_bytes = Signal(5)
         m.d.sync += ext_bytes.eq(Mux(op_now["has_reth"], RETH.length_bytes, 0) +
                                  Mux(op_now["has_immdt"], IMMDT.length_bytes, 0))
@@ -882,6 +891,7 @@ class RoCEReceiver(wiring.Component):
             "opcode_fail": 1,
             "pkey_fail": 1,
             "qpn_fail": 1,
+            "response_bytes": 13,             # the QP's largest SEND payload
             "udp_sum_on": 1,                  # the UDP checksum is not 0: verify it
             "peer_fail": 1,                   # source MAC or IP is not the QP's peer
             "has_reth": 1,
@@ -965,7 +975,8 @@ class RoCEReceiver(wiring.Component):
             c1.is_roce.eq(is_roce),
             c1.opcode_fail.eq(~op["supported"] | (bth["tver"] != 0)),
             c1.pkey_fail.eq((rx_pkey[:15] != cfg.p_key[:15]) | ~(rx_pkey[15] | cfg.p_key[15])),
-            c1.qpn_fail.eq((bth["dest_qp"] < params.qpn_base) | (qpn_off >= num_ppus)),
+            c1.qpn_fail.eq(qpn_hit == 0),
+            c1.response_bytes.eq(qpc_now.response_bytes),
             c1.peer_fail.eq(~src_mac_peer | ~src_ip_peer),
             c1.udp_sum_on.eq(udp["checksum"] != 0),
             c1.has_reth.eq(op["has_reth"]),
@@ -1029,7 +1040,12 @@ class RoCEReceiver(wiring.Component):
         hdrlen_fail = c1.payload_bytes[16]
         len_fail = Signal()
         m.d.comb += len_fail.eq(Mux(c1.has_reth, c1.dma_len != payload_bytes,
-                                    payload_bytes > MAILBOX_BYTES))
+                                    payload_bytes > c1.response_bytes))
+        # The bytes committed: a WRITE's payload; of a SEND, the first MAILBOX_BYTES (a longer
+        # SEND, up to the QP's RESPONSE_BYTES, carries a response in its first bytes).
+        commit_bytes = Signal(16)
+        m.d.comb += commit_bytes.eq(Mux(c1.send & (payload_bytes > MAILBOX_BYTES),
+                                        MAILBOX_BYTES, payload_bytes))
         icrc_fail = Signal()
         m.d.comb += icrc_fail.eq(crc_now != icrc_rx)
 
@@ -1076,7 +1092,7 @@ class RoCEReceiver(wiring.Component):
                 trailer.op.eq(BusOp.MAILBOX_COMMIT),
                 trailer.word_addr.eq(c1.dst_addr[3:]),
                 trailer.be.eq(0),
-                trailer.data.eq(payload_bytes),
+                trailer.data.eq(commit_bytes),
             ]
         with m.Else():
             m.d.comb += [
@@ -1107,7 +1123,7 @@ class RoCEReceiver(wiring.Component):
         })
         s2 = Signal(s2_layout)
         nwords = Signal(ptr_bits + 1)
-        m.d.comb += nwords.eq(Mux(payload_bytes == 0, 0, (payload_bytes + c1.dst_lo_p7) >> 3))
+        m.d.comb += nwords.eq(Mux(commit_bytes == 0, 0, (commit_bytes + c1.dst_lo_p7) >> 3))
         epsn = self.epsn
         m.d.sync += [
             s2.valid.eq(c1.valid),
@@ -1127,11 +1143,11 @@ class RoCEReceiver(wiring.Component):
             s2.src_off.eq(c1.src_delta[3:]),
             s2.desc.shift.eq(c1.src_delta[:3]),
             s2.desc.nwords.eq(nwords),
-            s2.desc.has_words.eq(payload_bytes != 0),
+            s2.desc.has_words.eq(commit_bytes != 0),
             s2.desc.last_word.eq(nwords == 1),
             s2.desc.dst_word.eq(c1.dst_addr[3:]),
             s2.desc.first_be.eq(first_be_table[c1.dst_addr[:3]]),
-            s2.desc.last_be.eq(last_be_table[(c1.dst_addr[:3] + payload_bytes - 1)[:3]]),
+            s2.desc.last_be.eq(last_be_table[(c1.dst_addr[:3] + commit_bytes - 1)[:3]]),
             s2.desc.has_trailer.eq(c1.send | (c1.has_immdt & is_imem)),
             s2.desc.trailer.eq(trailer),
             s2.ctrl.eq(c1.ctrl),

@@ -67,6 +67,8 @@ class QSCPeer:
         self.mac = mac_to_int(self.params.mac)
         self.ip = ip_to_int(self.params.ip)
         self.regs: dict[int, int] = {}
+        #: Every register write taken, (address, value), in order.
+        self.reg_writes: list[tuple[int, int]] = []
         self.read_only: set[int] = set()
         for r in GLOBAL_REGISTERS:
             self.regs[global_reg(r.name)] = r.reset
@@ -80,7 +82,6 @@ class QSCPeer:
             for r in QP_REGISTERS:
                 self.regs[qp_reg(n, r.name)] = r.reset
             self.regs[qp_reg(n, "QSC_QPN")] = self.params.qpn_base + n
-            self.read_only.add(qp_reg(n, "QSC_QPN"))
             for r in PPU_REGISTERS:
                 self.regs[ppu_reg(n, r.name)] = r.reset
             # Readout calibration: the registers read back what a test puts there (the trace
@@ -145,8 +146,9 @@ class QSCPeer:
             self._roce(f)
 
     def _ppu_of_qpn(self, qpn: int) -> int | None:
-        n = qpn - self.params.qpn_base
-        return n if 0 <= n < self.params.num_ppus else None
+        """The lowest PPU whose QSC_QPN is ``qpn``, as the gateware chooses."""
+        return next((n for n in range(self.params.num_ppus)
+                     if self.regs[qp_reg(n, "QSC_QPN")] == qpn), None)
 
     def _roce(self, f) -> None:
         bth = f.bth
@@ -217,6 +219,7 @@ class QSCPeer:
                 if addr not in self.regs:
                     status = Status.BAD_ADDRESS
                 else:
+                    self.reg_writes.append((addr, req["data"]))
                     if addr not in self.read_only:
                         self.regs[addr] = req["data"]
                     for n in range(self.params.num_ppus):

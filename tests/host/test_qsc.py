@@ -112,6 +112,23 @@ def test_configure_writes_the_qp_contract(ready):
         qsc.configure(2)
     with pytest.raises(FieldRangeError):
         qsc.configure(0, Ring(num_slots=0))
+    assert r[qp_reg(0, "RESPONSE_BYTES")] == 64         # the QSC's own, untouched
+
+
+def test_configure_sets_the_qsc_qpn_and_response_size_for_a_gpu_bridge(ready):
+    """CUDA-Q's GPU bridge: its remote QP 0x2 (QSC_QPN, written before HOST_QPN restarts the
+    QP) and SENDs of 24 + payload size bytes (RESPONSE_BYTES); the host QP sends to it."""
+    qsc, peer, _ = ready
+    qp = qsc.configure(1, None, qsc_qpn=0x2, response_bytes=24 + 256)
+    r = peer.regs
+    assert (r[qp_reg(1, "QSC_QPN")], r[qp_reg(1, "RESPONSE_BYTES")]) == (0x2, 280)
+    assert qp.remote_qpn == 0x2
+    order = [a for a, _ in peer.reg_writes]
+    assert order.index(qp_reg(1, "QSC_QPN")) < order.index(qp_reg(1, "HOST_QPN"))
+    for bad in ({"qsc_qpn": 1 << 24}, {"response_bytes": 23}, {"response_bytes": 8192}):
+        with pytest.raises(FieldRangeError) as e:
+            qsc.configure(1, None, **bad)
+        assert e.value.field in ("dest_qp", "response_bytes")
 
 
 def test_upload_program_in_pmtu_packets(ready):

@@ -92,6 +92,23 @@ def test_reset_values_and_config():
         for n in range(3):
             assert (qp[n].imem_rkey_valid, qp[n].env_rkey_valid, qp[n].regs_rkey_valid) == \
                 (0, 0, 0)
+            assert (qp[n].qsc_qpn, qp[n].response_bytes) == (0x200 + n, 64)
+
+    simulate(tb)
+
+
+def test_the_qsc_qpn_and_response_size_are_the_hosts_to_set():
+    """QSC_QPN (a GPU bridge's remote QP, e.g. 0x2) and RESPONSE_BYTES: 24 and 13 bits, each
+    QP its own, reaching the QP context."""
+    async def tb(ctx, dut):
+        await write(ctx, dut, qp_reg(1, "QSC_QPN"), 0xFF00_0002)
+        await write(ctx, dut, qp_reg(1, "RESPONSE_BYTES"), 0xFFFF_0000 | 24 + 256)
+        assert await read(ctx, dut, qp_reg(1, "QSC_QPN")) == (1, 0x2)
+        assert await read(ctx, dut, qp_reg(1, "RESPONSE_BYTES")) == (1, (24 + 256) & 0x1FFF)
+        await ctx.tick()
+        qp = ctx.get(dut.qp)
+        assert [q.qsc_qpn for q in qp] == [0x200, 0x2, 0x202]
+        assert [q.response_bytes for q in qp] == [64, 280, 64]
 
     simulate(tb)
 
@@ -143,7 +160,7 @@ def test_writes_drive_config_and_qp_contexts():
 
 def test_read_only_registers_ignore_writes():
     async def tb(ctx, dut):
-        for addr in (global_reg("VERSION"), global_reg("NUM_PPUS"), qp_reg(0, "QSC_QPN"),
+        for addr in (global_reg("VERSION"), global_reg("NUM_PPUS"),
                      qp_reg(0, "TX_PSN"), qp_reg(0, "RX_EPSN"), counter_addr("RX_FRAMES")):
             before = await read(ctx, dut, addr)
             await write(ctx, dut, addr, 0x5A5A5A5A)
@@ -370,7 +387,7 @@ def test_reset_clears_the_counters():
 
 def test_unmapped_addresses_miss():
     async def tb(ctx, dut):
-        for addr in (0x00C, 0x03C, 0x0F0, 0x100 + 4 * len(COUNTERS), 0x1000 + 0x30,
+        for addr in (0x00C, 0x03C, 0x0F0, 0x100 + 4 * len(COUNTERS), 0x1000 + 0x34,
                      0x1000 + 0x100 * 3, 0x2000, 0x1000_0000, 0xFFFF_FFFC):
             assert await read(ctx, dut, addr) == (0, 0), hex(addr)
 

@@ -2,6 +2,7 @@
 
 import gc
 import random
+import struct
 import warnings
 
 import pytest
@@ -249,6 +250,60 @@ def test_send_only_full_mailbox_and_second_ppu():
                               params=params)
     assert cmds == expected_writes(mailbox, data) + [mailbox_commit(mailbox, 64)]
     assert epsn == [0, 0, 78]
+
+
+def gpu_bridge_response(payload_size: int, request_id: int, result: bytes,
+                        filler: int = 0xA5) -> bytes:
+    """An RPC response as CUDA-Q realtime's GPU RoCE bridge SENDs it: the 24-byte RPCResponse
+    header (magic "CUQS" 0x43555153, status i32, result_len, request_id, ptp_timestamp, all
+    little-endian) and the result, in a SEND of a fixed 24 + ``payload_size`` bytes whatever
+    result_len says (the rest is whatever the slot held: ``filler`` here)."""
+    header = struct.pack("<IiIIQ", 0x43555153, 0, len(result), request_id, 0)
+    body = header + result
+    return body + bytes([filler]) * (24 + payload_size - len(body))
+
+
+def _qp_setup(ppu: int, **values: int):
+    async def setup(ctx, regs):
+        for name, value in values.items():
+            await reg_write(ctx, regs, qp_reg(ppu, name), value)
+    return setup
+
+
+def test_a_gpu_bridge_response_longer_than_the_mailbox():
+    """CUDA-Q's GPU bridge SENDs 24 + its payload size (256 here) bytes: dropped whole as
+    LENGTH while the QP takes 64 (from reset); with RESPONSE_BYTES 280 taken, and only its
+    first 64 bytes (header, result, the slot's next bytes) reach the mailbox, committed as 64."""
+    send = gpu_bridge_response(256, 0x0100_0007, (42).to_bytes(8, "little"))
+    mailbox = ppu_base(0) + MAILBOX_OFFSET
+    cmds, _, counters, _ = run_rx([send_frame(send)])
+    assert cmds == [] and nonzero(counters) == {"RX_FRAMES": 1, "DROP_LENGTH": 1}
+    cmds, _, counters, _ = run_rx([send_frame(send), send_frame(send + b"\0\0\0\0")],
+                                  setup=_qp_setup(0, RESPONSE_BYTES=24 + 256))
+    assert cmds == expected_writes(mailbox, send[:64]) + [mailbox_commit(mailbox, 64)]
+    assert nonzero(counters) == {"RX_FRAMES": 2, "RX_ROCE_ACCEPTED": 1, "RX_RPC_RESPONSES": 1,
+                                 "DROP_LENGTH": 1}
+
+
+def test_the_qsc_qpn_is_the_hosts_to_set():
+    """QSC_QPN 0x2 (the GPU bridge's default remote QP) for PPU 1: its SENDs and WRITEs now
+    carry DestQP 0x2, and its QPN from reset is no QP's any more; two QPs given one QPN: the
+    lower PPU takes the packet."""
+    params = QSCParams(num_ppus=3)
+    data = payload_bytes(40)
+    mb1, mb0 = ppu_base(1) + MAILBOX_OFFSET, ppu_base(0) + MAILBOX_OFFSET
+    frames = [send_frame(data, dest_qp=0x2), send_frame(data, dest_qp=params.qpn_base + 1),
+              write_frame(ppu_base(1) + IMEM_OFFSET, data[:16], IMEM_RKEY + 1, dest_qp=0x2)]
+    cmds, _, counters, _ = run_rx(frames, params=params, setup=_qp_setup(1, QSC_QPN=0x2))
+    assert cmds == (expected_writes(mb1, data) + [mailbox_commit(mb1, 40)]
+                    + expected_writes(ppu_base(1) + IMEM_OFFSET, data[:16]))
+    assert counters["DROP_QPN"] == 1 and counters["RX_ROCE_ACCEPTED"] == 2
+
+    async def both(ctx, regs):
+        await _qp_setup(1, QSC_QPN=0x2)(ctx, regs)
+        await _qp_setup(0, QSC_QPN=0x2)(ctx, regs)
+    cmds, _, _, _ = run_rx([send_frame(data, dest_qp=0x2)], params=params, setup=both)
+    assert cmds == expected_writes(mb0, data) + [mailbox_commit(mb0, 40)]
 
 
 def test_a_qp_configured_again_expects_psn_0():
