@@ -9,6 +9,7 @@ Commands::
     qlink sim --inject FILE.pcap [--ppus N] [--gap-cycles N] [--json F] [--pcap F]
               [--dump-regions DIR] [--qsc-mac M] [--qsc-ip A] [--host-mac M] [...]
     qlink info [--ppus N] [--json] [--qsc-mac M] [--rkey REGION=KEY] [...]
+    qlink discover [--timeout-s S] [--interface IF] [--json]
     qlink docs memory-map [-o PATH]
     qlink docs isa-tables [-o PATH]
     qlink build --board NAME [-o DIR] [--seed N] [--seeds N] [--jobs N] [--placer P]
@@ -500,6 +501,36 @@ def info_command(num_ppus: int, qubits: int, samples_per_cycle: str, as_json: bo
         key = "no R_Key" if r["rkey"] is None else f"R_Key {r['rkey']:#010x}"
         click.echo(f"  {r['name']:<14} VA {r['va']:#012x} {r['length']:>6} bytes, {key}, "
                    f"{' '.join(r['opcodes'])}")
+
+
+@main.command("discover")
+@click.option("--timeout-s", type=click.FloatRange(min=0.1), default=3.0, show_default=True,
+              help="How long to listen (a QSC announces itself every second from reset).")
+@click.option("--interface", default=None, metavar="IF",
+              help="Listen on this interface only (needs CAP_NET_RAW) [default: every one].")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON list.")
+def discover_command(timeout_s: float, interface: str | None, as_json: bool) -> None:
+    """List the QSCs (and Holoscan Sensor Bridge boards) on the LAN from their BOOTP
+    announcements to UDP port 12267: MAC, IP, FPGA UUID, serial number.
+
+    Exit status 0 when at least one board answered, 1 when none did, 2 when the port cannot be
+    opened."""
+    from .discover import discover
+
+    try:
+        boards = discover(timeout_s, interface=interface)
+    except OSError as exc:
+        _fail(f"qlink discover: {exc}")
+        return
+    if as_json:
+        click.echo(json.dumps(boards, indent=2))
+    else:
+        for b in boards:
+            click.echo(f"{b['mac']}  {b['ip']:<15}  uuid {b['fpga_uuid']}  serial "
+                       f"{b['serial_number']}  (announcement {b['sequence']})")
+        click.echo(f"{len(boards)} board(s) announced themselves in {timeout_s:g} s")
+    if not boards:
+        raise click.exceptions.Exit(1)
 
 
 @main.command("verilog")

@@ -199,6 +199,9 @@ GLOBAL_REGISTERS: tuple[Register, ...] = (
        "unclaimed). An accepted write from any host claims an unclaimed QSC; while claimed, "
        "writes from another source MAC or IP are refused with status CLAIMED (reads stay "
        "open); the owner writing 0 here, or a reset, releases it"),
+    _R("BOOTP_INTERVAL_MS", 0x040, Access.RW, 1000,
+       "Milliseconds between the QSC's BOOTP announcements (a sensor bridge's enumeration "
+       "request, openqlink.wire.bootp; 16 bits); 0: none"),
 )
 
 #: Counters (RO, 32-bit, wrap), each a reason a frame is counted; at ``0x100 + 4*i``.

@@ -23,6 +23,7 @@ class NetConfig(data.Struct):
     p_key: unsigned(16)
     timestamp_format: unsigned(1)   #: 0 = ns (u64), 1 = {seconds[63:32], ns[31:0]}
     rx_enable: unsigned(1)
+    bootp_interval_ms: unsigned(16)  #: between BOOTP announcements; 0: none
 
 
 class QPContext(data.Struct):

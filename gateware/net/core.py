@@ -13,6 +13,7 @@ from amaranth.lib.wiring import In, Out
 from ...memory_map import QSCParams
 from ..bus import BusCommand, BusReadData, CallRequest
 from ..packet import packet_signature
+from .announce import BootpAnnouncer
 from .common import COUNTER_INDEX
 from .control import ControlPlane
 from .regs import NUM_COUNTERS, NetRegisters
@@ -115,7 +116,8 @@ class NetworkCore(wiring.Component):
         and counted as DROP_OVERFLOW).
     tx : Out(packet_signature())
         Frames to the MAC (RPC requests, control replies; ARP and echo replies through a
-        :class:`FrameArbiter`), no FCS, padded to 60 bytes.
+        :class:`FrameArbiter`; BOOTP announcements, :class:`~.announce.BootpAnnouncer`), no FCS,
+        padded to 60 bytes.
     bus_cmd : Out(stream.Signature(BusCommand))
         Commands to the PPU cluster: a packet's commands and a control request's command are
         never interleaved (:class:`BusArbiter`); honours ``ready`` (the receive buffer absorbs
@@ -150,6 +152,8 @@ class NetworkCore(wiring.Component):
         m.submodules.control = ctrl = ControlPlane(params)
         m.submodules.regs = regs = NetRegisters(params, num_inc_sources=4)
         m.submodules.responder = responder = Responder()
+        m.submodules.announcer = announcer = BootpAnnouncer(params.rti_clk_hz)
+        m.submodules.reply_arbiter = reply_arbiter = FrameArbiter()
         m.submodules.tx_arbiter = tx_arbiter = FrameArbiter()
         m.submodules.timebase = timebase = Timebase(params.rti_clk_hz)
         m.submodules.tx = tx = TxBuilder(params.num_ppus, params)
@@ -160,7 +164,10 @@ class NetworkCore(wiring.Component):
         m.d.comb += [responder.rx.valid.eq(self.rx.valid),
                      responder.rx.payload.eq(self.rx.payload)]
         wiring.connect(m, tx.tx, tx_arbiter.a)
-        wiring.connect(m, responder.tx, tx_arbiter.b)
+        # ARP and echo replies and BOOTP announcements share the builder's path to the MAC
+        wiring.connect(m, responder.tx, reply_arbiter.a)
+        wiring.connect(m, announcer.tx, reply_arbiter.b)
+        wiring.connect(m, reply_arbiter.o, tx_arbiter.b)
         wiring.connect(m, tx_arbiter.o, wiring.flipped(self.tx))
         wiring.connect(m, wiring.flipped(self.call_req), tx.call_req)
         wiring.connect(m, wiring.flipped(self.bus_rdata), ctrl.bus_rdata)
@@ -194,5 +201,6 @@ class NetworkCore(wiring.Component):
             regs.inc[3].eq(responder.count),
             responder.reply.eq(rx.reply),
             responder.config.eq(regs.config),
+            announcer.config.eq(regs.config),
         ]
         return m

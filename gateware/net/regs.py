@@ -74,6 +74,7 @@ REGISTER_WIDTHS: dict[str, int] = {
     "P_KEY": 16,
     "TIMESTAMP_FORMAT": 1,
     "RX_ENABLE": 1,
+    "BOOTP_INTERVAL_MS": 16,
     "QSC_QPN": 24,
     "HOST_QPN": 24,
     "HOST_RKEY": 32,
@@ -321,6 +322,7 @@ class NetRegisters(wiring.Component):
             self.config.p_key.eq(glob["P_KEY"]),
             self.config.timestamp_format.eq(glob["TIMESTAMP_FORMAT"]),
             self.config.rx_enable.eq(glob["RX_ENABLE"]),
+            self.config.bootp_interval_ms.eq(glob["BOOTP_INTERVAL_MS"]),
         ]
         for n, regs in enumerate(qpregs):
             qp = self.qp[n]
