@@ -206,7 +206,7 @@ def test_bad_addresses():
         0x0000_0009,                   # unaligned
         0x0000_0F00,                   # past the counters
         0x0000_1000 + 0x100 * 2,       # QP context of a third PPU (2 PPUs built)
-        0x0000_1030,                   # past QP 0's registers
+        0x0000_1034,                   # past QP 0's registers
         ppu_base(2),                   # window of a third PPU
         0x0F00_0000,
         0xFFFF_FFFC,
