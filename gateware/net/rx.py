@@ -939,8 +939,11 @@ class RoCEReceiver(wiring.Component):
         is_ctrl = (udp["dst_port"] == CONTROL_PORT) & proto_udp & ~is_arp
         arp = ARP.view(hbytes(_IP_AT, ARP))
         icmp = ICMP_ECHO.view(hbytes(_UDP_AT, ICMP_ECHO))
-        arp_tpa_mine = Signal()               # an ARP packet's target IP is ours (beats 4-5)
-        m.d.sync += arp_tpa_mine.eq(arp["tpa"] == cfg.qsc_ip)
+        # An ARP packet's target IP is ours (bytes 38-41, beats 4-5), compared as the header
+        # stands at the decision like ``ip_dst_fail``: an unpadded 42-byte ARP frame ends with
+        # beat 5, which a compare registered a cycle earlier would not have seen.
+        arp_tpa_mine = Signal()
+        m.d.comb += arp_tpa_mine.eq(arp["tpa"] == cfg.qsc_ip)
         rx_pkey = bth["p_key"]
         m.d.sync += [
             c1.valid.eq(s1_valid),

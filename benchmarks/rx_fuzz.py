@@ -1,0 +1,122 @@
+"""Deep fuzzing of the receive engine against the reference model of its rules.
+
+Frames from the generator of ``tests/gateware/net/test_rx_fuzz.py`` (valid RoCEv2 WRITEs and
+SENDs, control requests, ARP and ICMP echo requests, mutated: header fields at edge values, bit
+flips, cut and extended frames, MAC errors, the IPv4 checksum, the UDP checksum and the ICRC
+recomputed or not; valid probes between them) go through a RoCEReceiver with its register block
+in Amaranth's simulator, in batches of one simulation each. Each batch is checked against
+``openqlink.sim.rx_model`` for the test file's properties: (a) no bus write outside the
+addressed QP's regions, (b) nothing of a frame with a bad ICRC on the bus, (c) exactly the
+writes the model expects, (d) one outcome per frame, the model's, and counters that add up,
+(e) valid frames after garbage taken, (f) no wedge under back-pressure. Batches rotate through
+three drives: the default configuration with the bus always ready, varied configurations (PPU
+counts, addresses, P_Keys, keys never written, RX_ENABLE off), and back-pressure (the bus and
+the control plane taking at random, idle cycles inside frames).
+
+    python benchmarks/rx_fuzz.py [--frames 100000] [--seed 1] [--batch 400]
+
+Prints the outcome of every frame by counter, the violations found (each with its batch, which
+``--only-batch K`` with the same ``--seed`` runs again), frames per second and wall time; the
+exit status is 1 if any property was violated.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gateware" / "net"))
+
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+from test_rx_fuzz import (  # noqa: E402  (the generator lives beside the tests that use it)
+    FrameGen,
+    RandomChooser,
+    check,
+    make_drive,
+    make_setup,
+    simulate,
+)
+
+from openqlink.sim.rx_model import ACCEPTED, CONTROL, DROP_REASONS  # noqa: E402
+
+DRIVES = ("default", "configurations", "back-pressure")
+
+
+def run_batch(seed: int, index: int, size: int) -> tuple[list[str], list[str], str]:
+    """Batch ``index`` of the run ``seed``: about ``size`` frames through one simulation.
+    Returns each frame's observed outcome, the violations and the drive's name."""
+    rng = random.Random(seed * 1_000_003 + index)
+    ch = RandomChooser(rng)
+    drive_name = DRIVES[index % len(DRIVES)]
+    setup = make_setup(ch, rng, vary=drive_name != "default")
+    gen = FrameGen(setup.config, ch, rng)
+    pressure = drive_name == "back-pressure"
+    frames = gen.batch(max(1, round(size / 1.3)), probes=20 if pressure else 40)
+    drive = make_drive(ch, rng, len(frames), pressure=pressure)
+    report = check(setup, frames, drive, simulate(setup, frames, drive))
+    return report.outcomes, report.violations, drive_name
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--frames", type=int, default=100_000, help="frames to send in all")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--batch", type=int, default=400, help="frames per simulation")
+    parser.add_argument("--only-batch", type=int, default=None,
+                        help="run only this batch of the run (to reproduce a violation)")
+    parser.add_argument("--quiet", action="store_true", help="no progress line per batch")
+    args = parser.parse_args()
+    console = Console()
+    err = Console(stderr=True)
+
+    outcomes: Counter = Counter()
+    by_drive: Counter = Counter()
+    violations: list[str] = []
+    frames = 0
+    index = args.only_batch or 0
+    t0 = time.perf_counter()
+    while frames < args.frames:
+        seen, found, drive_name = run_batch(args.seed, index, min(args.batch, args.frames))
+        frames += len(seen)
+        outcomes.update(seen)
+        by_drive[drive_name] += len(seen)
+        violations += [f"batch {index} ({drive_name}): {v}" for v in found]
+        wall = time.perf_counter() - t0
+        if not args.quiet:
+            err.print(f"batch {index} ({drive_name}): {len(seen)} frames, {len(found)} "
+                      f"violations; {frames} frames in {wall:.0f} s ({frames / wall:.1f}/s)")
+        index += 1
+        if args.only_batch is not None:
+            break
+    wall = time.perf_counter() - t0
+
+    table = Table(title=f"RX fuzzing vs rx_model, seed {args.seed}")
+    table.add_column("outcome")
+    table.add_column("frames", justify="right")
+    table.add_row("frames sent", str(frames))
+    for drive_name in DRIVES:
+        table.add_row(f"  of them: {drive_name}", str(by_drive[drive_name]))
+    table.add_row("accepted RoCEv2 (RX_ROCE_ACCEPTED)", str(outcomes[ACCEPTED]))
+    table.add_row("control requests taken", str(outcomes[CONTROL]))
+    table.add_row("ARP requests taken (RX_ARP_REQUESTS)", str(outcomes["RX_ARP_REQUESTS"]))
+    table.add_row("echo requests taken (RX_ECHO_REQUESTS)", str(outcomes["RX_ECHO_REQUESTS"]))
+    for reason in DROP_REASONS:
+        table.add_row(f"dropped: {reason}", str(outcomes[reason]))
+    table.add_row("property violations", str(len(violations)))
+    table.add_row("frames per second", f"{frames / wall:.1f}")
+    table.add_row("wall time", f"{wall:.1f} s")
+    console.print(table)
+    for v in violations[:20]:
+        console.print(v, markup=False, highlight=False)
+    if len(violations) > 20:
+        console.print(f"... and {len(violations) - 20} more")
+    return 1 if violations else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,476 @@
+"""Reference model of the QSC's receive rules, for tests: what a frame must do, from the specs.
+
+# Ref: IEEE 802.3-2018 3.2 (Ethernet II); RFC 826 (ARP request); RFC 791 3.1 (IPv4 header),
+# RFC 1071 (one's-complement checksum), RFC 1624 3 (both zero forms of a sum); RFC 768 (UDP),
+# RFC 1122 4.1.3.4 (a non-zero UDP checksum is verified, zero means none); RFC 792 (ICMP echo);
+# IBTA Vol 1 Release 1.4 9.2 (BTH), 9.3.2 (RETH), 9.3.4 (ImmDt), 9.7.6 and 9.8.3 (UC receive,
+# PSN), 10.9.3 (P_Key), 7.8.1 (ICRC); IBTA Annex A17 (RoCEv2) A17.2.3 (UDP port 4791), A17.4.4
+# (ICRC over the IPv4/UDP/BTH headers with their variant fields masked);
+# :mod:`openqlink.memory_map` (regions, COUNTERS, the QP registers); the receive order that
+# :mod:`openqlink.gateware.net.rx` documents.
+
+The model is written from those documents, not from the receiver's logic. Given the
+configuration a host applied (:class:`RxConfig`: the QSC's and the peer's addresses, P_Key,
+RX_ENABLE, each QP's region R_Keys and their valid bits, QSC_QPN and RESPONSE_BYTES) and the
+expected PSN of each QP, it decides a frame (:meth:`RxModel.judge`): the first failing check of
+the documented order names the drop counter, or the frame is taken (a RoCEv2 packet, a control
+request, an ARP or echo request). For a RoCEv2 packet taken it gives the bytes to write and
+where, the TAIL write of an RDMA_WRITE_ONLY_WITH_IMMEDIATE into the instruction ring, the
+MAILBOX_COMMIT of a SEND_ONLY, and the PSN bookkeeping (:meth:`RxModel.apply` moves the
+expected PSN).
+
+Where the documents leave room, :attr:`Verdict.also` lists the other outcomes allowed: an echo
+request whose frame is longer than the echo buffer while its IP packet is not (or the reverse:
+"a frame longer than ECHO_MAX_FRAME_BYTES" may count Ethernet padding or not), and a control
+request longer than the whole receive buffer. Where the receiver's documented order is stricter
+than the IBTA it is followed: a zero-length RDMA WRITE is checked for VA and R_Key like any
+other (rxe skips both for a zero-length operation, after IBTA Vol 1 C9-88).
+
+Outside the model: the occupancy of the receive buffer and of the queues (DROP_OVERFLOW of a
+frame that fits the buffer depends on how fast the bus and the control plane take; a caller that
+lets them stall accepts OVERFLOW in place of any packet or request the model takes; only a frame
+longer than the whole buffer is known not to fit), timing, the responder's replies,
+FIRST/MIDDLE/LAST (not handled: DROP_OPCODE), DROP_BUS, and the control plane's handling of a
+request once taken.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import struct
+import zlib
+from dataclasses import dataclass, field
+
+from ..memory_map import MAILBOX_BYTES, MAILBOX_OFFSET, QSCParams, ppu_base, ppu_reg, regions
+
+__all__ = [
+    "ACCEPTED", "CONTROL", "ARP_REQUEST", "ECHO_REQUEST", "DROP_REASONS", "OUTCOMES",
+    "RxConfig", "Write", "Verdict", "RxModel",
+    "ones_complement_sum", "ipv4_header_ok", "udp_checksum_ok", "roce_icrc", "parse_mac",
+    "parse_ip",
+]
+
+#: Outcome of a RoCEv2 packet taken (counted RX_ROCE_ACCEPTED).
+ACCEPTED = "RX_ROCE_ACCEPTED"
+#: Outcome of a control request taken (no counter of the receiver's; the control plane's).
+CONTROL = "CONTROL"
+#: Outcome of an ARP request for the QSC's IP (counted RX_ARP_REQUESTS).
+ARP_REQUEST = "RX_ARP_REQUESTS"
+#: Outcome of an ICMP echo request taken (counted RX_ECHO_REQUESTS).
+ECHO_REQUEST = "RX_ECHO_REQUESTS"
+#: The drop counters a frame can be counted under (openqlink.memory_map.COUNTERS).
+DROP_REASONS = ("DROP_MAC", "DROP_ETH", "DROP_ARP", "DROP_IP", "DROP_ICMP", "DROP_UDP",
+                "DROP_ICRC", "DROP_OPCODE", "DROP_PKEY", "DROP_QPN", "DROP_PEER", "DROP_LENGTH",
+                "DROP_VA", "DROP_RKEY", "DROP_IMMDT", "DROP_OVERFLOW")
+#: Every outcome of a frame: exactly one per frame.
+OUTCOMES = (ACCEPTED, CONTROL, ARP_REQUEST, ECHO_REQUEST) + DROP_REASONS
+
+# Wire constants, from the specs named.
+_ETH = 14                       # IEEE 802.3 3.2: dst, src, EtherType
+_IPV4 = 20                      # RFC 791 3.1, IHL 5 (no options)
+_UDP = 8                        # RFC 768
+_BTH = 12                       # IBTA Vol 1 9.2
+_RETH = 16                      # IBTA Vol 1 9.3.2
+_IMMDT = 4                      # IBTA Vol 1 9.3.4
+_ICRC = 4                       # IBTA Vol 1 7.8.1
+_ARP = 28                       # RFC 826, Ethernet/IPv4
+_ICMP_ECHO = 8                  # RFC 792: type, code, checksum, identifier, sequence
+_BROADCAST = (1 << 48) - 1
+_ETHERTYPE_IPV4 = 0x0800
+_ETHERTYPE_ARP = 0x0806
+_PROTO_ICMP = 1
+_PROTO_UDP = 17
+_ROCEV2_PORT = 4791             # IBTA Annex A17.2.3
+_CONTROL_PORT = 8192            # the control plane (Holoscan Sensor Bridge control bus)
+_CONTROL_REQUEST = 14           # cmd, flags, seq, reserved, addr, data
+_RD_DWORD_SHORT = 10            # a RD_DWORD without its data word
+_RD_DWORD = 0x14
+_ICMP_ECHO_REQUEST = 8
+# UC opcodes (IBTA Vol 1 9.2.1 table 38, transport UC = 0b001) that the receiver handles.
+_SEND_ONLY = 0x24
+_RDMA_WRITE_ONLY = 0x2A
+_RDMA_WRITE_ONLY_WITH_IMMEDIATE = 0x2B
+#: Longest frame (FCS stripped) whose echo request is taken: the receiver's documented echo
+#: buffer, a standard 1500-byte MTU's frame.
+_ECHO_MAX_FRAME_BYTES = 1514
+_PSN_MASK = (1 << 24) - 1
+
+
+def parse_mac(mac: str | int) -> int:
+    """A MAC address (``"aa:bb:cc:dd:ee:ff"`` or an int) as its 48-bit integer, first octet in
+    the most significant byte (IEEE 802.3 3.2.3)."""
+    if isinstance(mac, int):
+        return mac
+    return int(mac.replace("-", ":").replace(":", ""), 16)
+
+
+def parse_ip(ip: str | int) -> int:
+    """An IPv4 address (dotted or an int) as its 32-bit integer (RFC 791 3.1)."""
+    if isinstance(ip, int):
+        return ip
+    a, b, c, d = (int(x) for x in ip.split("."))
+    return (a << 24) | (b << 16) | (c << 8) | d
+
+
+def ones_complement_sum(data: bytes) -> int:
+    """The RFC 1071 one's-complement sum of ``data`` as 16-bit big-endian words (an odd byte
+    padded with a zero byte), folded to 16 bits with end-around carry."""
+    if len(data) % 2:
+        data = bytes(data) + b"\0"
+    total = sum(struct.unpack(f">{len(data) // 2}H", data))
+    while total > 0xFFFF:
+        total = (total & 0xFFFF) + (total >> 16)
+    return total
+
+
+def ipv4_header_ok(header: bytes) -> bool:
+    """RFC 791 3.1 / RFC 1071: a header whose checksum verifies (the folded sum of its ten
+    words is a one's-complement zero, 0xFFFF or 0x0000; RFC 1624 3)."""
+    return ones_complement_sum(header[:_IPV4]) in (0x0000, 0xFFFF)
+
+
+def udp_checksum_ok(src_ip: int, dst_ip: int, datagram: bytes) -> bool:
+    """RFC 768: the sum over the pseudo-header (source and destination address, zero, protocol
+    17, UDP length) and the datagram, checksum field included, is 0xFFFF."""
+    pseudo = struct.pack(">IIBBH", src_ip, dst_ip, 0, _PROTO_UDP, len(datagram))
+    return ones_complement_sum(pseudo + bytes(datagram)) == 0xFFFF
+
+
+def roce_icrc(ip_packet: bytes) -> bytes:
+    """The ICRC of a RoCEv2 packet over IPv4 without options (IBTA Annex A17.4.4, Vol 1 7.8.1).
+
+    ``ip_packet`` runs from the first byte of the IPv4 header to the last byte before the ICRC.
+    The CRC-32 of the Ethernet FCS is taken over 64 bits of ones (the masked LRH of InfiniBand)
+    followed by the packet with, set to all ones: the IPv4 TOS, TTL and header checksum, the UDP
+    checksum, and the BTH byte of FECN, BECN and the reserved bits. Its 4 bytes are returned in
+    wire order, least significant byte first (as the FCS).
+    """
+    masked = bytearray(ip_packet)
+    masked[1] = 0xFF                                    # TOS (DSCP, ECN)
+    masked[8] = 0xFF                                    # TTL
+    masked[10:12] = b"\xff\xff"                         # header checksum
+    masked[_IPV4 + 6:_IPV4 + 8] = b"\xff\xff"           # UDP checksum
+    masked[_IPV4 + _UDP + 4] = 0xFF                     # BTH: FECN, BECN, resv6
+    return zlib.crc32(b"\xff" * 8 + bytes(masked)).to_bytes(4, "little")
+
+
+@dataclass
+class RxConfig:
+    """What a host configured: the addresses, P_Key, RX_ENABLE and each QP's region R_Keys.
+
+    ``rkeys[n]`` maps a region's R_Key register name (``"IMEM_RKEY"``, ``"ENV_RKEY"``,
+    ``"REGS_RKEY"``: :func:`openqlink.memory_map.regions`) of PPU ``n`` to ``(key, valid)``;
+    ``valid`` is whether the register was written since reset or since the QP's HOST_QPN was
+    (a region whose key is not valid takes no WRITE). A missing entry is not valid.
+    """
+
+    params: QSCParams = field(default_factory=QSCParams)
+    qsc_mac: int | None = None          #: default: ``params.mac``
+    qsc_ip: int | None = None           #: default: ``params.ip``
+    host_mac: int = 0                   #: HOST_MAC, the QPs' peer
+    host_ip: int = 0                    #: HOST_IP
+    p_key: int = 0xFFFF                 #: P_KEY (reset value: full member of the default)
+    rx_enable: bool = False             #: RX_ENABLE bit 0 (off from reset)
+    rkeys: list[dict[str, tuple[int, bool]]] = field(default_factory=list)
+    #: QSC_QPN of each QP (default ``qpn_base + n``): a packet goes to the lowest PPU whose
+    #: QPN is its DestQP.
+    qsc_qpns: list[int] = field(default_factory=list)
+    #: RESPONSE_BYTES of each QP (default 64): the largest SEND payload taken.
+    response_bytes: list[int] = field(default_factory=list)
+    #: The receiver's buffer (``RoCEReceiver(buffer_bytes=...)``): a frame of more 64-bit words
+    #: never fits (``None``: not modelled).
+    buffer_bytes: int | None = 4096
+
+    def __post_init__(self) -> None:
+        if self.qsc_mac is None:
+            self.qsc_mac = parse_mac(self.params.mac)
+        if self.qsc_ip is None:
+            self.qsc_ip = parse_ip(self.params.ip)
+        while len(self.rkeys) < self.params.num_ppus:
+            self.rkeys.append({})
+        while len(self.qsc_qpns) < self.params.num_ppus:
+            self.qsc_qpns.append(self.params.qpn_base + len(self.qsc_qpns))
+        while len(self.response_bytes) < self.params.num_ppus:
+            self.response_bytes.append(MAILBOX_BYTES)
+
+
+@dataclass(frozen=True)
+class Write:
+    """Bytes ``data`` to land at bus byte address ``addr`` and on."""
+
+    addr: int
+    data: bytes
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What the receiver must do with one frame.
+
+    ``outcome`` is one of :data:`OUTCOMES`: the counter the frame counts under (besides
+    RX_FRAMES), or :data:`CONTROL`. ``also`` holds other outcomes the documentation allows for
+    this frame where it does not decide between them (empty for most frames). The rest
+    describes a frame taken: ``kind`` (``"write"``, ``"send"``, ``"control"``, ``"arp"``,
+    ``"icmp"`` or ``None``), ``ppu`` (the addressed QP's PPU, once the QPN check passed),
+    ``writes`` (in order), ``tail`` (``(TAIL register address, ImmDt)``), ``mailbox_commit``
+    (``(mailbox address, payload bytes)``), ``psn``, ``psn_gap`` (the PSN was not the expected
+    one; the packet is kept), ``request`` (a control request's fields; ``data`` is ``None`` for
+    the 10-byte RD_DWORD), ``icrc_ok`` (``None`` where the ICRC was not reached or not RoCEv2).
+    """
+
+    outcome: str
+    also: frozenset[str] = frozenset()
+    kind: str | None = None
+    ppu: int | None = None
+    writes: tuple[Write, ...] = ()
+    tail: tuple[int, int] | None = None
+    mailbox_commit: tuple[int, int] | None = None
+    psn: int | None = None
+    psn_gap: bool = False
+    request: dict[str, int | None] | None = None
+    icrc_ok: bool | None = None
+
+    @property
+    def allowed(self) -> frozenset[str]:
+        """Every outcome the documentation allows: ``outcome`` and ``also``."""
+        return self.also | {self.outcome}
+
+    @property
+    def taken(self) -> bool:
+        """The frame is taken (not dropped)."""
+        return not self.outcome.startswith("DROP_")
+
+
+def _u(frame: bytes, at: int, nbytes: int) -> int:
+    return int.from_bytes(frame[at:at + nbytes], "big")
+
+
+class RxModel:
+    """The receive rules with their state (the expected PSN of each QP).
+
+    :meth:`judge` decides a frame without changing the state; :meth:`apply` records a verdict
+    as taken (the expected PSN moves for a RoCEv2 packet); :meth:`receive` does both. A caller
+    that saw a frame the model takes dropped for overflow does not apply its verdict.
+    """
+
+    def __init__(self, config: RxConfig):
+        self.config = copy.deepcopy(config)
+        self.epsn = [0] * config.params.num_ppus
+
+    def restart_qp(self, ppu: int) -> None:
+        """A write of the QP's HOST_QPN: its expected PSN returns to 0 and its region keys are
+        no longer valid until written again."""
+        self.epsn[ppu] = 0
+        self.config.rkeys[ppu] = {name: (key, False)
+                                  for name, (key, _) in self.config.rkeys[ppu].items()}
+
+    def receive(self, frame: bytes, *, mac_error: bool = False) -> Verdict:
+        """:meth:`judge` then :meth:`apply`."""
+        verdict = self.judge(frame, mac_error=mac_error)
+        self.apply(verdict)
+        return verdict
+
+    def apply(self, verdict: Verdict) -> None:
+        """Record ``verdict`` as taken: an accepted UC ONLY packet resynchronises its QP's
+        expected PSN to PSN + 1 (IBTA Vol 1 9.8.3; 24 bits, wrapping)."""
+        if verdict.outcome == ACCEPTED:
+            self.epsn[verdict.ppu] = (verdict.psn + 1) & _PSN_MASK
+
+    # ---- the checks, in the documented order ------------------------------------------------
+
+    def judge(self, frame: bytes, *, mac_error: bool = False) -> Verdict:
+        """The verdict on ``frame`` (FCS stripped; ``mac_error``: the MAC flagged it bad).
+
+        Order (the first failing check names the counter): MAC; Ethernet (IEEE 802.3: at least
+        14 bytes, our MAC or broadcast, IPv4 or ARP), then ARP (RFC 826: a request for our IP);
+        IPv4 (RFC 791: version 4, IHL 5, checksum, total length, no fragment, our address, UDP
+        or ICMP), then ICMP (RFC 792: an echo request whose checksum verifies); UDP (RFC 768:
+        length, port, sizes, RFC 1122 checksum); then for RoCEv2 (IBTA Annex A17) the ICRC,
+        opcode and TVer, P_Key, DestQP, peer addresses, header length, VA, R_Key, VA range,
+        ImmDt as a TAIL, DMALen or SEND length; last, a packet that passed every check but
+        is longer than the receive buffer is dropped for overflow (a control request that long
+        may be either taken or dropped: the documentation does not say whether it must fit).
+        """
+        verdict = self._decide(frame, mac_error)
+        words = -(-len(frame) // 8)
+        if self.config.buffer_bytes is not None and words > self.config.buffer_bytes // 8:
+            if verdict.outcome == ACCEPTED:
+                return Verdict("DROP_OVERFLOW", ppu=verdict.ppu, icrc_ok=True)
+            if verdict.outcome == CONTROL:
+                return dataclasses.replace(verdict, also=frozenset({"DROP_OVERFLOW"}))
+        return verdict
+
+    def _decide(self, frame: bytes, mac_error: bool) -> Verdict:
+        c = self.config
+        n = len(frame)
+        if mac_error:
+            return Verdict("DROP_MAC")
+        if n < _ETH:
+            return Verdict("DROP_ETH")
+        dst_mac, src_mac, ethertype = _u(frame, 0, 6), _u(frame, 6, 6), _u(frame, 12, 2)
+        if dst_mac not in (c.qsc_mac, _BROADCAST) or ethertype not in (_ETHERTYPE_IPV4,
+                                                                       _ETHERTYPE_ARP):
+            return Verdict("DROP_ETH")
+        if ethertype == _ETHERTYPE_ARP:
+            return self._arp(frame)
+
+        # IPv4 (RFC 791 3.1), no options
+        if n < _ETH + _IPV4:
+            return Verdict("DROP_IP")
+        ip = frame[_ETH:_ETH + _IPV4]
+        version, ihl = ip[0] >> 4, ip[0] & 0xF
+        total_length = _u(ip, 2, 2)
+        more_fragments = (ip[6] >> 5) & 1
+        fragment_offset = _u(ip, 6, 2) & 0x1FFF
+        protocol = ip[9]
+        src_ip, dst_ip = _u(ip, 12, 4), _u(ip, 16, 4)
+        if (version != 4 or ihl != 5 or not ipv4_header_ok(ip)
+                or not _IPV4 <= total_length <= n - _ETH
+                or more_fragments or fragment_offset
+                or dst_ip != c.qsc_ip or protocol not in (_PROTO_UDP, _PROTO_ICMP)):
+            return Verdict("DROP_IP")
+        ip_end = _ETH + total_length                    # Ethernet padding follows
+        if protocol == _PROTO_ICMP:
+            return self._icmp(frame, ip_end)
+
+        # UDP (RFC 768)
+        at = _ETH + _IPV4
+        if total_length < _IPV4 + _UDP:
+            return Verdict("DROP_UDP")
+        src_port, dst_port = _u(frame, at, 2), _u(frame, at + 2, 2)
+        udp_length, udp_checksum = _u(frame, at + 4, 2), _u(frame, at + 6, 2)
+        if udp_length != total_length - _IPV4:
+            return Verdict("DROP_UDP")
+        roce = dst_port == _ROCEV2_PORT and c.rx_enable
+        control = dst_port == _CONTROL_PORT
+        if not (roce or control):
+            return Verdict("DROP_UDP")
+        body = udp_length - _UDP
+        if roce and (udp_length < _UDP + _BTH + _ICRC or udp_length % 4):
+            return Verdict("DROP_UDP")
+        if control and (body < _RD_DWORD_SHORT
+                        or (body < _CONTROL_REQUEST and frame[at + _UDP] != _RD_DWORD)):
+            return Verdict("DROP_UDP")
+        if udp_checksum != 0 and not udp_checksum_ok(src_ip, dst_ip, frame[at:ip_end]):
+            return Verdict("DROP_UDP")
+        if control:
+            return self._control(frame, src_mac, src_ip, src_port, body)
+        return self._roce(frame, ip_end, src_mac, src_ip, udp_length)
+
+    def _arp(self, frame: bytes) -> Verdict:
+        # RFC 826: hardware Ethernet (1), protocol IPv4, lengths 6 and 4, operation request (1),
+        # target protocol address ours. Nothing is learnt from any ARP packet.
+        if len(frame) < _ETH + _ARP:
+            return Verdict("DROP_ARP")
+        a = _ETH
+        request = (_u(frame, a, 2) == 1 and _u(frame, a + 2, 2) == _ETHERTYPE_IPV4
+                   and frame[a + 4] == 6 and frame[a + 5] == 4 and _u(frame, a + 6, 2) == 1)
+        if request and _u(frame, a + 24, 4) == self.config.qsc_ip:
+            return Verdict(ARP_REQUEST, kind="arp")
+        return Verdict("DROP_ARP")
+
+    def _icmp(self, frame: bytes, ip_end: int) -> Verdict:
+        # RFC 792: an echo request (type 8, code 0) of at least its 8-byte header whose
+        # checksum over the whole message verifies.
+        message = frame[_ETH + _IPV4:ip_end]
+        if (len(message) < _ICMP_ECHO or message[0] != _ICMP_ECHO_REQUEST or message[1] != 0
+                or ones_complement_sum(message) != 0xFFFF):
+            return Verdict("DROP_ICMP")
+        # "A frame longer than ECHO_MAX_FRAME_BYTES": the frame as received, or the frame that
+        # the IP packet makes (Ethernet padding left out). Where the two differ, either is
+        # allowed.
+        frame_long = len(frame) > _ECHO_MAX_FRAME_BYTES
+        packet_long = ip_end > _ECHO_MAX_FRAME_BYTES
+        if frame_long and packet_long:
+            return Verdict("DROP_ICMP")
+        if frame_long or packet_long:
+            return Verdict(ECHO_REQUEST, also=frozenset({"DROP_ICMP"}), kind="icmp")
+        return Verdict(ECHO_REQUEST, kind="icmp")
+
+    def _control(self, frame: bytes, src_mac: int, src_ip: int, src_port: int,
+                 body: int) -> Verdict:
+        at = _ETH + _IPV4 + _UDP
+        request = {
+            "src_mac": src_mac, "src_ip": src_ip, "src_port": src_port,
+            "cmd": frame[at], "flags": frame[at + 1], "seq": _u(frame, at + 2, 2),
+            "addr": _u(frame, at + 6, 4),
+            "data": _u(frame, at + 10, 4) if body >= _CONTROL_REQUEST else None,
+        }
+        return Verdict(CONTROL, kind="control", request=request)
+
+    def _roce(self, frame: bytes, ip_end: int, src_mac: int, src_ip: int,
+              udp_length: int) -> Verdict:
+        c = self.config
+        p = c.params
+        # ICRC (IBTA Annex A17.4.4): the last 4 bytes of the IP packet
+        if roce_icrc(frame[_ETH:ip_end - _ICRC]) != frame[ip_end - _ICRC:ip_end]:
+            return Verdict("DROP_ICRC", icrc_ok=False)
+
+        def drop(reason: str, **kw) -> Verdict:
+            return Verdict(reason, icrc_ok=True, **kw)
+
+        # BTH (IBTA Vol 1 9.2): opcode, SE M PadCnt TVer, P_Key, FECN BECN resv6, DestQP,
+        # A resv7, PSN
+        b = _ETH + _IPV4 + _UDP
+        opcode = frame[b]
+        pad_cnt = (frame[b + 1] >> 4) & 3
+        tver = frame[b + 1] & 0xF
+        p_key = _u(frame, b + 2, 2)
+        dest_qp = _u(frame, b + 5, 3)
+        psn = _u(frame, b + 9, 3)
+        if opcode not in (_SEND_ONLY, _RDMA_WRITE_ONLY, _RDMA_WRITE_ONLY_WITH_IMMEDIATE) or tver:
+            return drop("DROP_OPCODE")
+        # IBTA Vol 1 10.9.3: the low 15 bits match, and at least one side is a full member
+        if (p_key & 0x7FFF) != (c.p_key & 0x7FFF) or not ((p_key | c.p_key) & 0x8000):
+            return drop("DROP_PKEY")
+        ppu = next((n for n in range(p.num_ppus) if c.qsc_qpns[n] == dest_qp), None)
+        if ppu is None:
+            return drop("DROP_QPN")
+        # A connected QP takes packets from its peer only (rxe checks the addresses).
+        if src_mac != c.host_mac or src_ip != c.host_ip:
+            return drop("DROP_PEER", ppu=ppu)
+        write = opcode != _SEND_ONLY
+        with_imm = opcode == _RDMA_WRITE_ONLY_WITH_IMMEDIATE
+        ext = (_RETH if write else 0) + (_IMMDT if with_imm else 0)
+        payload_len = udp_length - _UDP - _BTH - ext - pad_cnt - _ICRC
+        if payload_len < 0:
+            return drop("DROP_LENGTH", ppu=ppu)
+        start = b + _BTH + ext
+        payload = bytes(frame[start:start + payload_len])
+        psn_gap = psn != self.epsn[ppu]
+        if not write:
+            if payload_len > c.response_bytes[ppu]:
+                return drop("DROP_LENGTH", ppu=ppu)
+            # The mailbox keeps the first MAILBOX_BYTES of a longer SEND (a response in its
+            # first bytes, as CUDA-Q's GPU bridge sends it).
+            kept = payload[:MAILBOX_BYTES]
+            mailbox = ppu_base(ppu) + MAILBOX_OFFSET
+            return Verdict(ACCEPTED, kind="send", ppu=ppu,
+                           writes=(Write(mailbox, kept),) if kept else (),
+                           mailbox_commit=(mailbox, len(kept)), psn=psn, psn_gap=psn_gap,
+                           icrc_ok=True)
+        # RETH (IBTA Vol 1 9.3.2): VA, R_Key, DMALen; the VA is the bus address
+        r = b + _BTH
+        va, r_key, dma_len = _u(frame, r, 8), _u(frame, r + 8, 4), _u(frame, r + 12, 4)
+        region = None
+        if va >> 32 == 0 and va % 4 == 0:
+            region = next((g for g in regions(p, ppu) if g.va <= va < g.va + g.length_bytes),
+                          None)
+        if region is None:
+            return drop("DROP_VA", ppu=ppu)
+        key, valid = c.rkeys[ppu].get(region.rkey_register, (0, False))
+        if not valid or r_key != key:
+            return drop("DROP_RKEY", ppu=ppu)
+        if va + dma_len > region.va + region.length_bytes:
+            return drop("DROP_VA", ppu=ppu)
+        tail = None
+        if with_imm and region.name == "IMEM":
+            imm = _u(frame, r + _RETH, 4)               # ImmDt (IBTA Vol 1 9.3.4)
+            if imm >= p.imem_depth:
+                return drop("DROP_IMMDT", ppu=ppu)
+            tail = (ppu_reg(ppu, "TAIL"), imm)
+        if dma_len != payload_len:
+            return drop("DROP_LENGTH", ppu=ppu)
+        return Verdict(ACCEPTED, kind="write", ppu=ppu,
+                       writes=(Write(va, payload),) if payload else (), tail=tail, psn=psn,
+                       psn_gap=psn_gap, icrc_ok=True)
