@@ -1028,26 +1028,28 @@ _SETTINGS = dict(derandomize=True, deadline=None, database=None,
                  suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
 
+def _fuzz_ready_bus(data, *, vary: bool, most: int) -> None:
+    """One batch of 4..``most`` generated frames, the bus always ready."""
+    ch = DrawChooser(data.draw)
+    rng = random.Random(ch.integer(0, 2**32 - 1))
+    setup = make_setup(ch, rng, vary=vary)
+    frames = FrameGen(setup.config, ch, rng).batch(ch.integer(4, most))
+    _assert_clean(run_batch(setup, frames, make_drive(ch, rng, len(frames), pressure=False)))
+
+
 @settings(max_examples=14, **_SETTINGS)
 @given(st.data())
 def test_fuzz_mutated_frames(data):
     """Mutated frames of every kind, the bus always ready, the default configuration."""
-    ch = DrawChooser(data.draw)
-    rng = random.Random(ch.integer(0, 2**32 - 1))
-    setup = make_setup(ch, rng, vary=False)
-    frames = FrameGen(setup.config, ch, rng).batch(ch.integer(4, 14))
-    _assert_clean(run_batch(setup, frames, make_drive(ch, rng, len(frames), pressure=False)))
+    _fuzz_ready_bus(data, vary=False, most=14)
 
 
 @settings(max_examples=10, **_SETTINGS)
 @given(st.data())
 def test_fuzz_configurations(data):
-    """Other PPU counts, QSC addresses, P_Keys, R_Keys never written, RX_ENABLE off."""
-    ch = DrawChooser(data.draw)
-    rng = random.Random(ch.integer(0, 2**32 - 1))
-    setup = make_setup(ch, rng, vary=True)
-    frames = FrameGen(setup.config, ch, rng).batch(ch.integer(4, 12))
-    _assert_clean(run_batch(setup, frames, make_drive(ch, rng, len(frames), pressure=False)))
+    """Other PPU counts, QSC addresses, P_Keys, R_Keys never written, QSC_QPNs and
+    RESPONSE_BYTES, RX_ENABLE off."""
+    _fuzz_ready_bus(data, vary=True, most=12)
 
 
 @settings(max_examples=8, **_SETTINGS)
