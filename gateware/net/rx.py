@@ -900,6 +900,7 @@ class RoCEReceiver(wiring.Component):
             "ppu": n_bits,
             "psn": 24,
             "payload_bytes": 17,              # udp_len - overhead; bit 16: the header is short
+            "send_long": 1,                   # a SEND of more than MAILBOX_BYTES
             "va_fail": 1,                     # VA[63:32], alignment, PPU window
             "region_hit": len(region_list),
             "rkey_ok": len(region_list),
@@ -988,6 +989,9 @@ class RoCEReceiver(wiring.Component):
             c1.ppu.eq(ppu_now),
             c1.psn.eq(bth["psn"]),
             c1.payload_bytes.eq(udp_len - overhead),
+            # a SEND longer than the mailbox (commits its first MAILBOX_BYTES), compared beside
+            # the subtraction so that the commit length below is one multiplexer
+            c1.send_long.eq(op["send"] & (udp_len > overhead + MAILBOX_BYTES)),
             c1.va_fail.eq((va[32:] != 0) | (va[:2] != 0) |
                           (va[win_bits:32] != (PPU_BASE >> win_bits) + ppu_now)),
             c1.dma_len.eq(reth["dma_len"]),
@@ -1047,8 +1051,7 @@ class RoCEReceiver(wiring.Component):
         # The bytes committed: a WRITE's payload; of a SEND, the first MAILBOX_BYTES (a longer
         # SEND, up to the QP's RESPONSE_BYTES, carries a response in its first bytes).
         commit_bytes = Signal(16)
-        m.d.comb += commit_bytes.eq(Mux(c1.send & (payload_bytes > MAILBOX_BYTES),
-                                        MAILBOX_BYTES, payload_bytes))
+        m.d.comb += commit_bytes.eq(Mux(c1.send_long, MAILBOX_BYTES, payload_bytes))
         icrc_fail = Signal()
         m.d.comb += icrc_fail.eq(crc_now != icrc_rx)
 
