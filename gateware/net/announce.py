@@ -23,7 +23,7 @@ from ...wire.bootp import (
     announcement_fields,
 )
 from ...wire.ethernet import ETHERNET
-from ...wire.ipv4 import IPV4
+from ...wire.ipv4 import IPV4, ipv4_checksum
 from ...wire.udp import UDP
 from ..packet import packet_signature
 from .common import NetConfig
@@ -32,13 +32,6 @@ __all__ = ["BootpAnnouncer", "ANNOUNCE_BEATS"]
 
 #: Beats of an announcement on the 64-bit stream.
 ANNOUNCE_BEATS = -(-ANNOUNCE_FRAME_BYTES // 8)
-
-
-def _ones_complement_sum(words: list) -> int:
-    total = sum(words)
-    while total >> 16:
-        total = (total & 0xFFFF) + (total >> 16)
-    return total
 
 
 class BootpAnnouncer(wiring.Component):
@@ -96,18 +89,16 @@ class BootpAnnouncer(wiring.Component):
         ip = Signal(32)
         sequence = Signal(16)
         ip_csum = Signal(16)
-        # The IPv4 header's words without the source address, summed here (RFC 791 3.1).
-        f = announcement_fields(0, 0, 0)
-        header = IPV4.pack(**f["ip"])
-        fixed = _ones_complement_sum([int.from_bytes(header[i:i + 2], "big")
-                                      for i in range(0, len(header), 2)])
+        # The one's-complement sum of the IPv4 header's words without the source address
+        # (RFC 791 3.1): the complement of that header's checksum.
+        fields = announcement_fields(0, 0, 0)
+        fixed = ~ipv4_checksum(IPV4.pack(**fields["ip"])) & 0xFFFF
         partial = Signal(18)
         m.d.comb += partial.eq(fixed + ip[16:] + ip[:16])
         folded = Signal(17)
         m.d.comb += folded.eq(partial[:16] + partial[16:])
         m.d.sync += ip_csum.eq(~(folded[:16] + folded[16]))
 
-        fields = announcement_fields(0, 0, 0)
         frame = Cat(
             ETHERNET.build(**{**fields["eth"], "src": mac}),
             IPV4.build(**{**fields["ip"], "src": ip, "checksum": ip_csum}),
