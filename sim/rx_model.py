@@ -86,6 +86,10 @@ _CONTROL_PORT = 8192            # the control plane (Holoscan Sensor Bridge cont
 _CONTROL_REQUEST = 14           # cmd, flags, seq, reserved, addr, data
 _RD_DWORD_SHORT = 10            # a RD_DWORD without its data word
 _RD_DWORD = 0x14
+_BLOCK_COMMANDS = (0x09, 0x19)  # WR_BLOCK, RD_BLOCK: a 6-byte header, then (addr, value) pairs
+_BLOCK_HEADER = 6
+_BLOCK_MAX_PAIRS = 183          # the Holoscan Sensor Bridge host's 1472-byte control packet
+_BLOCK_MAX_BODY = _BLOCK_HEADER + 8 * _BLOCK_MAX_PAIRS
 _ICMP_ECHO_REQUEST = 8
 # UC opcodes (IBTA Vol 1 9.2.1 table 38, transport UC = 0b001) that the receiver handles.
 _SEND_ONLY = 0x24
@@ -215,7 +219,9 @@ class Verdict:
     ``writes`` (in order), ``tail`` (``(TAIL register address, ImmDt)``), ``mailbox_commit``
     (``(mailbox address, payload bytes)``), ``psn``, ``psn_gap`` (the PSN was not the expected
     one; the packet is kept), ``request`` (a control request's fields; ``data`` is ``None`` for
-    the 10-byte RD_DWORD), ``icrc_ok`` (``None`` where the ICRC was not reached or not RoCEv2).
+    the 10-byte RD_DWORD; ``pairs``, 1 or a block's pair count, and ``more``, a block's pairs
+    after the first as they came), ``icrc_ok`` (``None`` where the ICRC was not reached or not
+    RoCEv2).
     """
 
     outcome: str
@@ -349,7 +355,8 @@ class RxModel:
         if roce and (udp_length < _UDP + _BTH + _ICRC or udp_length % 4):
             return Verdict("DROP_UDP")
         if control and (body < _RD_DWORD_SHORT
-                        or (body < _CONTROL_REQUEST and frame[at + _UDP] != _RD_DWORD)):
+                        or (body < _CONTROL_REQUEST and frame[at + _UDP] != _RD_DWORD)
+                        or (frame[at + _UDP] in _BLOCK_COMMANDS and body > _BLOCK_MAX_BODY)):
             return Verdict("DROP_UDP")
         if udp_checksum != 0 and not udp_checksum_ok(src_ip, dst_ip, frame[at:ip_end]):
             return Verdict("DROP_UDP")
@@ -395,7 +402,14 @@ class RxModel:
             "cmd": frame[at], "flags": frame[at + 1], "seq": _u(frame, at + 2, 2),
             "addr": _u(frame, at + 6, 4),
             "data": _u(frame, at + 10, 4) if body >= _CONTROL_REQUEST else None,
+            # a block's whole pairs (trailing bytes ignored); the ones after the first as they
+            # came, 8 bytes each
+            "pairs": 1, "more": b"",
         }
+        if frame[at] in _BLOCK_COMMANDS:
+            pairs = (body - _BLOCK_HEADER) // 8
+            start = at + _BLOCK_HEADER + 8
+            request.update(pairs=pairs, more=bytes(frame[start:start + 8 * (pairs - 1)]))
         return Verdict(CONTROL, kind="control", request=request)
 
     def _roce(self, frame: bytes, ip_end: int, src_mac: int, src_ip: int,

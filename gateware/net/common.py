@@ -45,7 +45,9 @@ class QPContext(data.Struct):
 
 
 class ControlReply(data.Struct):
-    """A control-plane response for the TX builder: where to send it and its fields."""
+    """One pair of a control-plane response (:class:`~.control.ControlReplyBuilder`): where to
+    send it, the response's fields, the pair's ``addr``/``value``; ``last`` on the response's
+    last pair (its ``status`` is the response's)."""
 
     dst_mac: unsigned(48)
     dst_ip: unsigned(32)
@@ -57,6 +59,7 @@ class ControlReply(data.Struct):
     addr: unsigned(32)
     value: unsigned(32)
     latched_seq: unsigned(16)
+    last: unsigned(1)               #: the request's last pair: the response ends here
 
 
 #: Index of each counter in openqlink.memory_map.COUNTERS.

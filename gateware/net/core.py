@@ -15,7 +15,7 @@ from ..bus import BusCommand, BusReadData, CallRequest
 from ..packet import packet_signature
 from .announce import BootpAnnouncer
 from .common import COUNTER_INDEX
-from .control import ControlPlane
+from .control import ControlPlane, ControlReplyBuilder
 from .regs import NUM_COUNTERS, NetRegisters
 from .responder import Responder
 from .rx import RoCEReceiver
@@ -150,10 +150,12 @@ class NetworkCore(wiring.Component):
 
         m.submodules.rx = rx = RoCEReceiver(params, buffer_bytes=self.rx_buffer_bytes)
         m.submodules.control = ctrl = ControlPlane(params)
+        m.submodules.control_tx = ctrl_tx = ControlReplyBuilder()
         m.submodules.regs = regs = NetRegisters(params, num_inc_sources=4)
         m.submodules.responder = responder = Responder()
         m.submodules.announcer = announcer = BootpAnnouncer(params.rti_clk_hz)
         m.submodules.reply_arbiter = reply_arbiter = FrameArbiter()
+        m.submodules.local_arbiter = local_arbiter = FrameArbiter()
         m.submodules.tx_arbiter = tx_arbiter = FrameArbiter()
         m.submodules.timebase = timebase = Timebase(params.rti_clk_hz)
         m.submodules.tx = tx = TxBuilder(params.num_ppus, params)
@@ -167,12 +169,16 @@ class NetworkCore(wiring.Component):
         # ARP and echo replies and BOOTP announcements share the builder's path to the MAC
         wiring.connect(m, responder.tx, reply_arbiter.a)
         wiring.connect(m, announcer.tx, reply_arbiter.b)
-        wiring.connect(m, reply_arbiter.o, tx_arbiter.b)
+        # ... and the control plane's responses
+        wiring.connect(m, ctrl_tx.tx, local_arbiter.a)
+        wiring.connect(m, reply_arbiter.o, local_arbiter.b)
+        wiring.connect(m, local_arbiter.o, tx_arbiter.b)
         wiring.connect(m, tx_arbiter.o, wiring.flipped(self.tx))
         wiring.connect(m, wiring.flipped(self.call_req), tx.call_req)
         wiring.connect(m, wiring.flipped(self.bus_rdata), ctrl.bus_rdata)
         wiring.connect(m, rx.ctrl_req, ctrl.req)
-        wiring.connect(m, ctrl.reply, tx.ctrl_reply)
+        wiring.connect(m, ctrl.reply, ctrl_tx.reply)
+        wiring.connect(m, rx.pairs, ctrl.pairs)
         wiring.connect(m, ctrl.regs, regs.port)
         wiring.connect(m, rx.bus_cmd, arbiter.rx_cmd)
         wiring.connect(m, ctrl.bus_cmd, arbiter.ctrl_cmd)
@@ -186,6 +192,7 @@ class NetworkCore(wiring.Component):
             rx.config.eq(regs.config),
             rx.qp.eq(regs.qp),
             tx.config.eq(regs.config),
+            ctrl_tx.config.eq(regs.config),
             tx.qp.eq(regs.qp),
             timebase.format.eq(regs.config.timestamp_format),
             tx.timestamp.eq(timebase.timestamp),
@@ -193,7 +200,8 @@ class NetworkCore(wiring.Component):
             regs.tx_psn.eq(tx.tx_psn),
             rx.qp_reset.eq(regs.qp_reset),
             tx.qp_reset.eq(regs.qp_reset),
-            tx_count[COUNTER_INDEX["TX_FRAMES"]].eq(tx.sent_frame),
+            # one frame's last beat at most per cycle passes the arbiters
+            tx_count[COUNTER_INDEX["TX_FRAMES"]].eq(tx.sent_frame | ctrl_tx.sent),
             tx_count[COUNTER_INDEX["TX_RPC_REQUESTS"]].eq(tx.sent_rpc),
             regs.inc[0].eq(rx.count),
             regs.inc[1].eq(ctrl.count),

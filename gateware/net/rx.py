@@ -28,7 +28,8 @@ order (the first failing check names the reason); the counter strobes show one c
 4. UDP: ``length`` != ``total_length`` - 20, destination port neither 4791 (with RX_ENABLE set:
    off from reset) nor 8192, a RoCEv2 datagram shorter than BTH + ICRC or not a multiple of 4
    bytes, a control datagram shorter than the 14-byte request (10 bytes for a RD_DWORD, the
-   form without a data word that the Holoscan Sensor Bridge host sends); then a non-zero UDP
+   form without a data word that the Holoscan Sensor Bridge host sends), a WR_BLOCK or
+   RD_BLOCK of more than BLOCK_MAX_PAIRS (183) pairs; then a non-zero UDP
    checksum that does not verify (RFC 1122 4.1.3.4).
 5. ICRC (RoCEv2 from here on): the received ICRC differs from the computed one.
 6. OPCODE: not UC RDMA_WRITE_ONLY, RDMA_WRITE_ONLY_WITH_IMMEDIATE or SEND_ONLY, or TVer != 0.
@@ -51,7 +52,8 @@ order (the first failing check names the reason); the counter strobes show one c
     mailbox (CUDA-Q's GPU bridge SENDs 24 + its payload size whatever ``result_len`` says) the
     first MAILBOX_BYTES are committed, and the MAILBOX_COMMIT carries that count.
 16. OVERFLOW: the frame did not fit the receive buffer, or the descriptor / control request queue
-    is full (only frames that pass every other check count here).
+    is full, or a block's pairs after its first did not fit the pair ring (only frames that
+    pass every other check count here).
 
 PSN (UC): the ONLY opcodes are accepted whatever their PSN and resynchronise the expected PSN
 (``epsn``); a PSN other than the expected one counts PSN_GAP and the packet is kept. DROP_PSN
@@ -63,7 +65,8 @@ reads the payload back from the buffer, realigns it to the destination and emits
 ``BusCommand`` WRITEs; a WRITE_WITH_IMMEDIATE into a PPU's instruction region ends with a WRITE of
 ImmDt to that PPU's TAIL register (into other regions ImmDt is ignored); a SEND ends with a
 MAILBOX_COMMIT. Nothing of a packet reaches the bus before its ICRC checked good (commit rule).
-Accepted control-plane requests go to ``ctrl_req``.
+Accepted control-plane requests go to ``ctrl_req``; a block's pairs after its first to the pair
+ring (``pairs``), written from beat 7 on as the frame arrives and committed at the decision.
 
 ``rx.ready`` is always high: a MAC cannot be back-pressured; a full buffer drops frames instead.
 """
@@ -86,7 +89,14 @@ from ...memory_map import (
     regions,
 )
 from ...wire.arp import ARP, ARP_HTYPE_ETHERNET, ArpOperation
-from ...wire.control import CONTROL_REQUEST, RD_DWORD_SHORT_BYTES, Command
+from ...wire.control import (
+    BLOCK_MAX_PAIRS,
+    CONTROL_BLOCK_HEADER,
+    CONTROL_PAIR,
+    CONTROL_REQUEST,
+    RD_DWORD_SHORT_BYTES,
+    Command,
+)
 from ...wire.ethernet import ETHERNET, EtherType
 from ...wire.header import Header
 from ...wire.icmp import ICMP_ECHO, IcmpType
@@ -98,7 +108,7 @@ from ..bus import BusCommand, BusOp
 from ..logic import kept
 from ..packet import PingPongSlice, packet_signature
 from .common import COUNTER_INDEX, DropReason, NetConfig, QPContext
-from .control import ControlRequest
+from .control import PAIR_RING_DEPTH, ControlRequest, PairPortSignature
 from .icrc import ICRC_WORD_MASKS, ICRCEngine, icrc_terms
 from .regs import NUM_COUNTERS
 
@@ -113,6 +123,11 @@ _UDP_AT = _IP_AT + IPV4.length_bytes
 _L4_AT = _UDP_AT + UDP.length_bytes          # BTH, or the control request
 _RETH_AT = _L4_AT + BTH.length_bytes
 _IMM_AT = _RETH_AT + RETH.length_bytes
+
+#: UDP lengths of a block request: its header, then 1..BLOCK_MAX_PAIRS pairs.
+_BLOCK_FIXED_UDP = UDP.length_bytes + CONTROL_BLOCK_HEADER.length_bytes
+_BLOCK_MIN_UDP = _BLOCK_FIXED_UDP + CONTROL_PAIR.length_bytes
+_BLOCK_MAX_UDP = _BLOCK_FIXED_UDP + BLOCK_MAX_PAIRS * CONTROL_PAIR.length_bytes
 
 #: The IPv4 header seen as ten big-endian 16-bit words, for its checksum (RFC 1071).
 _IPV4_WORDS = Header("IPv4Words", [(f"w{i}", 16) for i in range(IPV4.length_bytes // 2)],
@@ -493,6 +508,10 @@ class RoCEReceiver(wiring.Component):
         The commit engine is inside a packet: the bus arbiter must not switch away.
     ctrl_req : Out(stream.Signature(ControlRequest))
         Accepted control-plane requests, in arrival order.
+    pairs : In(PairPortSignature())
+        The pair ring (:data:`~.control.PAIR_RING_DEPTH` entries): an accepted block request's
+        pairs after its first, in order, for the control plane, which reads them and frees them
+        (``rp``). A block whose pairs do not fit the free entries is dropped (OVERFLOW).
     epsn : Out(ArrayLayout(24, num_ppus))
         Next PSN expected on each PPU's QP (RX_EPSN), updated 1 cycle after an accepted
         packet's decision.
@@ -529,6 +548,9 @@ class RoCEReceiver(wiring.Component):
         self.ptr_bits = self.buffer_words.bit_length() - 1
         self.desc_depth = desc_depth
         self.ctrl_depth = ctrl_depth
+        #: The pair ring's block RAM (a simulation bench may read its entries).
+        self.pair_ring = Memory(shape=64, depth=PAIR_RING_DEPTH, init=[],
+                                attrs={"no_rw_check": True})
         n = params.num_ppus
         super().__init__({
             "rx": In(packet_signature()),
@@ -537,6 +559,7 @@ class RoCEReceiver(wiring.Component):
             "bus_cmd": Out(stream.Signature(BusCommand)),
             "busy": Out(1),
             "ctrl_req": Out(stream.Signature(ControlRequest)),
+            "pairs": In(PairPortSignature()),
             "epsn": Out(data.ArrayLayout(24, n)),
             "qp_reset": In(n),
             "count": Out(NUM_COUNTERS),
@@ -611,6 +634,38 @@ class RoCEReceiver(wiring.Component):
                     f_error.eq(beat.error),
                     s1_valid.eq(1),
                 ]
+
+        # ---- the pair ring: a block request's pairs after the first ---------------------------
+        # Pair j of a control datagram is frame bytes [48 + 8j, 56 + 8j): beat 6 + j. Pair 0 is
+        # in the captured header; from beat 7 on every frame's beats are written behind the
+        # committed pairs (``pair_wp``) while there is room, and counted (``pair_n``); an
+        # accepted block's pair count commits its pairs at its decision, anything else leaves
+        # them to be written over. The next frame's writes start at its beat 7, after that
+        # decision (3 cycles after the last beat).
+        assert _L4_AT + CONTROL_BLOCK_HEADER.length_bytes == 8 * 6
+        assert CONTROL_PAIR.length_bytes == 8
+        m.submodules.pair_ring = pair_ring = self.pair_ring
+        pair_w = pair_ring.write_port()
+        pair_r = bram.read_port(m, pair_ring, name="pair_r")
+        ring_bits = exact_log2(PAIR_RING_DEPTH)
+        pair_wp = Signal(ring_bits + 1)           # committed entries end here
+        pair_free = Signal(ring_bits + 1)         # free entries (registered from the pointers)
+        pair_n = Signal(ring_bits + 1)            # entries written of the current frame
+        f_pair_n = Signal(ring_bits + 1)          # ... of the last complete frame
+        pair_we = Signal()
+        m.d.sync += pair_free.eq(PAIR_RING_DEPTH - (pair_wp - self.pairs.rp))
+        m.d.comb += [
+            pair_we.eq(take & ~beat.first & ~pos_next[:7].any() & (pair_n < pair_free)),
+            pair_w.en.eq(pair_we),
+            pair_w.addr.eq(pair_wp + pair_n),
+            pair_w.data.eq(beat.data),
+            pair_r.addr.eq(self.pairs.addr),
+            self.pairs.data.eq(pair_r.data),
+        ]
+        with m.If(take):
+            m.d.sync += pair_n.eq(Mux(beat.first, 0, pair_n + pair_we))
+            with m.If(beat.last):
+                m.d.sync += f_pair_n.eq(Mux(beat.first, 0, pair_n + pair_we))
 
         def hbytes(start: int, header: Header) -> Value:
             return hdr[8 * start:8 * (start + header.length_bytes)]
@@ -913,6 +968,7 @@ class RoCEReceiver(wiring.Component):
             "imm_fail": 1,                  # ImmDt >= imem_depth: not a TAIL of the ring
             "beats": 16,
             "ctrl": ControlRequest,
+            "pairs_short": 1,                 # a block's pairs did not fit the pair ring
         })
         c1 = Signal(c1_layout)
         # Sums and compares of header fields, registered from ``hdr`` every cycle: in c1 they
@@ -946,6 +1002,13 @@ class RoCEReceiver(wiring.Component):
         arp_tpa_mine = Signal()
         m.d.comb += arp_tpa_mine.eq(arp["tpa"] == cfg.qsc_ip)
         rx_pkey = bth["p_key"]
+        # A block request (WR_BLOCK, RD_BLOCK): its whole pairs, 1..BLOCK_MAX_PAIRS (a shorter
+        # or longer one fails the UDP check); trailing bytes that make no pair are ignored.
+        ctl_block = Signal()
+        m.d.comb += ctl_block.eq((ctl["cmd"] == Command.WR_BLOCK) |
+                                 (ctl["cmd"] == Command.RD_BLOCK))
+        block_pairs = Signal(8)
+        m.d.comb += block_pairs.eq((udp_len - _BLOCK_FIXED_UDP) >> 3)
         m.d.sync += [
             c1.valid.eq(s1_valid),
             c1.mac_fail.eq(f_error),
@@ -975,7 +1038,9 @@ class RoCEReceiver(wiring.Component):
                 (is_roce & ((udp_len < _ROCE_FIXED_BYTES) | (udp_len[:2] != 0))) |
                 (is_ctrl & ((udp_len < UDP.length_bytes + RD_DWORD_SHORT_BYTES) |
                             ((udp_len < UDP.length_bytes + CONTROL_REQUEST.length_bytes) &
-                             (ctl["cmd"] != Command.RD_DWORD))))),
+                             (ctl["cmd"] != Command.RD_DWORD)) |
+                            (ctl_block & ((udp_len < _BLOCK_MIN_UDP) |
+                                          (udp_len > _BLOCK_MAX_UDP)))))),
             c1.is_roce.eq(is_roce),
             c1.opcode_fail.eq(~op["supported"] | (bth["tver"] != 0)),
             c1.pkey_fail.eq((rx_pkey[:15] != cfg.p_key[:15]) | ~(rx_pkey[15] | cfg.p_key[15])),
@@ -1010,6 +1075,9 @@ class RoCEReceiver(wiring.Component):
             c1.ctrl.seq.eq(ctl["seq"]),
             c1.ctrl.addr.eq(ctl["addr"]),
             c1.ctrl.data.eq(ctl["data"]),
+            c1.ctrl.pairs.eq(Mux(ctl_block, block_pairs, 1)),
+            # the block's pairs after the first did not all find room in the pair ring
+            c1.pairs_short.eq(ctl_block & (f_pair_n < block_pairs - 1)),
         ]
         for r, region in enumerate(region_list):
             lo = region.va - ppu_base(0)
@@ -1126,6 +1194,7 @@ class RoCEReceiver(wiring.Component):
             "src_off": 4,
             "desc": desc_layout,
             "ctrl": ControlRequest,
+            "pairs_short": 1,
         })
         s2 = Signal(s2_layout)
         nwords = Signal(ptr_bits + 1)
@@ -1157,6 +1226,7 @@ class RoCEReceiver(wiring.Component):
             s2.desc.has_trailer.eq(c1.send | (c1.has_immdt & is_imem)),
             s2.desc.trailer.eq(trailer),
             s2.ctrl.eq(c1.ctrl),
+            s2.pairs_short.eq(c1.pairs_short),
         ]
 
         # ---- the decision, 3 cycles after the last beat --------------------------------------
@@ -1176,7 +1246,7 @@ class RoCEReceiver(wiring.Component):
         # other frames ``overflow`` is not used).
         overflow = Signal()
         m.d.comb += overflow.eq(Mux(s2.roce, ovf | w3.nofit | ~desc_fifo.w_rdy,
-                                    s2.is_ctrl & ~ctrl_fifo.w_rdy))
+                                    s2.is_ctrl & (~ctrl_fifo.w_rdy | s2.pairs_short)))
         # The RoCE write strobe from few registered bits: ``s2.roce_ok`` (valid, RoCE, no early
         # check failed), the other checks' fail bits, the overflow registers, the queue's flag.
         roce_write = Signal()
@@ -1202,9 +1272,13 @@ class RoCEReceiver(wiring.Component):
         # read can happen in between: decisions are at least a frame, 8 beats, apart).
         ctrl_w_en = Signal()
         ctrl_w_data = Signal.like(s2.ctrl)
-        m.d.sync += [ctrl_w_en.eq(s2.valid & s2.is_ctrl & ~dropped & ctrl_fifo.w_rdy),
+        m.d.sync += [ctrl_w_en.eq(s2.valid & s2.is_ctrl & ~dropped & ctrl_fifo.w_rdy &
+                                  ~s2.pairs_short),
                      ctrl_w_data.eq(s2.ctrl)]
         m.d.comb += [ctrl_fifo.w_en.eq(ctrl_w_en), ctrl_fifo.w_data.eq(ctrl_w_data)]
+        # the request's pairs after the first are committed with it
+        with m.If(ctrl_w_en):
+            m.d.sync += pair_wp.eq(pair_wp + ctrl_w_data.pairs - 1)
 
         # ---- counted: the counter strobes, registered at the decision ------------------------
         # Each check's strobe is its fail bit with no earlier check failing (the first failing

@@ -1,15 +1,14 @@
-"""Transmit path of the QSC network core: RPC requests and control-plane replies.
+"""Transmit path of the QSC network core: RPC requests.
 
 # Ref: IEEE 802.3-2018 3.2 (Ethernet II, 60-byte minimum frame); RFC 791 3.1 (IPv4), RFC 1071
 # (header checksum); RFC 768 (UDP; checksum 0 = none); IBTA Vol 1 9.2 (BTH), 9.3.2 (RETH),
 # 9.3.4 (ImmDt), 9.8.3 (UC RDMA WRITE), 7.8.1 + Annex A17.4.4 (ICRC); cuda-quantum
-# realtime/docs/cudaq_realtime_message_protocol.md (RPCHeader, ring slots, ImmDt {PSN, slot});
-# Holoscan Sensor Bridge control bus response (openqlink.wire.control.CONTROL_RESPONSE).
+# realtime/docs/cudaq_realtime_message_protocol.md (RPCHeader, ring slots, ImmDt {PSN, slot}).
 
 Each :class:`~openqlink.gateware.bus.CallRequest` becomes one RoCEv2 UC
-RDMA_WRITE_ONLY_WITH_IMMEDIATE into the host ring of its PPU; each
-:class:`~openqlink.gateware.net.common.ControlReply` becomes one UDP datagram from port 8192.
-The fields of a request or reply are latched once, when it is taken; the frame is never held
+RDMA_WRITE_ONLY_WITH_IMMEDIATE into the host ring of its PPU (control-plane responses have a
+builder of their own, :class:`~openqlink.gateware.net.control.ControlReplyBuilder`).
+The fields of a request are latched once, when it is taken; the frame is never held
 whole. A window of four 64-bit registers (the beat on ``tx`` and the next three frame words)
 moves by one word at each take, and the word that enters it is chosen from the fields (an AND-OR
 of one-hot selects: most frame bits are constants). The IPv4 header checksum
@@ -28,19 +27,18 @@ from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
 from ...memory_map import QSCParams
-from ...wire.control import CONTROL_RESPONSE
 from ...wire.ethernet import ETHERNET, MIN_FRAME_BYTES, EtherType
 from ...wire.ipv4 import IPV4, IpProtocol
 from ...wire.roce import BTH, ICRC_BYTES, IMMDT, RETH, Opcode
 from ...wire.rpc import HEADER_BYTES, REQUEST_MAGIC, RPCHeader
-from ...wire.udp import CONTROL_PORT, ROCEV2_PORT, UDP
+from ...wire.udp import ROCEV2_PORT, UDP
 from ..bus import MAX_CALL_ARG_BYTES, CallRequest
 from ..packet import packet_signature
-from .common import ControlReply, NetConfig, QPContext
+from .common import NetConfig, QPContext
 from .icrc import ICRC_WORD_MASKS, ICRCEngine, icrc_terms
 from .ipv4csum import IPv4Checksum
 
-__all__ = ["TxBuilder", "rpc_frame_bytes", "CONTROL_FRAME_BYTES", "START_LATENCY_CYCLES"]
+__all__ = ["TxBuilder", "rpc_frame_bytes", "START_LATENCY_CYCLES"]
 
 _ETH_BYTES = ETHERNET.length_bytes
 _IP_OFFSET = _ETH_BYTES
@@ -103,17 +101,13 @@ def rpc_frame_bytes(arg_len: int) -> int:
     return max(_icrc_offset(arg_len) + ICRC_BYTES, MIN_FRAME_BYTES)
 
 
-_CONTROL_UNPADDED_BYTES = _L4_OFFSET + CONTROL_RESPONSE.length_bytes
-#: Frame length in bytes (FCS excluded) of a control reply: 58 bytes padded to 60.
-CONTROL_FRAME_BYTES = max(_CONTROL_UNPADDED_BYTES, MIN_FRAME_BYTES)
-
-_FRAME_BYTES = max(rpc_frame_bytes(MAX_CALL_ARG_BYTES), CONTROL_FRAME_BYTES)
+_FRAME_BYTES = rpc_frame_bytes(MAX_CALL_ARG_BYTES)
 _FRAME_WORDS = -(-_FRAME_BYTES // 8)
-#: Shifts of the beat window from the cycle a request or reply is taken to its first beat: the
-#: take and the three cycles after it.
+#: Shifts of the beat window from the cycle a request is taken to its first beat: the take and
+#: the three cycles after it.
 _FILL_SHIFTS = 4
 
-#: Cycles from the cycle a request or reply is taken to the cycle its first beat is valid.
+#: Cycles from the cycle a request is taken to the cycle its first beat is valid.
 START_LATENCY_CYCLES = _FILL_SHIFTS
 
 #: Copies of the builder's ``idle`` flip-flop: one for its control, one per group of field
@@ -124,7 +118,7 @@ _IDLE_COPIES = 1 + _FIELD_GROUPS + _SHIFT_GROUPS
 
 
 class TxBuilder(wiring.Component):
-    """Builds RPC request frames and control-reply frames and sends them on ``tx``.
+    """Builds RPC request frames and sends them on ``tx``.
 
     Parameters
     ----------
@@ -136,7 +130,7 @@ class TxBuilder(wiring.Component):
     Members
     -------
     config : In(NetConfig)
-        Global network configuration; sampled when a request or reply is taken.
+        Global network configuration; sampled when a request is taken.
     qp : In(ArrayLayout(QPContext, num_ppus))
         Per-PPU QP contexts (host QPN, ring VA, R_Key, num_slots, slot_size); sampled likewise.
     timestamp : In(64)
@@ -149,29 +143,27 @@ class TxBuilder(wiring.Component):
         RPC requests of the PPUs: ``arg_len`` 0..16 argument bytes from ``args`` (128 bits,
         byte i at bits [8i+7:8i]; the bytes from ``arg_len`` up are sent as zeros). A request
         with ``ppu >= num_ppus`` or ``arg_len > MAX_CALL_ARG_BYTES`` is taken, sends nothing,
-        and pulses ``call_dropped``; the next request or reply is taken 2 cycles after it.
-    ctrl_reply : In(stream.Signature(ControlReply))
-        Control-plane replies; they take priority over requests.
+        and pulses ``call_dropped``; the next request is taken 2 cycles after it.
     tx : Out(packet_signature())
         Frames to the MAC, 8 bytes per beat, FCS excluded, padded to 60 bytes. Once a frame's
         first beat is valid, every later beat is valid in the cycle after the previous one was
         taken (no gaps of ours inside a frame). Back-pressure: ``tx.ready`` low stalls the
-        beat; nothing is lost, and no new request or reply is taken until the frame has left.
+        beat; nothing is lost, and no new request is taken until the frame has left.
     tx_psn : Out(ArrayLayout(24, num_ppus))
         Next PSN of each PPU's QP (reset 0), incremented modulo 2**24 per request taken.
     sent_frame : Out(1)
-        One-cycle strobe when the last beat of any frame is taken (TX_FRAMES).
+        One-cycle strobe when the last beat of a frame is taken (TX_FRAMES).
     sent_rpc : Out(1)
-        One-cycle strobe when the last beat of an RPC request is taken (TX_RPC_REQUESTS).
+        The same strobe (TX_RPC_REQUESTS): every frame of this builder is an RPC request.
     call_dropped : Out(1)
         One-cycle strobe when a malformed CallRequest is taken and discarded.
 
-    Latency: the first beat is valid :data:`START_LATENCY_CYCLES` cycles after the request or
-    reply was taken (4 cycles, whatever the kind or length). A request frame is 102 bytes (13
+    Latency: the first beat is valid :data:`START_LATENCY_CYCLES` cycles after the request was
+    taken (4 cycles, whatever the length). A request frame is 102 bytes (13
     beats) with no arguments, 106 bytes (14 beats) with 1..4, 110 bytes (14 beats) with 5..8,
     114 bytes (15 beats) with 9..12 and 118 bytes (15 beats) with 13..16, its ICRC at byte 98,
-    102, 106, 110 or 114; a control reply is 60 bytes (8 beats). The next request or reply is
-    taken in the cycle after the last beat of the previous frame was taken.
+    102, 106, 110 or 114. The next request is taken in the cycle after the last beat of the
+    previous frame was taken.
 
     RPC request frame: Ethernet (host MAC <- QSC MAC), IPv4 (DF, TTL 64, identification 0, UDP),
     UDP (``config.udp_src_port`` -> 4791, checksum 0), BTH (RDMA_WRITE_ONLY_WITH_IMMEDIATE,
@@ -198,7 +190,6 @@ class TxBuilder(wiring.Component):
             "timestamp": In(64),
             "qp_reset": In(num_ppus),
             "call_req": In(stream.Signature(CallRequest)),
-            "ctrl_reply": In(stream.Signature(ControlReply)),
             "tx": Out(packet_signature(params.data_width_bits)),
             "tx_psn": Out(data.ArrayLayout(24, num_ppus)),
             "sent_frame": Out(1),
@@ -219,10 +210,9 @@ class TxBuilder(wiring.Component):
         off_ctr = [Signal(28, name=f"off_ctr_{n}") for n in range(self.num_ppus)]
         size_seen = [Signal(16, name=f"size_seen_{n}") for n in range(self.num_ppus)]
 
-        # --- fields latched when a request or reply is taken (one copy each) -------------------
-        is_ctrl = Signal()
+        # --- fields latched when a request is taken (one copy each) ----------------------------
         arg_len = Signal(range(MAX_CALL_ARG_BYTES + 1))
-        # The request's length as flags (all 0 for a reply), so that nothing downstream decodes
+        # The request's length as flags, so that nothing downstream decodes
         # ``arg_len``: ``area`` one-hot by argument area (``_AREAS``: 102..118 bytes), ``half``
         # for a ``V`` fed behind 4 zero bytes, ``v_end_at[w]`` for a ``V`` whose last word is w.
         area = Signal(len(_AREAS))
@@ -230,9 +220,8 @@ class TxBuilder(wiring.Component):
         v_end_at = {w: Signal(name=f"v_end_at_{w}") for w in sorted({_v_last(a) for a in _AREAS})}
         eth_src = Signal(48)
         ip_src = Signal(32)
-        ip_dst = Signal(32)                         # host IP, or the reply's destination
-        port = Signal(16)                           # request: UDP source; reply: UDP destination
-        ctrl_l4 = Signal(8 * CONTROL_RESPONSE.length_bytes)   # the reply's response, in lanes
+        ip_dst = Signal(32)                         # host IP
+        port = Signal(16)                           # UDP source port
         p_key = Signal(16)
         dest_qp = Signal(24)
         psn = Signal(24)
@@ -279,22 +268,19 @@ class TxBuilder(wiring.Component):
         sending = Signal()
         icrc_ready = Signal()                       # the ICRC is ready (done has pulsed)
 
-        # --- taking a request or reply ---------------------------------------------------------
+        # --- taking a request ------------------------------------------------------------------
         rq = self.call_req.p
-        cr = self.ctrl_reply.p
-        cv = self.ctrl_reply.valid
         req_ok = (rq.ppu < self.num_ppus) & (rq.arg_len <= MAX_CALL_ARG_BYTES)
         # Any request is taken (so that ``start`` is one LUT of the valids); a malformed one is
         # dropped in the cycle after (``bad``): nothing after that cycle sees it, and the next
-        # request or reply is taken in the cycle after that.
+        # request is taken in the cycle after that.
         start = Signal()
         bad = Signal()
         m.d.comb += [
-            self.ctrl_reply.ready.eq(idle),
-            self.call_req.ready.eq(idle & ~cv),
-            start.eq(idle & (cv | self.call_req.valid)),
+            self.call_req.ready.eq(idle),
+            start.eq(idle & self.call_req.valid),
         ]
-        with m.If(idle & ~cv & self.call_req.valid & ~req_ok):
+        with m.If(idle & self.call_req.valid & ~req_ok):
             m.d.sync += self.call_dropped.eq(1)
 
         # The request's PPU state (combinational).
@@ -315,25 +301,18 @@ class TxBuilder(wiring.Component):
             """The request's ``arg_len`` is one of ``lengths`` (a function of its 5 bits)."""
             return Cat(*(rq.arg_len == n for n in lengths)).any()
 
-        # The fields load in every IDLE cycle (the last one takes the request or reply): their
-        # enables do not wait on the valids. A request's own fields hold junk in a reply's frame,
-        # where they are not used.
+        # The fields load in every IDLE cycle (the last one takes the request): their enables do
+        # not wait on the valid.
         fields = [
-            is_ctrl.eq(cv),
-            bad.eq(~cv & ~req_ok),
+            bad.eq(~req_ok),
             eth_src.eq(self.config.qsc_mac),
             ip_src.eq(self.config.qsc_ip),
-            ip_dst.eq(Mux(cv, cr.dst_ip, self.config.host_ip)),
-            port.eq(Mux(cv, cr.dst_port, self.config.udp_src_port)),
-            ctrl_l4.eq(CONTROL_RESPONSE.build(
-                cmd=cr.cmd, flags=cr.flags, seq=cr.seq, status=cr.status, reserved=0,
-                addr=cr.addr, value=cr.value, latched_seq=cr.latched_seq)),
+            ip_dst.eq(self.config.host_ip),
+            port.eq(self.config.udp_src_port),
             arg_len.eq(rq.arg_len),
-            area.eq(Cat(*(~cv & has_len(_lengths_of(a)) for a in _AREAS))),
-            half.eq(~cv & has_len([n for a in _AREAS if _behind_zeros(a)
-                                   for n in _lengths_of(a)])),
-            *(flag.eq(~cv & has_len([n for a in _AREAS if _v_last(a) == w
-                                     for n in _lengths_of(a)]))
+            area.eq(Cat(*(has_len(_lengths_of(a)) for a in _AREAS))),
+            half.eq(has_len([n for a in _AREAS if _behind_zeros(a) for n in _lengths_of(a)])),
+            *(flag.eq(has_len([n for a in _AREAS if _v_last(a) == w for n in _lengths_of(a)]))
               for w, flag in v_end_at.items()),
             ppu.eq(rq.ppu),
             ts.eq(self.timestamp),
@@ -354,7 +333,7 @@ class TxBuilder(wiring.Component):
         for k, en in enumerate(field_idle):
             with m.If(en):
                 m.d.sync += fields[k::len(field_idle)]
-        with m.If(idle & ~cv & self.call_req.valid & req_ok):
+        with m.If(idle & self.call_req.valid & req_ok):
             for n in range(self.num_ppus):
                 with m.If(rq.ppu == n):
                     m.d.sync += self.tx_psn[n].eq(self.tx_psn[n] + 1)
@@ -371,7 +350,7 @@ class TxBuilder(wiring.Component):
         advance = Signal()
         with m.If(phase[1]):
             m.d.sync += [next_wrap.eq(slot + 1 >= num_slots), next_off.eq(slot_off + slot_size),
-                         advance.eq(~is_ctrl & ~bad)]
+                         advance.eq(~bad)]
         with m.If(phase[2] & advance):
             for n in range(self.num_ppus):
                 with m.If(ppu == n):
@@ -395,23 +374,18 @@ class TxBuilder(wiring.Component):
                 m.d.sync += self.tx_psn[n].eq(0)
 
         # --- the frame words, from the latched fields (combinational) --------------------------
-        def length_from(offset: int, ctrl: bool) -> Value:
-            """Bytes from frame offset ``offset`` to the end of the IPv4 datagram (16 bits): a
-            constant of a reply, an AND-OR of the area flags of a request (no adder)."""
-            if ctrl:
-                return Const(_CONTROL_UNPADDED_BYTES - offset, 16)
+        def length_from(offset: int) -> Value:
+            """Bytes from frame offset ``offset`` to the end of the IPv4 datagram (16 bits): an
+            AND-OR of the area flags (no adder)."""
             return _or_tree([Mux(area[i], Const(_ARG_OFFSET + a + ICRC_BYTES - offset, 16), 0)
                              for i, a in enumerate(_AREAS)])
 
-        def ip_total(ctrl: bool) -> Value:
-            return length_from(_IP_OFFSET, ctrl)
-
-        def ip_header(checksum, ctrl: bool) -> Value:
-            return IPV4.build(tos=0, total_length=ip_total(ctrl), identification=0,
+        def ip_header(checksum) -> Value:
+            return IPV4.build(tos=0, total_length=length_from(_IP_OFFSET), identification=0,
                               fragment_offset=0, protocol=IpProtocol.UDP.value, src=ip_src,
                               dst=ip_dst, checksum=checksum)
 
-        m.d.comb += csum.header.eq(Mux(is_ctrl, ip_header(0, True), ip_header(0, False)))
+        m.d.comb += csum.header.eq(ip_header(0))
         pad_cnt = Signal(2)
         m.d.comb += pad_cnt.eq(-arg_len)
         bth = BTH.build(opcode=Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE.value, se=0, m=0,
@@ -428,38 +402,20 @@ class TxBuilder(wiring.Component):
             rpc.ptp_timestamp.eq(ts),
         ]
 
-        def frame(ctrl: bool) -> Value:
-            """A reply's or a request's frame, words 1 and up (word 0 comes from the inputs)."""
-            eth = ETHERNET.build(dst=0, src=eth_src, ethertype=EtherType.IPV4.value)
-            udp = UDP.build(src_port=CONTROL_PORT if ctrl else port,
-                            dst_port=port if ctrl else ROCEV2_PORT,
-                            length=length_from(_UDP_OFFSET, ctrl), checksum=0)
-            l4 = ctrl_l4 if ctrl else Cat(bth, reth, immdt, rpc.as_value(), args)
-            out = Cat(eth, ip_header(0, ctrl), udp, l4)    # the checksum: laid over on tx
-            assert len(out) <= 64 * _FRAME_WORDS
-            return Cat(out, Const(0, 64 * _FRAME_WORDS - len(out)))
-
-        rpc_frame, ctrl_frame = frame(False), frame(True)
-        # A reply differs from a request in word 2 (the IPv4 total length, a constant of each
-        # kind) and in words 4-7 (UDP ports and length, payload; the reply ends in word 7): those
-        # have a select of each kind, registered. The word loaded is an AND-OR of the one-hot
-        # selects (many of a word's bits are constants), word 0 from the inputs in IDLE.
-        kind_words = range(4, (CONTROL_FRAME_BYTES - 1) // 8 + 1)
-        kind_sel = {k: (Signal(name=f"req_sel_{k}"), Signal(name=f"ctrl_sel_{k}"))
-                    for k in kind_words}
-        # Word 0 in IDLE, chosen by the copy of ``idle`` that shifts ``ahead3`` (below).
-        terms = [Mux(shift_idle[1], ETHERNET.build(dst=Mux(cv, cr.dst_mac, self.config.host_mac),
+        eth = ETHERNET.build(dst=0, src=eth_src, ethertype=EtherType.IPV4.value)
+        udp = UDP.build(src_port=port, dst_port=ROCEV2_PORT, length=length_from(_UDP_OFFSET),
+                        checksum=0)
+        out = Cat(eth, ip_header(0), udp, bth, reth, immdt, rpc.as_value(), args)
+        assert len(out) <= 64 * _FRAME_WORDS      # the checksum: laid over on tx
+        rpc_frame = Cat(out, Const(0, 64 * _FRAME_WORDS - len(out)))
+        # Words 1 and up (word 0 comes from the inputs in IDLE): the word loaded is an AND-OR of
+        # the one-hot phase (many of a word's bits are constants). Word 0 in IDLE, chosen by the
+        # copy of ``idle`` that shifts ``ahead3`` (below).
+        terms = [Mux(shift_idle[1], ETHERNET.build(dst=self.config.host_mac,
                                                    src=self.config.qsc_mac, ethertype=0)[:64],
                      0)]
         for k in range(1, _FRAME_WORDS):
-            rw, cw = rpc_frame[64 * k:64 * k + 64], ctrl_frame[64 * k:64 * k + 64]
-            if k in kind_sel:
-                r_sel, c_sel = kind_sel[k]
-                terms += [Mux(r_sel, rw, 0), Mux(c_sel, cw, 0)]
-            elif k == 2:
-                terms.append(Mux(phase[k], Mux(is_ctrl, cw, rw), 0))
-            else:
-                terms.append(Mux(phase[k], rw, 0))
+            terms.append(Mux(phase[k], rpc_frame[64 * k:64 * k + 64], 0))
 
         take = Signal()
         m.d.comb += take.eq(self.tx.valid & self.tx.ready)
@@ -475,8 +431,6 @@ class TxBuilder(wiring.Component):
                 *(part.eq(_or_tree(terms[i::len(ahead3_parts)]))
                   for i, part in enumerate(ahead3_parts)),
             ]
-            for k, (r_sel, c_sel) in kind_sel.items():
-                m.d.sync += [r_sel.eq(phase[k - 1] & ~is_ctrl), c_sel.eq(phase[k - 1] & is_ctrl)]
         # The cycles after the take follow it unconditionally (a malformed request stops after
         # the first); the beat index moves with the takes.
         m.d.sync += fill.eq(Cat(start, fill[0] & ~bad, fill[1]))
@@ -501,7 +455,6 @@ class TxBuilder(wiring.Component):
         crc_sel = {"half": Signal(name="crc_half"),    # ICRC bytes 0-3 in lanes 2-5
                    "hi": Signal(name="crc_hi"),        # ICRC bytes 0-1 in lanes 6-7
                    "lo": Signal(name="crc_lo")}        # ICRC bytes 2-3 in lanes 0-1
-        ctrl_last = (CONTROL_FRAME_BYTES - 1) // 8
         crc_lanes = {}          # lane -> (ICRC byte, its select), the same for every area
         keep_last = {}          # behind zeros -> the last beat's keep, the same for every area
         for a in _AREAS:
@@ -529,8 +482,7 @@ class TxBuilder(wiring.Component):
                 data = Mux(pos[csum_word], csum_bytes[lane], data)
             m.d.comb += out_data[8 * lane:8 * lane + 8].eq(
                 Mux(crc_sel[role], icrc.crc[8 * k:8 * k + 8], data))
-        keep = Mux(is_ctrl, (1 << (CONTROL_FRAME_BYTES % 8)) - 1,
-                   Mux(half, keep_last[True], keep_last[False]))
+        keep = Mux(half, keep_last[True], keep_last[False])
         m.d.comb += [
             self.tx.p.data.eq(out_data),
             self.tx.p.first.eq(pos[0]),
@@ -567,7 +519,7 @@ class TxBuilder(wiring.Component):
                 v_term.eq(icrc_terms(v_word, Const(0, 32), parts=2)[0]),
             ]
         m.d.comb += [
-            icrc.valid.eq(take & ~is_ctrl & ~icrc_ready),
+            icrc.valid.eq(take & ~icrc_ready),
             icrc.first.eq(pos[0]),
             icrc.first_half.eq(half),
             icrc.last.eq(v_end),
@@ -587,12 +539,12 @@ class TxBuilder(wiring.Component):
                 crc_sel["half"].eq(v_end & half),
                 crc_sel["hi"].eq(v_end & ~half),
                 crc_sel["lo"].eq(crc_sel["hi"]),
-                # A reply ends with beat 7; a request with its ICRC's first beat behind zeros,
-                # else with the beat after it.
-                last.eq(Mux(is_ctrl, pos[ctrl_last - 1], (v_end & half) | crc_sel["hi"])),
+                # A request ends with its ICRC's first beat behind zeros, else with the beat
+                # after it.
+                last.eq((v_end & half) | crc_sel["hi"]),
             ]
             with m.If(last):
-                m.d.comb += [self.sent_frame.eq(1), self.sent_rpc.eq(~is_ctrl)]
+                m.d.comb += [self.sent_frame.eq(1), self.sent_rpc.eq(1)]
                 m.d.sync += [*(r.eq(1) for r in idle_reps), sending.eq(0), icrc_ready.eq(0)]
 
         return m

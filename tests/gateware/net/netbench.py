@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from openqlink.gateware.bus import BusOp
 from openqlink.memory_map import QSCParams
-from openqlink.wire.control import CONTROL_REQUEST
+from openqlink.wire.control import CONTROL_BLOCK_HEADER, CONTROL_REQUEST
 from openqlink.wire.ethernet import ETHERNET, EtherType, mac_to_int
 from openqlink.wire.ipv4 import IPV4, IpProtocol, ip_to_int, ipv4_checksum
 from openqlink.wire.roce import BTH, IMMDT, RETH, Opcode, icrc
@@ -91,6 +91,15 @@ def control_frame(cmd: int, addr: int, data: int = 0, *, flags: int = 0, seq: in
     req = CONTROL_REQUEST.pack(cmd=cmd, flags=flags, seq=seq, addr=addr, data=data)
     return pad60(eth_header(**(eth or {})) +
                  ip_udp(req, dst_port=CONTROL_PORT, src_port=src_port, ip=ip, udp=udp))
+
+
+def block_frame(cmd: int, pairs: list[tuple[int, int]], *, flags: int = 0, seq: int = 0,
+                src_port: int = HOST_PORT) -> bytes:
+    """A WR_BLOCK or RD_BLOCK as the Holoscan Sensor Bridge host serializes it (its
+    ``write_uint32_block_`` / ``read_uint32_block_``: the 6-byte header, then (addr, value))."""
+    req = CONTROL_BLOCK_HEADER.pack(cmd=cmd, flags=flags, seq=seq) + b"".join(
+        a.to_bytes(4, "big") + v.to_bytes(4, "big") for a, v in pairs)
+    return pad60(eth_header() + ip_udp(req, dst_port=CONTROL_PORT, src_port=src_port))
 
 
 async def open_rx(write, ctx) -> None:

@@ -3,13 +3,17 @@
 (Named test_net_control.py: tests/host/test_control.py holds the host client's tests.)
 """
 
+import random
+import struct
+
 from amaranth.hdl import Module
 from amaranth.lib import wiring
 from amaranth.sim import Simulator
-from netbench import HOST_IP, HOST_MAC, HOST_PORT, StreamSink
+from netbench import HOST_IP, HOST_MAC, HOST_PORT, QSC_IP, QSC_MAC, StreamSink
 
 from openqlink.gateware.bus import READ_TAG_BITS, BusOp
-from openqlink.gateware.net.control import PPU_TIMEOUT_CYCLES, ControlPlane
+from openqlink.gateware.net.common import NetConfig
+from openqlink.gateware.net.control import PPU_TIMEOUT_CYCLES, ControlPlane, ControlReplyBuilder
 from openqlink.gateware.net.regs import COUNTER_LAG_CYCLES, NetRegisters
 from openqlink.isa.layout import ISA_VERSION
 from openqlink.memory_map import (
@@ -21,7 +25,8 @@ from openqlink.memory_map import (
     qp_reg,
     version_word,
 )
-from openqlink.wire.control import Command, Flags, Status
+from openqlink.wire.control import BLOCK_MAX_PAIRS, Command, Flags, Status, unpack_response
+from openqlink.wire.ipv4 import ipv4_checksum
 
 PARAMS = QSCParams(num_ppus=2)
 ACK = int(Flags.ACK_REQUEST)
@@ -45,7 +50,7 @@ class ControlHarness(wiring.Component):
 
 def req(cmd, addr, data=0, *, flags=ACK, seq=0, src_mac=HOST_MAC, src_ip=HOST_IP):
     return dict(src_mac=src_mac, src_ip=src_ip, src_port=HOST_PORT, cmd=int(cmd),
-                flags=flags, seq=seq, addr=addr, data=data)
+                flags=flags, seq=seq, addr=addr, data=data, pairs=1)
 
 
 #: A second host on the LAN, and one that shares the owner's IP but not its MAC.
@@ -56,7 +61,7 @@ SPOOF_IP = dict(src_mac=HOST_MAC + 2, src_ip=HOST_IP)
 def reply_of(p):
     return {f: int(getattr(p, f)) for f in
             ("dst_mac", "dst_ip", "dst_port", "cmd", "flags", "seq", "status", "addr", "value",
-             "latched_seq")}
+             "latched_seq", "last")}
 
 
 def run(requests, *, read_answers=None, bus_ready=lambda c: True, reply_ready=lambda c: True,
@@ -119,7 +124,7 @@ def test_reply_addressing():
     replies, _ = run([req(Command.RD_DWORD, global_reg("VERSION"), seq=7)])
     assert replies == [dict(dst_mac=HOST_MAC, dst_ip=HOST_IP, dst_port=HOST_PORT, cmd=0x94,
                             flags=ACK, seq=7, status=Status.OK, addr=0,
-                            value=version_word(ISA_VERSION), latched_seq=7)]
+                            value=version_word(ISA_VERSION), latched_seq=7, last=1)]
 
 
 def test_global_registers_read_write():
@@ -222,14 +227,14 @@ def test_bad_command_and_flags():
     scratch = global_reg("SCRATCH")
     replies, bus = run([
         req(Command.WR_BLOCK, scratch, 1, flags=0, seq=1),      # not a read, no ACK: silent
-        req(Command.RD_BLOCK, scratch, flags=0, seq=2),         # a read: answered
+        req(Command.RD_BLOCK, scratch, flags=0, seq=2),         # a read: answered (one pair)
         req(0x33, scratch, flags=ACK, seq=3),
         req(Command.WR_DWORD, scratch, 5, flags=ACK | 0x10, seq=4),
         req(Command.RD_DWORD, scratch, flags=0x80, seq=5),
     ])
     assert bus == []
     assert brief(replies) == [
-        (0x99, Status.BAD_COMMAND, scratch, 0, 2),   # a block command: accepted, latched
+        (0x99, Status.OK, scratch, 1, 2),            # the block write was done
         (0x33, Status.BAD_COMMAND, scratch, 0, 2),   # invalid: echoed raw, not latched
         (0x84, Status.BAD_FLAGS, scratch, 0, 2),     # refused: seq not latched, nothing written
         (0x94, Status.BAD_FLAGS, scratch, 0, 2),
@@ -459,3 +464,67 @@ def test_a_ppu_read_address_error_restores_the_latch():
         (0x94, Status.BAD_ADDRESS, addr, 0, 20),
         (0x94, 0, scratch, 0, 21),
     ]
+
+
+# -- ControlReplyBuilder: one frame per response, any number of pairs --------------------------
+
+
+def _expected_reply_frame(head: dict, pairs: list[tuple[int, int]]) -> bytes:
+    """The response frame written out with struct, apart from the builder and wire.control:
+    HSB's layout (6-byte header, pairs, latched_seq, padded to 18 payload bytes)."""
+    payload = struct.pack(">BBHBB", head["cmd"], head["flags"], head["seq"], head["status"], 0)
+    payload += b"".join(struct.pack(">II", a, v) for a, v in pairs)
+    payload += struct.pack(">H", head["latched_seq"])
+    payload = payload.ljust(18, b"\0")
+    udp = struct.pack(">HHHH", 8192, head["dst_port"], 8 + len(payload), 0)
+    ip = bytearray(struct.pack(">BBHHHBBH4s4s", 0x45, 0, 20 + len(udp) + len(payload), 0,
+                               0x4000, 64, 17, 0, QSC_IP.to_bytes(4, "big"),
+                               head["dst_ip"].to_bytes(4, "big")))
+    ip[10:12] = ipv4_checksum(bytes(ip)).to_bytes(2, "big")
+    eth = head["dst_mac"].to_bytes(6, "big") + QSC_MAC.to_bytes(6, "big") + b"\x08\x00"
+    return (eth + bytes(ip) + udp + payload).ljust(60, b"\0")
+
+
+def test_reply_builder_frames_under_back_pressure():
+    rng = random.Random(7)
+    dut = ControlReplyBuilder()
+    responses = []
+    for k, n in enumerate([1, 2, 5, 1, BLOCK_MAX_PAIRS, 3]):
+        head = dict(dst_mac=HOST_MAC + k, dst_ip=HOST_IP + k, dst_port=HOST_PORT + k,
+                    cmd=0x99 if n > 1 else 0x94, flags=ACK, seq=100 + k, status=3 * (k % 2),
+                    latched_seq=0x4000 + k)
+        pairs = [(rng.getrandbits(32), rng.getrandbits(32)) for _ in range(n)]
+        responses.append((head, pairs))
+    frames = StreamSink(dut.tx, lambda c: rng.random() < 0.6,
+                        convert=lambda p: (int(p.data), int(p.keep), int(p.first),
+                                           int(p.last)))
+
+    async def feeder(ctx):
+        ctx.set(dut.config, NetConfig.const(dict(qsc_mac=QSC_MAC, qsc_ip=QSC_IP)))
+        for head, pairs in responses:
+            for i, (a, v) in enumerate(pairs):
+                while rng.random() < 0.3:
+                    await ctx.tick()
+                ctx.set(dut.reply.valid, 1)
+                ctx.set(dut.reply.payload, {**head, "addr": a, "value": v,
+                                            "last": int(i == len(pairs) - 1)})
+                await ctx.tick().until(dut.reply.ready)
+                ctx.set(dut.reply.valid, 0)
+        for _ in range(4 * 200):
+            await ctx.tick()
+
+    sim = Simulator(dut)
+    sim.add_clock(6.4e-9)
+    sim.add_testbench(feeder)
+    sim.add_testbench(frames.run, background=True)
+    sim.run()
+    got, frame = [], b""
+    for data, keep, first, last in frames.items:
+        assert first == (frame == b"")
+        frame += data.to_bytes(8, "little")[:bin(keep).count("1")]
+        assert keep == 0xFF or last
+        if last:
+            got.append(frame)
+            frame = b""
+    assert got == [_expected_reply_frame(h, p) for h, p in responses]
+    assert [unpack_response(f[42:])["pairs"] for f in got] == [p for _, p in responses]

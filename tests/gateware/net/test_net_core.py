@@ -12,6 +12,7 @@ from netbench import (
     QSC_IP,
     QSC_MAC,
     StreamSink,
+    block_frame,
     control_frame,
     drive_frames,
     expected_writes,
@@ -35,7 +36,7 @@ from openqlink.memory_map import (
     ppu_reg,
     qp_reg,
 )
-from openqlink.wire.control import Command, Flags, Status
+from openqlink.wire.control import BLOCK_MAX_PAIRS, Command, Flags, Status
 from openqlink.wire.packet import parse_frame
 from openqlink.wire.roce import Opcode, split_slot_immediate
 from openqlink.wire.rpc import Request
@@ -302,3 +303,118 @@ def test_verilog_elaboration():
     for port in ("rx__valid", "rx__payload", "tx__ready", "bus_cmd__payload", "bus_rdata__valid",
                  "call_req__ready", "clk", "rst"):
         assert port in text, port
+
+
+# -- WR_BLOCK and RD_BLOCK, serialized as the Holoscan Sensor Bridge host does ------------------
+
+
+async def _block(b, ctx, cmd, pairs, *, flags=ACK, wait=4000):
+    """Send a block request (flags: the HSB host's ACK_REQUEST) and return the parsed response."""
+    b.seq += 1
+    before = len(b.tx_frames)
+    await drive_frames(ctx, b.dut.rx, [block_frame(cmd, pairs, flags=flags, seq=b.seq)])
+    for _ in range(wait):
+        if len(b.tx_frames) > before:
+            break
+        await ctx.tick()
+    assert len(b.tx_frames) == before + 1, "no control reply"
+    frame = b.tx_frames[-1]
+    f = parse_frame(frame)
+    assert (f.ip["dst"], f.ip_checksum_ok, f.udp["dst_port"]) == (HOST_IP, True, HOST_PORT)
+    assert f.control["seq"] == b.seq and f.control["cmd"] == cmd | 0x80
+    # the length as HSB's RTL makes it: 6 + 8 n + 2 payload bytes, at least 18
+    n = len(f.control["pairs"])
+    assert f.udp["length"] == 8 + max(18, 6 + 8 * n + 2)
+    assert len(frame) == max(60, 42 + 6 + 8 * n + 2)
+    return f.control
+
+
+def test_write_block_and_read_block():
+    bench = CoreBench()
+    scratch = global_reg("SCRATCH")
+    regs = [qp_reg(0, "IMEM_RKEY"), qp_reg(0, "ENV_RKEY"), qp_reg(1, "IMEM_RKEY")]
+
+    async def tb(ctx, b):
+        # one WR_BLOCK: a global register, QP registers, a PPU register through the bus
+        writes = [(scratch, 0x1234_5678), *((a, 0xA000 + i) for i, a in enumerate(regs)),
+                  (ppu_reg(1, "START_TIME_HI"), 0x77)]
+        n = len(b.bus.items)
+        r = await _block(b, ctx, Command.WR_BLOCK, writes)
+        assert (r["status"], r["latched_seq"]) == (Status.OK, b.seq)
+        assert r["pairs"] == [(a, 0) for a, _ in writes]        # write replies carry value 0
+        assert b.bus.items[n:] == [
+            (BusOp.WRITE, ppu_reg(1, "START_TIME_HI") >> 3, 0xF0, 0x77 << 32 | 0x77)]
+        for a, v in writes[:-1]:
+            assert await b.read(ctx, a) == v
+        # one RD_BLOCK of the same registers and a PPU register answered by the cluster model
+        b.ppu_words[ppu_reg(1, "STATUS") >> 3] = 0x0000_0003_0000_0000
+        reads = [a for a, _ in writes[:-1]] + [ppu_reg(1, "STATUS")]
+        r = await _block(b, ctx, Command.RD_BLOCK, [(a, 0) for a in reads])
+        assert r["status"] == Status.OK
+        assert r["pairs"] == [*((a, v) for a, v in writes[:-1]), (ppu_reg(1, "STATUS"), 3)]
+        # a one-pair block is padded to 18 bytes like a DWORD response
+        r = await _block(b, ctx, Command.RD_BLOCK, [(scratch, 0)])
+        assert r["pairs"] == [(scratch, 0x1234_5678)]
+        assert await b.read_counter(ctx, "RX_CONTROL") == b.seq - 1
+
+    bench.run(tb)
+
+
+def test_block_stops_at_an_address_error_and_restores_the_latch():
+    bench = CoreBench()
+    scratch = global_reg("SCRATCH")
+    rkey = qp_reg(0, "IMEM_RKEY")
+    bad = ppu_reg(1, "PC") + 0x1000            # in PPU 1's window, no register: a bus error
+
+    async def tb(ctx, b):
+        await b.write(ctx, scratch, 1)
+        latched = b.seq
+        r = await _block(b, ctx, Command.WR_BLOCK, [(scratch, 5), (0x7000_0000, 6), (rkey, 7)])
+        # HSB's RTL: the pairs up to the failing one, status BAD_ADDRESS, the latch reverted
+        assert r["status"] == Status.BAD_ADDRESS and r["latched_seq"] == latched
+        assert r["pairs"] == [(scratch, 0), (0x7000_0000, 0)]
+        assert await b.read(ctx, scratch) == 5 and await b.read(ctx, rkey) == 0
+        # a READ's bus error stops a RD_BLOCK the same way
+        latched = b.seq
+        r = await _block(b, ctx, Command.RD_BLOCK, [(scratch, 0), (bad, 0), (rkey, 0)])
+        assert r["status"] == Status.BAD_ADDRESS and r["latched_seq"] == latched
+        assert r["pairs"] == [(scratch, 5), (bad, 0)]
+        # header errors answer before any pair: one pair, value 0, nothing done
+        r = await _block(b, ctx, Command.WR_BLOCK, [(scratch, 9), (rkey, 9)], flags=ACK | 0x40)
+        assert (r["status"], r["pairs"]) == (Status.BAD_FLAGS, [(scratch, 0)])
+        assert await b.read(ctx, scratch) == 5
+
+    bench.run(tb)
+
+
+def test_largest_block_and_pair_ring_overflow():
+    bench = CoreBench()
+    scratch = global_reg("SCRATCH")
+    big = [(scratch, 0)] * BLOCK_MAX_PAIRS
+
+    async def tb(ctx, b):
+        await b.write(ctx, scratch, 0x5A)
+        r = await _block(b, ctx, Command.RD_BLOCK, big)
+        assert r["status"] == Status.OK and r["pairs"] == [(scratch, 0x5A)] * BLOCK_MAX_PAIRS
+        # one pair more than the HSB host's largest packet: dropped (UDP length), no reply
+        sent = len(b.tx_frames)
+        await drive_frames(ctx, b.dut.rx, [block_frame(Command.RD_BLOCK, big + [(scratch, 0)],
+                                                       flags=ACK, seq=b.seq + 1)])
+        await b.settle(ctx, 400)
+        assert len(b.tx_frames) == sent
+        assert await b.read_counter(ctx, "DROP_UDP") == 1
+        # three largest blocks back to back: the pair ring holds two (the control plane is
+        # still on the first), the third is dropped whole and counted
+        frames = [block_frame(Command.RD_BLOCK, big, flags=ACK, seq=b.seq + 1 + k)
+                  for k in range(3)]
+        sent = len(b.tx_frames)
+        await drive_frames(ctx, b.dut.rx, frames)
+        await b.settle(ctx, 6000)
+        assert len(b.tx_frames) == sent + 2
+        assert await b.read_counter(ctx, "DROP_OVERFLOW") == 1
+        b.seq += 2
+        # the ring drained: a block is taken again
+        r = await _block(b, ctx, Command.RD_BLOCK, big[:3])
+        assert r["status"] == Status.OK and r["pairs"] == [(scratch, 0x5A)] * 3
+
+    bench.run(tb)

@@ -43,7 +43,7 @@ from netbench import HOST_IP, HOST_MAC, expected_writes, ip_udp, pad60, roce_fra
 from test_rx import RxHarness, reg_read, reg_write
 
 from openqlink.gateware.bus import BusCommand, BusOp
-from openqlink.gateware.net.control import ControlRequest
+from openqlink.gateware.net.control import PAIR_RING_DEPTH, ControlRequest
 from openqlink.gateware.net.regs import COUNTER_LAG_CYCLES
 from openqlink.gateware.packet import beat_layout
 from openqlink.memory_map import (
@@ -66,7 +66,7 @@ from openqlink.sim.rx_model import (
     Verdict,
 )
 from openqlink.wire.arp import ARP
-from openqlink.wire.control import CONTROL_REQUEST, Command
+from openqlink.wire.control import BLOCK_MAX_PAIRS, CONTROL_REQUEST, Command
 from openqlink.wire.ethernet import ETHERNET, EtherType
 from openqlink.wire.icmp import ICMP_ECHO
 from openqlink.wire.ipv4 import IPV4, IpProtocol, ipv4_checksum
@@ -418,6 +418,11 @@ class FrameGen:
                                        data=rng.getrandbits(32))
             if cmd == Command.RD_DWORD and ch.chance(40):
                 req = req[:10]                               # the bridge host's form
+            elif cmd in (Command.WR_BLOCK, Command.RD_BLOCK) and ch.chance(60):
+                # more pairs: a few, or the largest block (a longer one is a mutation's work:
+                # this frame may be a probe, which must be taken)
+                pairs = ch.choice([rng.randint(2, 12), BLOCK_MAX_PAIRS])
+                req += rng.randbytes(8 * (pairs - 1))
             elif ch.chance(10):
                 req += rng.randbytes(rng.randint(1, 9))
             eth = {"dst": c.qsc_mac, "src": rng.getrandbits(48) & ~(1 << 40)}
@@ -758,6 +763,7 @@ def simulate(setup: Setup, frames: list[Frame], drive: Drive) -> Observed:
     bus_ready = drive.bus_ready
     ctrl_ready = drive.ctrl_ready
     state = {"sent": 0}
+    ring = {"rp": 0}
 
     async def monitor(ctx):
         cycle = 0
@@ -781,7 +787,16 @@ def simulate(setup: Setup, frames: list[Frame], drive: Drive) -> Observed:
                 obs.commands.append((BusOp(_field(bp, _CMD["op"])), _field(bp, _CMD["word_addr"]),
                                      _field(bp, _CMD["be"]), _field(bp, _CMD["data"])))
             if cv and cr:
-                obs.requests.append({k: _field(cp, spec) for k, spec in _REQ.items()})
+                # taken as the control plane takes it: the pairs after the first read from the
+                # pair ring, then freed
+                request = {k: _field(cp, spec) for k, spec in _REQ.items()}
+                more = b""
+                for k in range(request["pairs"] - 1):
+                    entry = ctx.get(dut.pair_ring.data[(ring["rp"] + k) % PAIR_RING_DEPTH])
+                    more += entry.to_bytes(8, "little")
+                ring["rp"] = (ring["rp"] + max(request["pairs"] - 1, 0)) % (2 * PAIR_RING_DEPTH)
+                ctx.set(dut.pairs.rp, ring["rp"])
+                obs.requests.append({**request, "more": more})
             # quiet: cycles since the last decision with no packet or request in progress
             obs.quiet = obs.quiet + 1 if not (busy or bv or cv or count) else 0
             if count:

@@ -10,20 +10,18 @@ from amaranth.lib import data
 from amaranth.sim import Simulator
 
 from openqlink.gateware.bus import MAX_CALL_ARG_BYTES, CallRequest
-from openqlink.gateware.net.common import ControlReply, NetConfig, QPContext
+from openqlink.gateware.net.common import NetConfig, QPContext
 from openqlink.gateware.net.tx import (
-    CONTROL_FRAME_BYTES,
     START_LATENCY_CYCLES,
     TxBuilder,
     rpc_frame_bytes,
 )
 from openqlink.memory_map import QSCParams
-from openqlink.wire.control import CONTROL_RESPONSE
-from openqlink.wire.ethernet import ETHERNET, MIN_FRAME_BYTES, EtherType
+from openqlink.wire.ethernet import ETHERNET, EtherType
 from openqlink.wire.ipv4 import IPV4, IpProtocol, ipv4_checksum
 from openqlink.wire.roce import BTH, IMMDT, RETH, Opcode, icrc, slot_immediate
 from openqlink.wire.rpc import Request
-from openqlink.wire.udp import CONTROL_PORT, ROCEV2_PORT, UDP
+from openqlink.wire.udp import ROCEV2_PORT, UDP
 
 QSC_MAC = 0x024E56510002
 HOST_MAC = 0x0A0B0C0D0E0F
@@ -72,8 +70,7 @@ class Bench:
         rng = random.Random(self.seed)
         cycle = [0]
         producer_done = [False]
-        expected_frames = sum(1 for kind, item in items
-                              if kind == "ctrl" or _request_ok(item, self.num_ppus))
+        expected_frames = sum(1 for _, item in items if _request_ok(item, self.num_ppus))
 
         async def clock_counter(ctx):
             async for _ in ctx.tick():
@@ -85,8 +82,8 @@ class Bench:
             for kind, item in items:
                 while rng.random() < gap_prob:
                     await ctx.tick()
-                port = dut.ctrl_reply if kind == "ctrl" else dut.call_req
-                layout = ControlReply if kind == "ctrl" else CallRequest
+                port = dut.call_req
+                layout = CallRequest
                 ctx.set(port.payload, layout.const(item))
                 ctx.set(port.valid, 1)
                 while True:
@@ -162,12 +159,6 @@ def _call(ppu: int, i: int, arg_len: int) -> dict:
             "arg_len": arg_len, "args": int.from_bytes(args, "little")}
 
 
-def _reply(i: int) -> dict:
-    return {"dst_mac": 0x020000000100 + i, "dst_ip": 0xC0A80100 + i, "dst_port": 40000 + i,
-            "cmd": 0x94, "flags": 0x03, "seq": 0x1200 + i, "status": i & 7,
-            "addr": 0x1000 + 4 * i, "value": 0xDEAD0000 + i, "latched_seq": 0x1100 + i}
-
-
 def _check_ip_udp(frame: bytes, *, src_ip, dst_ip, src_port, dst_port, payload_bytes) -> None:
     ip = IPV4.unpack(frame, 14)
     assert ip == {"version": 4, "ihl": 5, "tos": 0, "total_length": 20 + 8 + payload_bytes,
@@ -222,30 +213,16 @@ def _icrc_v(packet: bytes) -> bytes:
     return b"\xff" * 8 + bytes(v)
 
 
-def _check_ctrl_frame(frame: bytes, item: dict) -> None:
-    assert len(frame) == CONTROL_FRAME_BYTES == MIN_FRAME_BYTES
-    assert ETHERNET.unpack(frame) == {"dst": item["dst_mac"], "src": QSC_MAC,
-                                      "ethertype": EtherType.IPV4}
-    _check_ip_udp(frame, src_ip=QSC_IP, dst_ip=item["dst_ip"], src_port=CONTROL_PORT,
-                  dst_port=item["dst_port"], payload_bytes=CONTROL_RESPONSE.length_bytes)
-    fields = {k: v for k, v in item.items() if k not in ("dst_mac", "dst_ip", "dst_port")}
-    assert CONTROL_RESPONSE.unpack(frame, 42) == {**fields, "reserved": 0}
-    assert frame[58:] == b"\0\0"
-
-
 def _check_all(bench: Bench, items: list[tuple[str, dict]]) -> None:
     """Frames leave in the order the items were taken; slots and PSNs per PPU."""
-    sent = [t for t in bench.taken if t[0] == "ctrl" or _request_ok(t[1], bench.num_ppus)]
+    sent = [t for t in bench.taken if _request_ok(t[1], bench.num_ppus)]
     assert len(bench.frames) == len(sent)
     count = [0] * bench.num_ppus
-    for frame, (kind, item, ts, _) in zip(bench.frames, sent, strict=True):
-        if kind == "ctrl":
-            _check_ctrl_frame(frame, item)
-        else:
-            n = item["ppu"]
-            qp = bench.qps[n]
-            _check_rpc_frame(frame, item, ts, psn=count[n], slot=count[n] % qp["num_slots"], qp=qp)
-            count[n] += 1
+    for frame, (_, item, ts, _) in zip(bench.frames, sent, strict=True):
+        n = item["ppu"]
+        qp = bench.qps[n]
+        _check_rpc_frame(frame, item, ts, psn=count[n], slot=count[n] % qp["num_slots"], qp=qp)
+        count[n] += 1
     assert bench.psn_out == count
     assert bench.sent_frame == len(sent)
     assert bench.sent_rpc == sum(count)
@@ -264,49 +241,6 @@ def test_rpc_requests_slots_psn_random_backpressure():
     assert {it["arg_len"] for _, it in items} == set(range(MAX_CALL_ARG_BYTES + 1))
 
 
-def test_control_replies_padded_and_mixed_traffic():
-    items = []
-    for i in range(12):
-        items.append(("ctrl", _reply(i)) if i % 3 else ("call", _call(0, i, 5 * i % 17)))
-    bench = Bench(num_ppus=1, ready_prob=0.7, seed=3)
-    bench.run(items)
-    _check_all(bench, items)
-
-
-def test_control_reply_has_priority():
-    # a request and a reply offered in the same cycle: the reply is taken first
-    dut = TxBuilder(1, QSCParams())
-    order = []
-
-    async def producer(ctx):
-        ctx.set(dut.config, NetConfig.const(_config()))
-        ctx.set(dut.qp, data.ArrayLayout(QPContext, 1).const([_qp(0)]))
-        ctx.set(dut.call_req.payload, CallRequest.const(_call(0, 7, 1)))
-        ctx.set(dut.call_req.valid, 1)
-        ctx.set(dut.ctrl_reply.payload, ControlReply.const(_reply(2)))
-        ctx.set(dut.ctrl_reply.valid, 1)
-        ctx.set(dut.tx.ready, 1)
-        req_taken = rep_taken = False
-        while not (req_taken and rep_taken):
-            *_, rq, rp = await ctx.tick().sample(dut.call_req.valid & dut.call_req.ready,
-                                                 dut.ctrl_reply.valid & dut.ctrl_reply.ready)
-            assert not (rq and rp)
-            if rq:
-                order.append("call")
-                req_taken = True
-                ctx.set(dut.call_req.valid, 0)
-            if rp:
-                order.append("ctrl")
-                rep_taken = True
-                ctx.set(dut.ctrl_reply.valid, 0)
-
-    sim = Simulator(dut)
-    sim.add_clock(6.4e-9)
-    sim.add_testbench(producer)
-    sim.run()
-    assert order == ["ctrl", "call"]
-
-
 def _run_steady(items, seed: int) -> "Bench":
     """``items`` offered without gaps, ``ready`` steady: every frame right, its first beat
     START_LATENCY_CYCLES after it was taken, no gap inside any frame."""
@@ -320,16 +254,16 @@ def _run_steady(items, seed: int) -> "Bench":
 
 
 def test_latency_and_no_gaps_with_steady_ready():
-    # one request of each frame length (102, 106, 110, 114, 118 bytes), then a reply
-    _run_steady([("call", _call(0, i, 4 * i)) for i in range(5)] + [("ctrl", _reply(0))], seed=1)
+    # one request of each frame length (102, 106, 110, 114, 118 bytes)
+    _run_steady([("call", _call(0, i, 4 * i)) for i in range(5)], seed=1)
 
 
-def test_back_to_back_every_arg_len_and_replies():
+def test_back_to_back_every_arg_len():
     # offered without gaps, ready steady: each item is taken in the cycle after the previous
     # frame's last beat, its first beat START_LATENCY_CYCLES after that, no gaps in any frame
     items = []
     for a in range(MAX_CALL_ARG_BYTES + 1):
-        items += [("call", _call(0, a, a)), ("ctrl", _reply(a)), ("call", _call(0, 10 + a, a))]
+        items += [("call", _call(0, a, a)), ("call", _call(0, 10 + a, a))]
     bench = _run_steady(items, seed=4)
     for (_, _, _, taken_cycle), before in zip(bench.taken[1:], bench.frame_cycles[:-1],
                                               strict=True):
@@ -339,8 +273,7 @@ def test_back_to_back_every_arg_len_and_replies():
 def test_back_to_back_heavy_backpressure():
     items = []
     for i in range(12):
-        items.append(("ctrl", _reply(i)) if i % 4 == 3
-                     else ("call", _call(i % 2, i, 7 * i % 17)))
+        items.append(("call", _call(i % 2, i, 7 * i % 17)))
     bench = Bench(num_ppus=2, ready_prob=0.25, seed=9)
     bench.run(items, gap_prob=0.0)
     _check_all(bench, items)
@@ -405,14 +338,14 @@ def test_malformed_requests_back_to_back():
     bad_ppu = {**_call(0, 1, 2), "ppu": 1}
     bad_len = {**_call(0, 2, 0), "arg_len": MAX_CALL_ARG_BYTES + 1}
     items = [("call", bad_ppu), ("call", _call(0, 0, 3)), ("call", bad_len), ("call", bad_ppu),
-             ("ctrl", _reply(1)), ("call", bad_len), ("call", _call(0, 3, 0))]
+             ("call", _call(0, 1, 1)), ("call", bad_len), ("call", _call(0, 3, 0))]
     bench = Bench(num_ppus=1, ready_prob=1.0, seed=8)
     bench.run(items, gap_prob=0.0)
     _check_all(bench, items)
     assert bench.dropped == 4
-    for (kind, item, _, taken_cycle), (_, _, _, next_cycle) in zip(bench.taken[:-1],
+    for (_, item, _, taken_cycle), (_, _, _, next_cycle) in zip(bench.taken[:-1],
                                                                    bench.taken[1:], strict=True):
-        if kind == "call" and not _request_ok(item, 1):
+        if not _request_ok(item, 1):
             assert next_cycle == taken_cycle + 2
 
 
