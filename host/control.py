@@ -1,7 +1,8 @@
 """Control-plane client: 32-bit register reads and writes on the QSC over UDP port 8192.
 
 Requests and responses are those of Holoscan Sensor Bridge's control bus
-(:mod:`openqlink.wire.control`): one request outstanding at a time, each with a 16-bit sequence
+(:mod:`openqlink.wire.control`; WR_DWORD/RD_DWORD for one register, WR_BLOCK/RD_BLOCK for up to
+183 in one round trip): one request outstanding at a time, each with a 16-bit sequence
 number and the flags ACK_REQUEST and SEQUENCE_CHECK. With SEQUENCE_CHECK the QSC executes a
 request only if its sequence number is the last one it latched plus 1 (mod 2**16); otherwise it
 answers status SEQUENCE_ERROR with ``latched_seq``, and the client resynchronises to
@@ -26,7 +27,7 @@ from __future__ import annotations
 
 import collections
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from .bridges.base import FrameTransport
 from .errors import (
@@ -36,7 +37,15 @@ from .errors import (
     PPUTimeoutError,
     WireFormatError,
 )
-from .wire.control import CONTROL_REQUEST, RESPONSE_BIT, Command, Flags, Status
+from .wire.control import (
+    BLOCK_MAX_PAIRS,
+    CONTROL_REQUEST,
+    RESPONSE_BIT,
+    Command,
+    Flags,
+    Status,
+    pack_block_request,
+)
 from .wire.ethernet import mac_to_int
 from .wire.ipv4 import ip_to_int
 from .wire.packet import build_udp_frame, parse_frame
@@ -134,13 +143,39 @@ class ControlClient:
         if not ack:
             self._check(addr, value)
             with self.lock:
-                self._send(Command.WR_DWORD, self._take_seq(), 0, addr, value)
+                self._send(Command.WR_DWORD, self._take_seq(), 0, [(addr, value)])
             return
         self.transact(Command.WR_DWORD, addr, value)
 
     def read(self, addr: int) -> int:
         """RD_DWORD at byte address ``addr``: the 32-bit value. Errors as :meth:`write`."""
         return self.transact(Command.RD_DWORD, addr)["value"]
+
+    def write_block(self, pairs: Sequence[tuple[int, int]]) -> None:
+        """WR_BLOCK: write each (addr, value) of ``pairs`` in order, up to
+        :data:`~openqlink.wire.control.BLOCK_MAX_PAIRS` per request (as the Holoscan Sensor
+        Bridge host writes in block mode). The QSC stops a block at its first failing pair;
+        the error names that pair's address (the pairs before it were written).
+
+        Raises as :meth:`transact`.
+        """
+        pairs = list(pairs)
+        for k in range(0, len(pairs), BLOCK_MAX_PAIRS):
+            self._transact(Command.WR_BLOCK, pairs[k:k + BLOCK_MAX_PAIRS])
+
+    def read_block(self, addrs: Sequence[int]) -> list[int]:
+        """RD_BLOCK: the 32-bit value at each byte address of ``addrs``, in order, up to
+        :data:`~openqlink.wire.control.BLOCK_MAX_PAIRS` per request (one round trip each).
+
+        Raises as :meth:`transact` (the error names the first address that failed).
+        """
+        addrs = list(addrs)
+        out: list[int] = []
+        for k in range(0, len(addrs), BLOCK_MAX_PAIRS):
+            resp = self._transact(Command.RD_BLOCK,
+                                  [(a, 0) for a in addrs[k:k + BLOCK_MAX_PAIRS]])
+            out += [v for _, v in resp["pairs"]]
+        return out
 
     def transact(self, cmd: Command, addr: int, data: int = 0) -> dict[str, int]:
         """Send one request and return its decoded OK response (``CONTROL_RESPONSE`` fields).
@@ -157,8 +192,12 @@ class ControlClient:
         FieldRangeError
             ``addr`` not a 4-byte aligned 32-bit address, or ``data`` not 32 bits.
         """
-        cmd = Command(cmd)
-        self._check(addr, data)
+        return self._transact(Command(cmd), [(addr, data)])
+
+    def _transact(self, cmd: Command, pairs: list[tuple[int, int]]) -> dict:
+        for addr, data in pairs:
+            self._check(addr, data)
+        addr = pairs[0][0]
         with self.lock:
             seqs: set[int] = set()
             for attempt in range(self.retries + 1):
@@ -168,8 +207,8 @@ class ControlClient:
                 seqs.add(seq)
                 check = self.sequence_check and self._synced
                 flags = Flags.ACK_REQUEST | (Flags.SEQUENCE_CHECK if check else 0)
-                self._send(cmd, seq, flags, addr, data)
-                resp = self._await(cmd, addr, seqs)
+                self._send(cmd, seq, flags, pairs)
+                resp = self._await(cmd, pairs, seqs)
                 if resp is None:
                     self.counters["timeouts"] += 1
                     continue
@@ -178,22 +217,24 @@ class ControlClient:
                     self._seq = (resp["latched_seq"] + 1) & 0xFFFF
                     self._synced = True
                     continue
+                # a block stops at its failing pair: the response's last
+                at = resp["pairs"][-1][0]
                 if resp["status"] == Status.PPU_TIMEOUT:
                     raise PPUTimeoutError(
-                        f"{cmd.name} {addr:#010x}: QSC answered {status_name(resp['status'])}: "
+                        f"{cmd.name} {at:#010x}: QSC answered {status_name(resp['status'])}: "
                         "the PPU side (dtd clock domain) did not answer: no clock or held in "
                         "reset (a write so answered was not executed)",
-                        status=resp["status"], addr=addr)
+                        status=resp["status"], addr=at)
                 if resp["status"] == Status.CLAIMED:
                     raise ClaimedError(
-                        f"{cmd.name} {addr:#010x}: QSC answered {status_name(resp['status'])}: "
+                        f"{cmd.name} {at:#010x}: QSC answered {status_name(resp['status'])}: "
                         "another host claimed this QSC (read its CLAIM register for the "
                         "owner's address; the owner writes 0 there to release it, or reset "
-                        "the QSC)", status=resp["status"], addr=addr)
+                        "the QSC)", status=resp["status"], addr=at)
                 if resp["status"] != Status.OK:
                     raise ControlPlaneError(
-                        f"{cmd.name} {addr:#010x}: QSC answered {status_name(resp['status'])}",
-                        status=resp["status"], addr=addr)
+                        f"{cmd.name} {at:#010x}: QSC answered {status_name(resp['status'])}",
+                        status=resp["status"], addr=at)
                 self._synced = True
                 return resp
         raise ControlPlaneError(
@@ -228,8 +269,13 @@ class ControlClient:
         self._seq = (seq + 1) & 0xFFFF
         return seq
 
-    def _send(self, cmd: Command, seq: int, flags: int, addr: int, data: int) -> None:
-        payload = CONTROL_REQUEST.pack(cmd=cmd, flags=int(flags), seq=seq, addr=addr, data=data)
+    def _send(self, cmd: Command, seq: int, flags: int, pairs: list[tuple[int, int]]) -> None:
+        if cmd in (Command.WR_BLOCK, Command.RD_BLOCK):
+            payload = pack_block_request(cmd, int(flags), seq, pairs)
+        else:
+            (addr, data), = pairs
+            payload = CONTROL_REQUEST.pack(cmd=cmd, flags=int(flags), seq=seq, addr=addr,
+                                           data=data)
         self.counters["requests"] += 1
         self.transport.send_frame(build_udp_frame(
             dst_mac=self.qsc_mac, src_mac=self.local_mac, src_ip=self.local_ip,
@@ -248,7 +294,7 @@ class ControlClient:
             return None
         return f.control
 
-    def _await(self, cmd: Command, addr: int, seqs: set[int]) -> dict[str, int] | None:
+    def _await(self, cmd: Command, pairs: list[tuple[int, int]], seqs: set[int]) -> dict | None:
         deadline = self.transport.now_s() + self.timeout_s
         while True:
             remaining = deadline - self.transport.now_s()
@@ -261,8 +307,12 @@ class ControlClient:
             if resp is None:
                 self.route(frame)
                 continue
+            # the response's pairs are the request's addresses, all of them when it is OK
+            got = [a for a, _ in resp["pairs"]]
+            want = [a for a, _ in pairs]
             if (resp["seq"] not in seqs or resp["cmd"] != cmd | RESPONSE_BIT
-                    or resp["addr"] != addr):
+                    or got != want[:len(got)]
+                    or (resp["status"] == Status.OK and len(got) != len(want))):
                 self.counters["stale_responses"] += 1
                 continue
             self.counters["responses"] += 1

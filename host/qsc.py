@@ -559,14 +559,18 @@ class QSC:
         return PPUStatus.from_bits(self.read_register(ppu, "STATUS"))
 
     def counters(self) -> dict[str, int]:
-        """Every QSC counter of :data:`openqlink.memory_map.COUNTERS`, by name."""
-        return {name: self.control.read(counter_addr(name)) for name, _ in COUNTERS}
+        """Every QSC counter of :data:`openqlink.memory_map.COUNTERS`, by name (one RD_BLOCK)."""
+        names = [name for name, _ in COUNTERS]
+        return dict(zip(names, self.control.read_block([counter_addr(n) for n in names]),
+                        strict=True))
 
     def read_registers(self, ppu: int) -> dict[str, int]:
-        """Every readable PPU register (write-only TRIGGER left out), by name, in map order."""
+        """Every readable PPU register (write-only TRIGGER left out), by name, in map order (one
+        RD_BLOCK)."""
         self._check_ppu(ppu)
-        return {r.name: self.control.read(ppu_reg(ppu, r.name))
-                for r in PPU_REGISTERS if r.access is not Access.WO}
+        names = [r.name for r in PPU_REGISTERS if r.access is not Access.WO]
+        return dict(zip(names, self.control.read_block([ppu_reg(ppu, n) for n in names]),
+                        strict=True))
 
     # --- readout calibration ------------------------------------------------------------------
 
@@ -666,14 +670,16 @@ class QSC:
             raise FieldRangeError("TRACE", "n_samples", n_samples,
                                   f"PPU {ppu} captured {count} of {depth} samples; cannot "
                                   f"read {n_samples}")
-        words = [self.control.read(trace_addr(ppu, k)) for k in range(0, n, 2)]
+        words = self.control.read_block([trace_addr(ppu, k) for k in range(0, n, 2)])
         out = np.array(words, dtype="<u4").view("<i2")[:n]
         return out.astype(np.int16)
 
     def read_qp_context(self, ppu: int) -> dict[str, int]:
-        """Every register of PPU ``ppu``'s QP context, by name."""
+        """Every register of PPU ``ppu``'s QP context, by name (one RD_BLOCK)."""
         self._check_ppu(ppu)
-        return {r.name: self.control.read(qp_reg(ppu, r.name)) for r in QP_REGISTERS}
+        names = [r.name for r in QP_REGISTERS]
+        return dict(zip(names, self.control.read_block([qp_reg(ppu, n) for n in names]),
+                        strict=True))
 
     # --- receive path and RPC responses -------------------------------------------------------
 

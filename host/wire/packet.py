@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..errors import TruncatedError, WireFormatError
-from .control import CONTROL_REQUEST, CONTROL_RESPONSE, RESPONSE_BIT
+from .control import CONTROL_REQUEST, RESPONSE_BIT, Command, unpack_block_request, unpack_response
 from .ethernet import ETHERNET, MIN_FRAME_BYTES, EtherType, mac_to_int
 from .ipv4 import IPV4, IpProtocol, ip_to_int, ipv4_checksum
 from .roce import BTH, DEFAULT_P_KEY, ICRC_BYTES, IMMDT, RETH, Opcode, icrc
@@ -73,9 +73,11 @@ class Frame:
     ip_checksum_ok : bool | None
         Whether the IPv4 header checksum verifies (either one's-complement zero form).
     control : dict | None
-        For UDP port 8192 (either direction): the control-plane request (14 bytes) or response
-        (16 bytes, ``cmd`` has bit 7 set) as decoded by
-        :data:`~openqlink.wire.control.CONTROL_REQUEST` / ``CONTROL_RESPONSE``.
+        For UDP port 8192 (either direction): a DWORD request (14 bytes,
+        :data:`~openqlink.wire.control.CONTROL_REQUEST`), a block request (its header's fields
+        and ``pairs``, :func:`~openqlink.wire.control.unpack_block_request`) or a response
+        (``cmd`` has bit 7 set; :func:`~openqlink.wire.control.unpack_response`: the header,
+        ``pairs``, the first pair's ``addr``/``value``, ``latched_seq``).
     """
 
     eth: dict[str, int]
@@ -325,7 +327,10 @@ def parse_frame(frame: bytes | bytearray | memoryview) -> Frame:
     f.payload = udp_payload
     if CONTROL_PORT in (udp["src_port"], udp["dst_port"]) and udp_payload:
         if udp_payload[0] & RESPONSE_BIT:
-            f.control = CONTROL_RESPONSE.unpack(udp_payload)
+            f.control = unpack_response(udp_payload)
+        elif udp_payload[0] in (Command.WR_BLOCK, Command.RD_BLOCK):
+            head, pairs = unpack_block_request(udp_payload)
+            f.control = {**head, "pairs": pairs}
         else:
             f.control = CONTROL_REQUEST.unpack(udp_payload)
     return f

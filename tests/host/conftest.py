@@ -40,7 +40,7 @@ from openqlink.memory_map import (
     trace_addr,
     version_word,
 )
-from openqlink.wire.control import CONTROL_RESPONSE, RESPONSE_BIT, Command, Flags, Status
+from openqlink.wire.control import RESPONSE_BIT, Command, Flags, Status, pack_response
 from openqlink.wire.ethernet import mac_to_int
 from openqlink.wire.ipv4 import ip_to_int
 from openqlink.wire.packet import build_roce_frame, build_udp_frame, parse_frame
@@ -206,32 +206,39 @@ class QSCPeer:
         if self.ignore_requests:
             self.ignore_requests -= 1
             return
-        cmd, seq, addr = req["cmd"], req["seq"], req["addr"]
-        value = 0
+        cmd, seq = req["cmd"], req["seq"]
+        block = cmd in (Command.WR_BLOCK, Command.RD_BLOCK)
+        pairs = req["pairs"] if block else [(req["addr"], req["data"])]
+        done: list[tuple[int, int]] = []
         if req["flags"] & Flags.SEQUENCE_CHECK and seq != (self.latched_seq + 1) & 0xFFFF:
             status = Status.SEQUENCE_ERROR
+            done = [(pairs[0][0], 0)]
+        elif cmd not in tuple(Command):
+            status = Status.BAD_COMMAND
+            done = [(pairs[0][0], 0)]
         else:
             self.latched_seq = seq
-            if self.ppu_stopped and addr >= PPU_BASE and cmd in (Command.WR_DWORD,
-                                                                 Command.RD_DWORD):
-                status = Status.PPU_TIMEOUT
-            elif cmd == Command.WR_DWORD:
-                if addr not in self.regs:
+            write = cmd in (Command.WR_DWORD, Command.WR_BLOCK)
+            status = Status.OK
+            for addr, data in pairs:            # in order, up to the first error
+                value = 0
+                if self.ppu_stopped and addr >= PPU_BASE:
+                    status = Status.PPU_TIMEOUT
+                elif addr not in self.regs:
                     status = Status.BAD_ADDRESS
-                else:
-                    self.reg_writes.append((addr, req["data"]))
+                elif write:
+                    self.reg_writes.append((addr, data))
                     if addr not in self.read_only:
-                        self.regs[addr] = req["data"]
+                        self.regs[addr] = data
                     for n in range(self.params.num_ppus):
                         if addr == ppu_reg(n, "TRACE_ARM") and self.params.trace_depth:
-                            self._arm_trace(n, req["data"])
-                    status = Status.OK
-            elif cmd == Command.RD_DWORD:
-                status = Status.OK if addr in self.regs else Status.BAD_ADDRESS
-                value = self.regs.get(addr, 0)
-            else:
-                status = Status.BAD_COMMAND
-            if cmd == Command.WR_DWORD and not req["flags"] & Flags.ACK_REQUEST:
+                            self._arm_trace(n, data)
+                else:
+                    value = self.regs[addr]
+                done.append((addr, value))
+                if status != Status.OK:
+                    break
+            if write and not req["flags"] & Flags.ACK_REQUEST:
                 return
         if self.drop_responses:
             self.drop_responses -= 1
@@ -241,13 +248,12 @@ class QSCPeer:
         self.noise_before_response = []
         if self.stale_before_response:
             self.stale_before_response = False
-            self._reply(f, cmd, (seq - 5) & 0xFFFF, Status.OK, addr, 0xBAD)
-        self._reply(f, cmd, seq, status, addr, value)
+            self._reply(f, cmd, (seq - 5) & 0xFFFF, Status.OK, [(done[0][0], 0xBAD)])
+        self._reply(f, cmd, seq, status, done)
 
-    def _reply(self, f, cmd: int, seq: int, status: int, addr: int, value: int) -> None:
-        payload = CONTROL_RESPONSE.pack(cmd=cmd | RESPONSE_BIT, flags=f.control["flags"],
-                                        seq=seq, status=status, addr=addr, value=value,
-                                        latched_seq=self.latched_seq)
+    def _reply(self, f, cmd: int, seq: int, status: int, pairs: list[tuple[int, int]]) -> None:
+        payload = pack_response(cmd=cmd | RESPONSE_BIT, flags=f.control["flags"], seq=seq,
+                                status=status, pairs=pairs, latched_seq=self.latched_seq)
         self.t.send_frame(build_udp_frame(
             dst_mac=f.eth["src"], src_mac=self.mac, src_ip=self.ip, dst_ip=f.ip["src"],
             src_port=8192, dst_port=f.udp["src_port"], payload=payload))

@@ -6,7 +6,7 @@ from openqlink.control import ControlClient
 from openqlink.errors import ControlPlaneError, FieldRangeError, PPUTimeoutError
 from openqlink.isa.layout import ISA_VERSION
 from openqlink.memory_map import global_reg, ppu_reg, version_word
-from openqlink.wire.control import Command, Flags, Status
+from openqlink.wire.control import BLOCK_MAX_PAIRS, Command, Flags, Status
 from openqlink.wire.packet import build_udp_frame
 
 HOST_MAC, HOST_IP = "02:00:00:00:00:0a", "192.168.0.1"
@@ -114,11 +114,11 @@ def test_write_without_ack_and_argument_checks(link):
                       qsc_ip=0, timeout_s=0)
 
 
-def test_bad_command_status(link):
-    client, _ = link
-    with pytest.raises(ControlPlaneError) as e:
-        client.transact(Command.RD_BLOCK, SCRATCH)
-    assert e.value.status == Status.BAD_COMMAND and "RD_BLOCK" in str(e.value)
+def test_a_one_pair_block_through_transact(link):
+    client, peer = link
+    peer.regs[SCRATCH] = 11
+    resp = client.transact(Command.RD_BLOCK, SCRATCH)
+    assert (resp["status"], resp["pairs"]) == (Status.OK, [(SCRATCH, 11)])
 
 
 def test_ppu_timeout_status_raises_its_own_error(link):
@@ -137,3 +137,35 @@ def test_ppu_timeout_status_raises_its_own_error(link):
     assert client.read(SCRATCH) == 0        # the network side still answers
     peer.ppu_stopped = False
     assert client.read(start) == 7
+
+
+def test_write_block_and_read_block(link):
+    client, peer = link
+    regs = [SCRATCH, ppu_reg(0, "START_TIME_HI"), ppu_reg(0, "START_TIME_LO")]
+    client.write_block([(a, 0x100 + i) for i, a in enumerate(regs)])
+    assert [peer.regs[a] for a in regs] == [0x100, 0x101, 0x102]
+    assert client.read_block(regs) == [0x100, 0x101, 0x102]
+    cmds = [(r["cmd"], r["pairs"]) for r in peer.control_log]
+    assert cmds == [(Command.WR_BLOCK, [(a, 0x100 + i) for i, a in enumerate(regs)]),
+                    (Command.RD_BLOCK, [(a, 0) for a in regs])]
+
+
+def test_blocks_are_split_at_the_largest_block(link):
+    client, peer = link
+    addrs = [SCRATCH] * (2 * BLOCK_MAX_PAIRS + 1)
+    peer.regs[SCRATCH] = 7
+    assert client.read_block(addrs) == [7] * len(addrs)
+    assert [len(r["pairs"]) for r in peer.control_log] == [BLOCK_MAX_PAIRS, BLOCK_MAX_PAIRS, 1]
+
+
+def test_a_block_error_names_the_failing_pair(link):
+    client, peer = link
+    bad = ppu_reg(0, "PC") + 0x1000
+    with pytest.raises(ControlPlaneError, match=f"WR_BLOCK {bad:#010x}: QSC answered "
+                       "BAD_ADDRESS") as err:
+        client.write_block([(SCRATCH, 3), (bad, 4), (ppu_reg(0, "START_TIME_HI"), 5)])
+    assert err.value.addr == bad
+    # the pairs before it were written, the ones after it were not
+    assert peer.regs[SCRATCH] == 3 and peer.regs[ppu_reg(0, "START_TIME_HI")] != 5
+    with pytest.raises(FieldRangeError):
+        client.read_block([SCRATCH, 6])
