@@ -19,7 +19,7 @@ After the replay the bench reads the counters through the control plane and each
 configured QP: the instruction ring and envelope memory from the simulator's memories (the
 block RAMs' contents, laid out as :class:`openqlink.gateware.ppu.core` slices them: memory
 ``<name>k`` holds bytes ``k*L .. k*L+L-1`` of each word, each byte in 8 bits or, with a flag
-bit, 9), the register block and the response mailbox (a few words) through control reads.
+bit, 9), the register block and the response mailbox through the control plane (RD_BLOCK).
 """
 
 from __future__ import annotations
@@ -159,8 +159,8 @@ class ReplayBench(TB):
                 data = read_region_memory(ppu, "env", 64, params.env_depth // 4, flagged=True)
             else:
                 va, length = region["va"], region["length"]
-                data = b"".join(qsc.control.read(a).to_bytes(4, "little")
-                                for a in range(va, va + length, 4))
+                words = qsc.control.read_block(range(va, va + length, 4))
+                data = b"".join(w.to_bytes(4, "little") for w in words)
             if len(data) != region["length"]:
                 raise RuntimeError(f"region {name}: read {len(data)} bytes, it has "
                                    f"{region['length']}")
