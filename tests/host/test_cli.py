@@ -183,6 +183,35 @@ def test_sim_exit_status_is_0_only_when_every_ppu_is_done(tmp_path, fake_run_sim
     assert fake_run_sim["handlers"] is None
 
 
+def test_sim_simulator_option(tmp_path, fake_run_sim, monkeypatch):
+    """--simulator picks the simulator (icarus by default), with --inject too; an unknown one
+    is a usage error."""
+    import openqlink.sim.runner
+
+    programs = _sim_programs(tmp_path, 1)
+    fake_run_sim["results"] = _sim_results(["DONE"])
+    res = CliRunner().invoke(main, ["sim", *programs, "--quiet"])
+    assert res.exit_code == 0 and fake_run_sim["simulator"] == "icarus", res.output
+    res = CliRunner().invoke(main, ["sim", *programs, "--quiet", "--simulator", "verilator"])
+    assert res.exit_code == 0 and fake_run_sim["simulator"] == "verilator", res.output
+    res = CliRunner().invoke(main, ["sim", *programs, "--simulator", "ghdl"])
+    assert res.exit_code == 2 and "'ghdl' is not one of 'icarus', 'verilator'" in res.output
+
+    seen = {}
+
+    def run_inject(capture, **kwargs):
+        seen.update(kwargs)
+        return {"frames": []}
+
+    monkeypatch.setattr(openqlink.sim.runner, "run_inject", run_inject)
+    capture = tmp_path / "c.pcap"
+    with PcapWriter(capture) as pcap:
+        pcap.write(bytes(60), 0)
+    res = CliRunner().invoke(main, ["sim", "--inject", str(capture), "--simulator",
+                                    "verilator"])
+    assert res.exit_code == 0 and seen["simulator"] == "verilator", res.output
+
+
 def test_asm_missing_file_exit_2(tmp_path):
     res = CliRunner().invoke(main, ["asm", str(tmp_path / "nope.s")])
     assert res.exit_code == 2 and "nope.s" in res.output
