@@ -35,7 +35,7 @@ from ..isa.asm import assemble
 from .bench import TB, run_configured
 from .handlers import default_handlers_path, load_function_table
 from .mac import FrameQueue
-from .runner import SimConfig, icarus_compatible, run_bench
+from .runner import DEFAULT_SIMULATOR, SimConfig, check_simulator, icarus_compatible, run_bench
 
 __all__ = ["BoardTB", "RgmiiFrameSource", "RgmiiFrameSink", "run_board_sim", "run_board"]
 
@@ -201,7 +201,8 @@ async def run_board(dut):
 
 def run_board_sim(program: str | Path, *, board: str = "colorlight-5a-75b",
                   handlers: str | Path | None = None, build_dir: str | Path,
-                  pcap_path: str | Path | None = None, **bench: object) -> dict:
+                  pcap_path: str | Path | None = None, simulator: str = DEFAULT_SIMULATOR,
+                  **bench: object) -> dict:
     """Simulate ``program`` end to end on the board top of ``board`` and return the results.
 
     The results have the keys of :func:`openqlink.sim.runner.run_sim`'s, with ``measurements``
@@ -209,10 +210,13 @@ def run_board_sim(program: str | Path, *, board: str = "colorlight-5a-75b",
     ``.py`` file beside ``program``; ``bench`` overrides :func:`~openqlink.sim.runner.SimConfig`
     (``start_margin_cycles``, ``host_turnaround_ns``, ...; its ``seed`` and ``qubit`` are not
     used: the emulator's seed is the board top's). The Verilog is written to ``build_dir``
-    (``qsc_top.v``) and rebuilt only when it changes.
+    (``qsc_top.v``) and rebuilt only when it changes. ``simulator`` is ``"icarus"`` or
+    ``"verilator"``, as :func:`~openqlink.sim.runner.run_bench` takes it.
 
-    Raises :class:`~openqlink.sim.runner.SimulationError` as ``run_sim`` does.
+    Raises :class:`~openqlink.sim.runner.SimulationError` as ``run_sim`` does (an unknown
+    simulator before anything is built).
     """
+    check_simulator(simulator)
     from amaranth.back import verilog
 
     from ..gateware.boards.profiles import PROFILES
@@ -240,4 +244,4 @@ def run_board_sim(program: str | Path, *, board: str = "colorlight-5a-75b",
         "emulator_seed": QUBIT_SEED,
     })
     return run_bench("openqlink.sim.board_bench", cfg, params=params, build_dir=build_dir,
-                     verilog_path=source)
+                     verilog_path=source, simulator=simulator)
