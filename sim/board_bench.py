@@ -35,7 +35,14 @@ from ..isa.asm import assemble
 from .bench import TB, run_configured
 from .handlers import default_handlers_path, load_function_table
 from .mac import FrameQueue
-from .runner import DEFAULT_SIMULATOR, SimConfig, check_simulator, icarus_compatible, run_bench
+from .runner import (
+    DEFAULT_SIMULATOR,
+    SimConfig,
+    SimulationError,
+    check_simulator,
+    icarus_compatible,
+    run_bench,
+)
 
 __all__ = ["BoardTB", "RgmiiFrameSource", "RgmiiFrameSink", "run_board_sim", "run_board"]
 
@@ -210,13 +217,17 @@ def run_board_sim(program: str | Path, *, board: str = "colorlight-5a-75b",
     ``.py`` file beside ``program``; ``bench`` overrides :func:`~openqlink.sim.runner.SimConfig`
     (``start_margin_cycles``, ``host_turnaround_ns``, ...; its ``seed`` and ``qubit`` are not
     used: the emulator's seed is the board top's). The Verilog is written to ``build_dir``
-    (``qsc_top.v``) and rebuilt only when it changes. ``simulator`` is ``"icarus"`` or
-    ``"verilator"``, as :func:`~openqlink.sim.runner.run_bench` takes it.
+    (``qsc_top.v``) and rebuilt only when it changes. ``simulator`` must be ``"icarus"``: on
+    Verilator, cocotbext-eth's RGMII sink reads no preamble from the board top's transmit pins
+    (the first frame fails the bench), so it is refused.
 
-    Raises :class:`~openqlink.sim.runner.SimulationError` as ``run_sim`` does (an unknown
-    simulator before anything is built).
+    Raises :class:`~openqlink.sim.runner.SimulationError` as ``run_sim`` does, and for a
+    simulator other than Icarus before anything is built.
     """
-    check_simulator(simulator)
+    if check_simulator(simulator) != "icarus":
+        raise SimulationError(f"the board bench runs on Icarus only, not {simulator}: "
+                              "cocotbext-eth's RGMII sink reads no preamble from the board "
+                              "top's transmit pins on Verilator")
     from amaranth.back import verilog
 
     from ..gateware.boards.profiles import PROFILES

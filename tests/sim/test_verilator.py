@@ -58,6 +58,17 @@ def test_an_unknown_simulator_is_refused_before_anything_is_built(tmp_path):
     assert not build.exists()
 
 
+def test_the_board_bench_refuses_verilator_before_building(tmp_path):
+    """On Verilator the RGMII sink reads no preamble from the board top: refused, not run."""
+    from openqlink.sim.board_bench import run_board_sim
+
+    with pytest.raises(SimulationError, match="Icarus only, not verilator"):
+        run_board_sim(PROGRAM, build_dir=tmp_path / "build", simulator="verilator")
+    with pytest.raises(SimulationError, match="unknown simulator"):
+        run_board_sim(PROGRAM, build_dir=tmp_path / "build", simulator="ghdl")
+    assert not (tmp_path / "build").exists()
+
+
 def test_each_simulator_builds_in_its_own_directory(tmp_path, monkeypatch):
     assert runner.simulator_build_dir(tmp_path, "icarus") == tmp_path
     assert runner.simulator_build_dir(tmp_path, "verilator") == tmp_path / "verilator"
