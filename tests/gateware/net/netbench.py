@@ -189,6 +189,26 @@ class StreamSink:
             cycle += 1
 
 
+def beat_tuple(p) -> tuple[int, int, int, int]:
+    """A packet-stream beat as (data, keep, first, last): :class:`StreamSink`'s ``convert`` for
+    :func:`frames_of`."""
+    return int(p.data), int(p.keep), int(p.first), int(p.last)
+
+
+def frames_of(beats: list[tuple[int, int, int, int]]) -> list[bytes]:
+    """The whole frames of a beat stream taken as :func:`beat_tuple` gives them, checking the
+    stream's framing (``first`` starts a frame, a partial ``keep`` only on a last beat)."""
+    frames, current = [], b""
+    for data, keep, first, last in beats:
+        assert first == (current == b""), "first does not start a frame"
+        assert keep == 0xFF or last, f"keep {keep:#x} on a beat that is not the last"
+        current += data.to_bytes(8, "little")[:keep.bit_length()]
+        if last:
+            frames.append(current)
+            current = b""
+    return frames
+
+
 def expected_writes(addr: int, payload: bytes) -> list[Cmd]:
     """The WRITEs that put ``payload`` at byte address ``addr`` (disabled lanes zero)."""
     out = []

@@ -9,7 +9,7 @@ import uuid
 
 from amaranth.hdl import Module
 from amaranth.sim import Simulator
-from netbench import StreamSink
+from netbench import StreamSink, beat_tuple, frames_of
 from scapy.layers.dhcp import BOOTP
 from scapy.layers.inet import IP, UDP
 from scapy.layers.l2 import Ether
@@ -46,8 +46,7 @@ def run(cycles: int, *, interval_ms: int, ready=lambda c: True, changes=()):
     dut = BootpAnnouncer(CLK_HZ)
     m = Module()
     m.submodules.dut = dut
-    sink = StreamSink(dut.tx, ready, convert=lambda p: (
-        int(p.data), int(p.keep), int(p.first), int(p.last)))
+    sink = StreamSink(dut.tx, ready, convert=beat_tuple)
     starts: list[int] = []
 
     async def bench(ctx):
@@ -73,14 +72,7 @@ def run(cycles: int, *, interval_ms: int, ready=lambda c: True, changes=()):
     sim.add_testbench(bench)
     sim.add_testbench(sink.run, background=True)
     sim.run()
-    frames, current = [], b""
-    for data, keep, first, last in sink.items:
-        assert first == (current == b"")
-        current += data.to_bytes(8, "little")[:keep.bit_length()]
-        if last:
-            frames.append(current)
-            current = b""
-    return frames, starts
+    return frames_of(sink.items), starts
 
 
 def test_announcements_are_the_sensor_bridge_bootp_request_every_interval():

@@ -9,7 +9,16 @@ import struct
 from amaranth.hdl import Module
 from amaranth.lib import wiring
 from amaranth.sim import Simulator
-from netbench import HOST_IP, HOST_MAC, HOST_PORT, QSC_IP, QSC_MAC, StreamSink
+from netbench import (
+    HOST_IP,
+    HOST_MAC,
+    HOST_PORT,
+    QSC_IP,
+    QSC_MAC,
+    StreamSink,
+    beat_tuple,
+    frames_of,
+)
 
 from openqlink.gateware.bus import READ_TAG_BITS, BusOp
 from openqlink.gateware.net.common import NetConfig
@@ -495,9 +504,7 @@ def test_reply_builder_frames_under_back_pressure():
                     latched_seq=0x4000 + k)
         pairs = [(rng.getrandbits(32), rng.getrandbits(32)) for _ in range(n)]
         responses.append((head, pairs))
-    frames = StreamSink(dut.tx, lambda c: rng.random() < 0.6,
-                        convert=lambda p: (int(p.data), int(p.keep), int(p.first),
-                                           int(p.last)))
+    frames = StreamSink(dut.tx, lambda c: rng.random() < 0.6, convert=beat_tuple)
 
     async def feeder(ctx):
         ctx.set(dut.config, NetConfig.const(dict(qsc_mac=QSC_MAC, qsc_ip=QSC_IP)))
@@ -518,13 +525,6 @@ def test_reply_builder_frames_under_back_pressure():
     sim.add_testbench(feeder)
     sim.add_testbench(frames.run, background=True)
     sim.run()
-    got, frame = [], b""
-    for data, keep, first, last in frames.items:
-        assert first == (frame == b"")
-        frame += data.to_bytes(8, "little")[:bin(keep).count("1")]
-        assert keep == 0xFF or last
-        if last:
-            got.append(frame)
-            frame = b""
+    got = frames_of(frames.items)
     assert got == [_expected_reply_frame(h, p) for h, p in responses]
     assert [unpack_response(f[42:])["pairs"] for f in got] == [p for _, p in responses]
