@@ -278,7 +278,8 @@ class QSC:
         (when ``ring`` is given, with the PPU's CALL_SLOTS: at most that many CALLs outstanding,
         and none held from before), IMEM_RKEY, ENV_RKEY, REGS_RKEY (a region's R_Key opens it from
         this write on: the QSC holds every R_Key invalid from reset and from the HOST_QPN write),
-        then sets RX_ENABLE (off from reset); reads QSC_QPN. Its first write claims the QSC's
+        then sets RX_ENABLE (off from reset), all in one WR_BLOCK, in that order (a write that
+        fails stops the ones after it); reads QSC_QPN. Its first write claims the QSC's
         control plane for this host (global CLAIM register; :meth:`release` gives it up). Then
         makes the
         host UC QP (``host_qpn`` -> QSC_QPN) and registers ``ring`` on it with ``ring_rkey``.
@@ -316,7 +317,11 @@ class QSC:
                                      and 0 < ring.slot_size < 1 << 16):
             raise FieldRangeError("QPContext", "num_slots", (ring.num_slots, ring.slot_size),
                                   "the ring needs 1..4096 slots of 1..65535 bytes")
-        w = self.control.write
+        writes: list[tuple[int, int]] = []
+
+        def w(addr: int, value: int) -> None:
+            writes.append((addr, value))
+
         w(global_reg("HOST_MAC_HI"), self.host_mac >> 32)
         w(global_reg("HOST_MAC_LO"), self.host_mac & 0xFFFF_FFFF)
         w(global_reg("HOST_IP"), self.host_ip)
@@ -336,6 +341,8 @@ class QSC:
         w(qp_reg(ppu, "ENV_RKEY"), keys.env)
         w(qp_reg(ppu, "REGS_RKEY"), keys.regs)
         w(global_reg("RX_ENABLE"), 1)
+        # one WR_BLOCK, executed in order (a failing write stops the rest: RX_ENABLE last)
+        self.control.write_block(writes)
         qsc_qpn = self.control.read(qp_reg(ppu, "QSC_QPN")) & 0xFF_FFFF
         qp = UCQueuePair(self.host_mac, self.host_ip, qpn, self.qsc_mac, self.qsc_ip, qsc_qpn,
                          udp_src_port=self.roce_src_port, pmtu_bytes=self.pmtu_bytes)
