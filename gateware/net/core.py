@@ -97,7 +97,8 @@ class FrameArbiter(wiring.Component):
 
 class NetworkCore(wiring.Component):
     """The network core: :class:`~openqlink.gateware.net.rx.RoCEReceiver`,
-    :class:`~openqlink.gateware.net.control.ControlPlane`,
+    :class:`~openqlink.gateware.net.control.ControlPlane` and its
+    :class:`~openqlink.gateware.net.control.ControlReplyBuilder`,
     :class:`~openqlink.gateware.net.regs.NetRegisters`,
     :class:`~openqlink.gateware.net.timebase.Timebase` and
     :class:`~openqlink.gateware.net.tx.TxBuilder`, joined.
@@ -115,9 +116,10 @@ class NetworkCore(wiring.Component):
         Frames from the MAC, FCS stripped; ``ready`` is always 1 (full buffer: frames dropped
         and counted as DROP_OVERFLOW).
     tx : Out(packet_signature())
-        Frames to the MAC (RPC requests, control replies; ARP and echo replies through a
-        :class:`FrameArbiter`; BOOTP announcements, :class:`~.announce.BootpAnnouncer`), no FCS,
-        padded to 60 bytes.
+        Frames to the MAC (RPC requests; control responses,
+        :class:`~.control.ControlReplyBuilder`; ARP and echo replies; BOOTP announcements,
+        :class:`~.announce.BootpAnnouncer`; merged a whole frame at a time by
+        :class:`FrameArbiter` s), no FCS, padded to 60 bytes.
     bus_cmd : Out(stream.Signature(BusCommand))
         Commands to the PPU cluster: a packet's commands and a control request's command are
         never interleaved (:class:`BusArbiter`); honours ``ready`` (the receive buffer absorbs
