@@ -556,16 +556,21 @@ def discover_command(timeout_s: float, interface: str | None, as_json: bool) -> 
 def verilog_command(output: Path | None, num_ppus: int, qubits: int, samples_per_cycle: str,
                     for_sim: bool) -> None:
     """Elaborate the QSC top (default parameters, or the simulation build of --qubits and
-    --samples-per-cycle) and write it as Verilog."""
-    from .gateware.top import generate_verilog
+    --samples-per-cycle) and write it as Verilog: the same text from run to run (elaborated
+    with a fixed hash seed, as `qlink sim` does, so that a simulator's build of it is reused)."""
     from .sim.channel_map import sim_params
+    from .sim.runner import SimulationError, generate_top_verilog
 
     try:
         params = sim_params(num_ppus, qubits, int(samples_per_cycle))
     except ValueError as exc:
         _fail(f"qlink verilog: {exc}")
         return
-    text = generate_verilog(params)
+    try:
+        text = generate_top_verilog(params)
+    except SimulationError as exc:
+        _fail(f"qlink verilog: {exc}")
+        return
     if for_sim:
         from .sim.runner import icarus_compatible
 

@@ -30,7 +30,7 @@ from .handlers import default_handlers_path, load_function_table
 __all__ = [
     "SimulationError", "SimConfig", "run_sim", "run_inject", "run_bench", "build_verilog",
     "icarus_compatible", "TOPLEVEL", "LINE_RATE_GAP_CYCLES", "SIMULATORS", "DEFAULT_SIMULATOR",
-    "check_simulator", "simulator_build_dir",
+    "check_simulator", "simulator_build_dir", "generate_top_verilog",
 ]
 
 TOPLEVEL = "qsc_top"
@@ -193,7 +193,7 @@ _GENERATE = ("import json, sys\n"
              "name=sys.argv[1]))\n")
 
 
-def _generate_verilog(params: QSCParams) -> str:
+def generate_top_verilog(params: QSCParams) -> str:
     """The top's Verilog for ``params``, the same text for the same gateware and ``params``.
 
     The names and order Yosys gives some wires and ports follow Python's string hashes, which
@@ -224,7 +224,7 @@ def build_verilog(params: QSCParams, build_dir: Path) -> Path:
     Raises :class:`SimulationError` when the top cannot be elaborated.
     """
     build_dir.mkdir(parents=True, exist_ok=True)
-    text = icarus_compatible(_generate_verilog(params))
+    text = icarus_compatible(generate_top_verilog(params))
     path = build_dir / f"{TOPLEVEL}.v"
     if not path.exists() or hashlib.sha256(path.read_bytes()).digest() != \
             hashlib.sha256(text.encode()).digest():

@@ -258,6 +258,12 @@ def test_verilog_command_writes_the_top_for_icarus(tmp_path):
     text = out.read_text()
     assert "module qsc_top(" in text
     assert "initial #0" in text            # icarus_compatible() applied
+    # the text `qlink sim` builds from (elaborated with a fixed hash seed: this process's
+    # differs), so that `qlink sim --verilog` of it reuses a simulator's build
+    from openqlink.sim.channel_map import sim_params
+    from openqlink.sim.runner import build_verilog
+
+    assert text == build_verilog(sim_params(1, 1, 1), tmp_path / "sim").read_text()
     bad = CliRunner().invoke(main, ["verilog", "--num-ppus", "0"])
     assert bad.exit_code == 2
     assert "num_ppus must be 1..16" in bad.output
