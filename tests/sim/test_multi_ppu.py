@@ -179,7 +179,9 @@ def test_the_report_shows_each_ppu(two_ppus):
     assert "PPU 1 measurement at cycle" in res.output
 
 
-def test_a_ppu_ending_in_error_makes_the_exit_status_1(build_dir, tmp_path):
+def test_a_ppu_ending_in_error_makes_the_exit_status_1(two_ppus, build_dir, tmp_path):
+    # ``two_ppus`` wrote the Verilog this run reuses (with pytest-xdist this test may run in
+    # another worker, where the module's fixtures run again)
     programs = [_write(tmp_path, "ppu0", PPU0, PPU0_HANDLERS),
                 _write(tmp_path, "fails", PPU1_FAILS)]
     res = CliRunner().invoke(main, ["sim", "--ppus", "2", *programs, "--handlers",
