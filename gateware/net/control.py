@@ -54,7 +54,7 @@ Bound: the reply is valid at most ``PPU_TIMEOUT_CYCLES + 2`` cycles after the re
 """
 
 # No ``from __future__ import annotations``: data.Struct reads its annotations as shapes.
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, unsigned
+from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value, unsigned
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.memory import Memory
 from amaranth.lib.wiring import In, Out
@@ -81,7 +81,7 @@ from .ipv4csum import IPv4Checksum
 from .regs import NUM_COUNTERS, READ_LATENCY_CYCLES, RegisterPortSignature
 
 __all__ = ["ControlRequest", "ControlPlane", "ControlReplyBuilder", "PairPortSignature",
-           "PPU_TIMEOUT_CYCLES", "PAIR_RING_DEPTH", "reply_frame_bytes"]
+           "PPU_TIMEOUT_CYCLES", "PAIR_RING_DEPTH"]
 
 #: Cycles (``rti``) after taking a request at which a PPU access still waiting for the bus or for
 #: its READ's answer is given up and answered PPU_TIMEOUT (8.2 us at 125 MHz). A power of two:
@@ -477,15 +477,6 @@ _REPLY_HEAD_BEATS = _REPLY_HEAD_BYTES // 8
 assert _REPLY_HEAD_BYTES % 8 == 0
 
 
-def reply_frame_bytes(pairs: int) -> int:
-    """Frame length in bytes (FCS excluded) of a control response with ``pairs`` pairs
-    (1..BLOCK_MAX_PAIRS): 60 for one pair (18 UDP payload bytes), ``50 + 8 * pairs`` beyond."""
-    if not 1 <= pairs <= BLOCK_MAX_PAIRS:
-        raise ValueError(f"a response carries 1..{BLOCK_MAX_PAIRS} pairs, not {pairs}")
-    udp_payload = max(CONTROL_RESPONSE_HEADER.length_bytes + 8 * pairs + 2, RESPONSE_MIN_BYTES)
-    return ETHERNET.length_bytes + IPV4.length_bytes + UDP.length_bytes + udp_payload
-
-
 class ControlReplyBuilder(wiring.Component):
     """Turns the control plane's response pairs into one UDP datagram per response.
 
@@ -549,11 +540,14 @@ class ControlReplyBuilder(wiring.Component):
             rport.addr.eq(Mux(load, beat + 1, beat) - _REPLY_HEAD_BEATS),
             self.sent.eq(tx.valid & tx.ready & tx.payload.last),
         ]
+        def ip_header(checksum) -> Value:
+            return IPV4.build(tos=0, total_length=udp_len + IPV4.length_bytes, identification=0,
+                              fragment_offset=0, protocol=IpProtocol.UDP.value, src=ip,
+                              dst=head.dst_ip, checksum=checksum)
+
         frame = Cat(
             ETHERNET.build(dst=head.dst_mac, src=mac, ethertype=EtherType.IPV4.value),
-            IPV4.build(tos=0, total_length=udp_len + IPV4.length_bytes, identification=0,
-                       fragment_offset=0, protocol=IpProtocol.UDP.value, src=ip,
-                       dst=head.dst_ip, checksum=ip_csum),
+            ip_header(ip_csum),
             UDP.build(src_port=CONTROL_PORT, dst_port=head.dst_port, length=udp_len,
                       checksum=0),
             CONTROL_RESPONSE_HEADER.build(cmd=head.cmd, flags=head.flags, seq=head.seq,
@@ -583,12 +577,7 @@ class ControlReplyBuilder(wiring.Component):
                         ]
                         m.next = "SUM"
             with m.State("SUM"):
-                m.d.comb += [csum.valid.eq(1),
-                             csum.header.eq(IPV4.build(
-                                 tos=0, total_length=udp_len + IPV4.length_bytes,
-                                 identification=0, fragment_offset=0,
-                                 protocol=IpProtocol.UDP.value, src=ip, dst=head.dst_ip,
-                                 checksum=0))]
+                m.d.comb += [csum.valid.eq(1), csum.header.eq(ip_header(0))]
                 m.next = "SUM2"
             with m.State("SUM2"):
                 m.next = "SUM3"
