@@ -224,7 +224,8 @@ COUNTERS: tuple[tuple[str, str], ...] = (
     ("DROP_OVERFLOW", "Receive buffer full"),
     ("TX_FRAMES", "Frames sent to the MAC"),
     ("TX_RPC_REQUESTS", "RPC requests sent"),
-    ("RX_RPC_RESPONSES", "RPC responses delivered to a mailbox"),
+    ("RX_RPC_RESPONSES", "RPC responses delivered to a mailbox (a SEND message's LAST or ONLY "
+                         "packet)"),
     ("DROP_BUS", "Commands to the PPUs dropped: the dtd side took none for 256 rti cycles "
                  "(no clock, in reset)"),
     ("DROP_MAC", "Frame flagged bad by the MAC: FCS or PHY error"),
@@ -270,6 +271,11 @@ QP_REGISTERS: tuple[Register, ...] = (
        "bits; a larger SEND is dropped, DROP_LENGTH). The mailbox keeps the first 64 bytes: the "
        "RPC response header and up to 40 result bytes, as result_len says. CUDA-Q's GPU "
        "bridge SENDs 24 + its payload size whatever result_len is: set its size here"),
+    _R("PMTU", 0x34, Access.RW, 3,
+       "Path MTU of this QP as IBTA's PathMTU / ibverbs' ibv_mtu codes it: 1 = 256, 2 = 512, "
+       "3 = 1024, 4 = 2048, 5 = 4096 bytes (3 bits; other values act as 256). A FIRST or MIDDLE "
+       "packet carries exactly this many payload bytes, a LAST 1 up to it, an ONLY at most it "
+       "(else DROP_LENGTH)"),
 )
 
 #: PPU registers at ``ppu_base(n) + REGS_OFFSET``.

@@ -58,10 +58,11 @@ from .memory_map import (
     trace_addr,
     version_word,
 )
-from .roce import SlotRingLike, UCQueuePair
+from .roce import PMTU_VALUES, SlotRingLike, UCQueuePair
 from .wire.ethernet import mac_to_int
 from .wire.ipv4 import int_to_ip, ip_to_int
 from .wire.packet import DEFAULT_ROCE_SRC_PORT, parse_frame
+from .wire.roce import path_mtu_code
 from .wire.rpc import HEADER_BYTES
 
 __all__ = ["QSC", "RKeys", "TraceStatus", "DEFAULT_HOST_QPN_BASE", "RX_COUNT_NAMES",
@@ -173,7 +174,9 @@ class QSC:
     roce_src_port : int
         UDP source port of this host's RoCEv2 packets.
     pmtu_bytes : int
-        Largest RDMA payload per packet (default 1024).
+        Path MTU: the largest RDMA payload per packet, 256, 512, 1024 (default), 2048 or 4096;
+        :meth:`configure` writes it to the QP's PMTU register. A frame of a 4096-byte PMTU
+        is 4154 bytes or more: the path needs jumbo frames beyond a 1024-byte PMTU.
     timeout_s, retries
         Control-plane time-out per attempt (seconds of ``transport.now_s()``) and retries.
 
@@ -206,6 +209,9 @@ class QSC:
         self.qsc_mac = mac_to_int(self.params.mac if qsc_mac is None else qsc_mac)
         self.qsc_ip = ip_to_int(self.params.ip if qsc_ip is None else qsc_ip)
         self.roce_src_port = roce_src_port
+        if pmtu_bytes not in PMTU_VALUES:
+            raise FieldRangeError("QPContext", "pmtu_bytes", pmtu_bytes,
+                                  f"a path MTU is one of {PMTU_VALUES} bytes")
         self.pmtu_bytes = pmtu_bytes
         self.num_ppus = self.params.num_ppus
         self.control = ControlClient(transport, local_mac=self.host_mac, local_ip=self.host_ip,
@@ -273,7 +279,8 @@ class QSC:
 
         Writes HOST_MAC_HI/LO and HOST_IP, then the PPU's QP context: HOST_QPN (which restarts
         the QSC's side of the QP: its next request goes with PSN 0 into slot 0, as a new host QP
-        and dispatcher expect, however many the QP carried before), HOST_RKEY (the
+        and dispatcher expect, however many the QP carried before, and an open message is
+        abandoned), PMTU (``pmtu_bytes``' PathMTU code), HOST_RKEY (the
         ring's), RING_VA_HI/LO (0: the ring is registered with iova 0), NUM_SLOTS and SLOT_SIZE
         (when ``ring`` is given, with the PPU's CALL_SLOTS: at most that many CALLs outstanding,
         and none held from before), IMEM_RKEY, ENV_RKEY, REGS_RKEY (a region's R_Key opens it from
@@ -328,6 +335,7 @@ class QSC:
         if qsc_qpn is not None:
             w(qp_reg(ppu, "QSC_QPN"), qsc_qpn)
         w(qp_reg(ppu, "HOST_QPN"), qpn)
+        w(qp_reg(ppu, "PMTU"), path_mtu_code(self.pmtu_bytes))
         if response_bytes is not None:
             w(qp_reg(ppu, "RESPONSE_BYTES"), response_bytes)
         w(qp_reg(ppu, "HOST_RKEY"), keys.ring)

@@ -34,7 +34,7 @@ from .errors import FieldRangeError, WireFormatError
 from .wire.ethernet import mac_to_int
 from .wire.ipv4 import IpProtocol, ip_to_int
 from .wire.packet import DEFAULT_ROCE_SRC_PORT, Frame, build_roce_frame, parse_frame
-from .wire.roce import DEFAULT_P_KEY, Opcode
+from .wire.roce import DEFAULT_P_KEY, PATH_MTU_BYTES, Opcode
 from .wire.udp import ROCEV2_PORT
 
 __all__ = [
@@ -48,7 +48,7 @@ __all__ = [
 ]
 
 #: Path MTU values of IBTA Vol 1 (payload bytes per packet).
-PMTU_VALUES = (256, 512, 1024, 2048, 4096)
+PMTU_VALUES = tuple(PATH_MTU_BYTES.values())
 #: PSNs are 24 bits and wrap.
 PSN_MODULUS = 1 << 24
 
@@ -251,6 +251,25 @@ class UCQueuePair:
         payload = bytes(payload)
         self._check_fits("BTH", payload)
         return self._frame(Opcode.SEND_ONLY, payload)
+
+    def send_frames(self, payload: bytes, imm: int | None = None) -> list[bytes]:
+        """The UC SEND message of ``payload``: one SEND_ONLY when it fits the PMTU, else FIRST,
+        MIDDLE..., LAST, each carrying PMTU bytes but the last; with ``imm`` (32 bits) the
+        packet that ends it is _WITH_IMMEDIATE. Takes one PSN per packet (IBTA Vol 1 9.8.3).
+        A QSC takes a SEND message of up to the QP's RESPONSE_BYTES into its mailbox (the
+        first 64 bytes: a response as CUDA-Q's GPU bridge sends it, longer than its result).
+        """
+        payload = bytes(payload)
+        mtu = self.pmtu_bytes
+        if len(payload) <= mtu:
+            op = Opcode.SEND_ONLY if imm is None else Opcode.SEND_ONLY_WITH_IMMEDIATE
+            return [self._frame(op, payload, imm=imm)]
+        chunks = [payload[i:i + mtu] for i in range(0, len(payload), mtu)]
+        frames = [self._frame(Opcode.SEND_FIRST, chunks[0])]
+        frames += [self._frame(Opcode.SEND_MIDDLE, c) for c in chunks[1:-1]]
+        last = Opcode.SEND_LAST if imm is None else Opcode.SEND_LAST_WITH_IMMEDIATE
+        frames.append(self._frame(last, chunks[-1], imm=imm))
+        return frames
 
     # --- receive ------------------------------------------------------------------------------
 

@@ -42,6 +42,7 @@ class QPContext(data.Struct):
     env_rkey_valid: unsigned(1)
     regs_rkey_valid: unsigned(1)
     response_bytes: unsigned(13)    #: largest SEND payload taken into the mailbox
+    pmtu_bytes: unsigned(13)        #: path MTU in bytes, 256..4096 (decoded PMTU register)
 
 
 class ControlReply(data.Struct):

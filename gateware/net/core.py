@@ -134,7 +134,7 @@ class NetworkCore(wiring.Component):
         answered PPU_TIMEOUT (:class:`~openqlink.gateware.net.control.ControlPlane`).
     """
 
-    def __init__(self, params: QSCParams, *, rx_buffer_bytes: int = 4096):
+    def __init__(self, params: QSCParams, *, rx_buffer_bytes: int = 16384):
         self.params = params
         self.rx_buffer_bytes = rx_buffer_bytes
         super().__init__({

@@ -27,10 +27,12 @@ after its last beat and counted 1 cycle later (RX_FRAMES and RX_ROCE_ACCEPTED of
 monitor asserts that RX_FRAMES pulses exactly then). Each accepted packet is queued in the
 monitor with its QP, its kind and the number of commands it must make, computed from its
 headers as the commit rule describes (the payload's words at the destination's alignment, then
-the TAIL write of a WRITE_WITH_IMMEDIATE into the instruction ring, or the MAILBOX_COMMIT of a
-SEND). Bus transfers (``valid`` and ``ready``) are charged to the oldest queued packet; a
-transfer with none queued fails, and so would a packet whose command count the monitor got
-wrong.
+the TAIL write of a WRITE_WITH_IMMEDIATE that ends a message in the instruction ring, or the
+MAILBOX_COMMIT of a SEND that ends one); a MIDDLE or LAST takes its alignment and its ring from
+the FIRST the monitor last saw accepted on its QP (every QP's path MTU is assumed to be one of
+the five the PMTU register decodes to). Bus transfers (``valid`` and ``ready``) are charged to
+the oldest queued packet; a transfer with none queued fails, and so would a packet whose command
+count the monitor got wrong.
 
 The ICRC compare the monitor tracks: the received ICRC, which the monitor takes from the stream
 itself (frame bytes ``[10 + total_length, 14 + total_length)``), equal to the CRC that the
@@ -99,7 +101,7 @@ from ...memory_map import MAILBOX_BYTES, MAILBOX_OFFSET, QSCParams, ppu_base, re
 from ...wire.ethernet import ETHERNET
 from ...wire.header import Header
 from ...wire.ipv4 import IPV4
-from ...wire.roce import BTH, ICRC_BYTES, RETH, Opcode
+from ...wire.roce import BTH, ICRC_BYTES, IMMDT, PATH_MTU_BYTES, RETH, Opcode
 from ...wire.udp import UDP
 from ..bus import BusCommand, BusOp
 from ..packet import packet_signature
@@ -128,7 +130,8 @@ _ROCE_FIXED = UDP.length_bytes + BTH.length_bytes + ICRC_BYTES
 
 #: What the monitor knows of a frame after its last beat: ``cmds``, the bus commands the packet
 #: makes if accepted; ``ok``, its ICRC compare (from the second stage on).
-_FRAME = data.StructLayout({"valid": 1, "ok": 1, "send": 1, "qp": 24, "cmds": 18, "icrc": 32})
+_FRAME = data.StructLayout({"valid": 1, "ok": 1, "send": 1, "qp": 24, "cmds": 18, "icrc": 32,
+                            "first": 1, "align": 3, "imem": 1})
 #: A packet in the monitor's queue, with the commands it has still to make.
 _PACKET = data.StructLayout({"ok": 1, "send": 1, "qp": 24, "left": 18})
 
@@ -264,11 +267,30 @@ class RxFormalHarness(wiring.Component):
             with m.If(take & (b == at[3:])):
                 m.d.sync += icrc_rx[8 * j:8 * (j + 1)].eq(beat.data.word_select(at[:3], 8))
 
-        # What the packet makes if it is accepted (the commit rule, from its headers).
+        # What the packet makes if it is accepted (the commit rule, from its headers and, for a
+        # MIDDLE or LAST, from the FIRST of its QP's message: IBTA Vol 1 table 38 and 9.8.3).
         opcode = bth["opcode"]
-        send = opcode == Opcode.SEND_ONLY
-        write_imm = opcode == Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE
-        write = (opcode == Opcode.RDMA_WRITE_ONLY) | write_imm
+
+        def one_of(*codes: Opcode) -> Value:
+            return Cat(*(opcode == code for code in codes)).any()
+
+        Op = Opcode
+        send = one_of(Op.SEND_FIRST, Op.SEND_MIDDLE, Op.SEND_LAST, Op.SEND_LAST_WITH_IMMEDIATE,
+                      Op.SEND_ONLY, Op.SEND_ONLY_WITH_IMMEDIATE)
+        start = one_of(Op.SEND_FIRST, Op.SEND_ONLY, Op.SEND_ONLY_WITH_IMMEDIATE,
+                       Op.RDMA_WRITE_FIRST, Op.RDMA_WRITE_ONLY, Op.RDMA_WRITE_ONLY_WITH_IMMEDIATE)
+        end = one_of(Op.SEND_LAST, Op.SEND_LAST_WITH_IMMEDIATE, Op.SEND_ONLY,
+                     Op.SEND_ONLY_WITH_IMMEDIATE, Op.RDMA_WRITE_LAST,
+                     Op.RDMA_WRITE_LAST_WITH_IMMEDIATE, Op.RDMA_WRITE_ONLY,
+                     Op.RDMA_WRITE_ONLY_WITH_IMMEDIATE)
+        with_reth = one_of(Op.RDMA_WRITE_FIRST, Op.RDMA_WRITE_ONLY,
+                           Op.RDMA_WRITE_ONLY_WITH_IMMEDIATE)
+        with_imm = one_of(Op.SEND_LAST_WITH_IMMEDIATE, Op.SEND_ONLY_WITH_IMMEDIATE,
+                          Op.RDMA_WRITE_LAST_WITH_IMMEDIATE, Op.RDMA_WRITE_ONLY_WITH_IMMEDIATE)
+        # Every QP's path MTU is one the PMTU register decodes to.
+        for n in range(params.num_ppus):
+            m.d.comb += Assume(Cat(*(self.qp[n].pmtu_bytes == size
+                                     for size in PATH_MTU_BYTES.values())).any())
         # The QP: the lowest PPU whose QSC_QPN is the DestQP. Each QP's QSC_QPN is any value,
         # the same in every cycle (a host sets it before it opens the QP); two QPs may share
         # one.
@@ -286,19 +308,31 @@ class RxFormalHarness(wiring.Component):
                 m.d.comb += qp.eq(n)
         va = reth["va"][:32]
         payload = Signal(17)
-        m.d.comb += payload.eq(Mux(write, reth["dma_len"][:17],
-                                   udp["length"] - _ROCE_FIXED - bth["pad_cnt"]))
-        # a SEND longer than the mailbox (up to the QP's RESPONSE_BYTES) commits its first
-        # MAILBOX_BYTES
-        committed = Signal(17)
-        m.d.comb += committed.eq(Mux(send & (payload > MAILBOX_BYTES), MAILBOX_BYTES, payload))
-        words = Signal(18)
-        m.d.comb += words.eq(Mux(committed == 0, 0,
-                                 (committed + Mux(write, va[:3], 0) + 7) >> 3))
+        m.d.comb += payload.eq(udp["length"] - _ROCE_FIXED - bth["pad_cnt"] -
+                               Mux(with_reth, RETH.length_bytes, 0) -
+                               Mux(with_imm, IMMDT.length_bytes, 0))
+        # The FIRST of each QP's message, as the monitor saw it accepted: the alignment of its
+        # VA (a FIRST and each MIDDLE carry a PMTU, a multiple of 8 bytes: every packet of the
+        # message starts at that alignment) and whether it went to the instruction ring.
+        msg_align = Array(Signal(3, name=f"msg_align{n}") for n in range(params.num_ppus))
+        msg_imem = Array(Signal(name=f"msg_imem{n}") for n in range(params.num_ppus))
         into_imem = Cat(*((qp == n) & (va >= r.va) & (va < r.va + r.length_bytes)
                           for n in range(params.num_ppus)
                           for r in regions(params, n) if r.name == "IMEM")).any()
-        trailer = send | (write_imm & into_imem)
+        # a SEND ONLY or FIRST longer than the mailbox (up to the QP's RESPONSE_BYTES) commits
+        # its first MAILBOX_BYTES, a SEND MIDDLE or LAST nothing; a zero-length WRITE nothing
+        committed = Signal(17)
+        m.d.comb += committed.eq(Mux(send, Mux(start, Mux(payload > MAILBOX_BYTES,
+                                                           MAILBOX_BYTES, payload), 0), payload))
+        align = Signal(3)
+        m.d.comb += align.eq(Mux(send, 0, Mux(start, va[:3], msg_align[qp[:4]])))
+        words = Signal(18)
+        m.d.comb += words.eq(Mux(committed == 0, 0, (committed + align + 7) >> 3))
+        # the MAILBOX_COMMIT of a SEND that ends, the TAIL write of a WRITE_WITH_IMMEDIATE that
+        # ends a message in the instruction ring (not a zero-length one: IBTA Vol 1 C9-88)
+        trailer = (send & end) | (~send & with_imm & end &
+                                  Mux(start, into_imem & (reth["dma_len"] != 0),
+                                      msg_imem[qp[:4]]))
 
         # The frame's stages after its last beat (cycle t): the headers at t + 1, the ICRC
         # compare at t + 2, the counter strobes at t + 4.
@@ -313,12 +347,17 @@ class RxFormalHarness(wiring.Component):
             s2.qp.eq(qp),
             s2.cmds.eq(words + trailer),
             s2.icrc.eq(icrc_rx),
+            s2.first.eq(start & ~end),
+            s2.align.eq(va[:3]),
+            s2.imem.eq(into_imem),
             s3.eq(s2),
             s3.ok.eq(engine.crc == s2.icrc),
             s4.eq(s3),
         ]
         strobes = dut.count
         accepted = strobes[COUNTER_INDEX["RX_ROCE_ACCEPTED"]]
+        with m.If(accepted & s4.first & (s4.qp < params.num_ppus)):
+            m.d.sync += [msg_align[s4.qp[:4]].eq(s4.align), msg_imem[s4.qp[:4]].eq(s4.imem)]
         m.d.comb += [
             self._assert(strobes[COUNTER_INDEX["RX_FRAMES"]] == s4.valid,
                    "a frame is counted 4 cycles after its last beat"),

@@ -31,6 +31,7 @@ from ...memory_map import (
 )
 from ...wire.ethernet import mac_to_int
 from ...wire.ipv4 import ip_to_int
+from ...wire.roce import PATH_MTU_BYTES
 from .common import NetConfig, QPContext
 
 __all__ = ["RegisterPortSignature", "NetRegisters", "REGISTER_WIDTHS", "NUM_COUNTERS",
@@ -86,7 +87,17 @@ REGISTER_WIDTHS: dict[str, int] = {
     "ENV_RKEY": 32,
     "REGS_RKEY": 32,
     "RESPONSE_BYTES": 13,
+    "PMTU": 3,
 }
+
+
+def pmtu_bytes(code: Value) -> Value:
+    """The path MTU in bytes (13 bits) of a PMTU register's value (3 bits, IBTA's MTU code):
+    256 << (code - 1) for codes 1..5, 256 for the others."""
+    out = Const(256, 13)
+    for value, size in PATH_MTU_BYTES.items():
+        out = Mux(code == value, size, out)
+    return out
 
 
 def _or_tree(values: list[Value]) -> Value:
@@ -340,6 +351,7 @@ class NetRegisters(wiring.Component):
                 qp.env_rkey_valid.eq(regs["ENV_RKEY_VALID"]),
                 qp.regs_rkey_valid.eq(regs["REGS_RKEY_VALID"]),
                 qp.response_bytes.eq(regs["RESPONSE_BYTES"]),
+                qp.pmtu_bytes.eq(pmtu_bytes(regs["PMTU"])),
             ]
         return m
 

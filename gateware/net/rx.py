@@ -32,39 +32,56 @@ order (the first failing check names the reason); the counter strobes show one c
    RD_BLOCK of more than BLOCK_MAX_PAIRS (183) pairs; then a non-zero UDP
    checksum that does not verify (RFC 1122 4.1.3.4).
 5. ICRC (RoCEv2 from here on): the received ICRC differs from the computed one.
-6. OPCODE: not UC RDMA_WRITE_ONLY, RDMA_WRITE_ONLY_WITH_IMMEDIATE or SEND_ONLY, or TVer != 0.
+6. OPCODE: not a UC SEND or RDMA WRITE (0x20-0x2B, IBTA Vol 1 table 38), or TVer != 0.
 7. PKEY: P_Key low 15 bits differ from the configured P_Key, or neither has the full-member bit.
 8. QPN: DestQP is no PPU's QSC_QPN (``qpn_base + n`` for PPU ``n`` from reset; the lowest PPU
    whose QSC_QPN matches takes the packet).
 9. PEER: the source MAC or IP is not the QP's peer (HOST_MAC, HOST_IP), as rxe checks a
    connected QP's addresses.
-10. LENGTH: the datagram is too short for its extension headers and PadCnt.
-11. VA (WRITE): VA[63:32] != 0, VA not 4-byte aligned, VA not in an RDMA region of PPU ``n``
-    (:func:`openqlink.memory_map.regions`; the response mailbox is SEND-only).
-12. RKEY (WRITE): R_Key differs from the region's R_Key in PPU ``n``'s QP context, or that key
+10. PSN: a MIDDLE or LAST while the QP has no message open, or of the other kind (a SEND inside
+    a WRITE message or the reverse), or whose PSN is not the expected one (``epsn``).
+11. LENGTH: the datagram is too short for its extension headers and PadCnt.
+12. VA (a WRITE ONLY or FIRST, DMALen != 0): VA[63:32] != 0, VA not 4-byte aligned, VA not in
+    an RDMA region of PPU ``n`` (:func:`openqlink.memory_map.regions`; the response mailbox is
+    SEND-only).
+13. RKEY (same): R_Key differs from the region's R_Key in PPU ``n``'s QP context, or that key
     is not valid: not written since reset or since the QP's HOST_QPN was (closed by default).
-13. VA (WRITE): [VA, VA + DMALen) leaves the region.
-14. IMMDT: an RDMA_WRITE_WITH_IMMEDIATE into the instruction ring whose ImmDt, the ring's new
-    TAIL, is not an index of the ring (>= ``imem_depth``): the whole packet is dropped (its
-    payload too), where the TAIL register would otherwise take ImmDt's low bits.
-15. LENGTH: WRITE DMALen != payload bytes (UDP payload - BTH - RETH - ImmDt - pad - ICRC);
-    SEND_ONLY payload > the QP's RESPONSE_BYTES (64 from reset). Of a SEND longer than the
-    mailbox (CUDA-Q's GPU bridge SENDs 24 + its payload size whatever ``result_len`` says) the
-    first MAILBOX_BYTES are committed, and the MAILBOX_COMMIT carries that count.
-16. OVERFLOW: the frame did not fit the receive buffer, or the descriptor / control request queue
+14. VA (same): [VA, VA + DMALen) leaves the region: a FIRST is checked once for its whole
+    message, so no byte of a message lands outside its region. A zero-length WRITE's VA and
+    R_Key are not checked (IBTA Vol 1 C9-88): it writes nothing, and its ImmDt reaches no TAIL.
+15. IMMDT: an RDMA WRITE_WITH_IMMEDIATE (ONLY, or the LAST of a message) into the instruction
+    ring whose ImmDt, the ring's new TAIL, is not an index of the ring (>= ``imem_depth``): the
+    whole packet is dropped (its payload too), where the TAIL register would otherwise take
+    ImmDt's low bits.
+16. LENGTH (payload: UDP payload - BTH - RETH - ImmDt - pad - ICRC; PMTU: the QP's PMTU
+    register, 1024 bytes from reset): a payload over the PMTU; a FIRST or MIDDLE not of exactly
+    a PMTU; an empty LAST; a WRITE whose payloads do not add up to its DMALen (an ONLY's
+    payload is its DMALen; a FIRST's is less; a MIDDLE's leaves some; a LAST's is what was
+    left); a SEND message over the QP's RESPONSE_BYTES (64 from reset). Of a SEND longer than
+    the mailbox (CUDA-Q's GPU bridge SENDs 24 + its payload size whatever ``result_len`` says)
+    the first MAILBOX_BYTES are committed, and the MAILBOX_COMMIT carries that count.
+17. OVERFLOW: the frame did not fit the receive buffer, or the descriptor / control request queue
     is full, or a block's pairs after its first did not fit the pair ring (only frames that
     pass every other check count here).
 
-PSN (UC): the ONLY opcodes are accepted whatever their PSN and resynchronise the expected PSN
-(``epsn``); a PSN other than the expected one counts PSN_GAP and the packet is kept. DROP_PSN
-belongs to FIRST/MIDDLE/LAST, which are not handled yet: the seam is the per-QP ``epsn`` state and
-the per-opcode decode in :func:`_opcode_info`.
+PSN and messages (UC, IBTA Vol 1 9.8.3; rxe ``check_psn``, ``check_op_seq``): a FIRST or ONLY is
+accepted whatever its PSN and resynchronises the expected PSN (``epsn``; a PSN other than the
+expected one counts PSN_GAP and the packet is kept); a FIRST opens a message, and abandons one
+left open (its bytes already written stay). MIDDLE and LAST must follow in sequence (check 10).
+A packet of the QP (it passed checks 1-9) that is not taken, for any reason, overflow included,
+closes the QP's open message: the rest of it is dropped (DROP_PSN) up to the next FIRST or ONLY.
+Every packet taken moves ``epsn`` to its PSN + 1 (24 bits, wrapping). A write of the QP's
+HOST_QPN (a host configuring it) closes its message and sets ``epsn`` to 0.
 
 Accepted RDMA WRITEs and SENDs go to the descriptor queue of the :class:`CommitEngine`, which
 reads the payload back from the buffer, realigns it to the destination and emits
-``BusCommand`` WRITEs; a WRITE_WITH_IMMEDIATE into a PPU's instruction region ends with a WRITE of
-ImmDt to that PPU's TAIL register (into other regions ImmDt is ignored); a SEND ends with a
-MAILBOX_COMMIT. Nothing of a packet reaches the bus before its ICRC checked good (commit rule).
+``BusCommand`` WRITEs: a WRITE ONLY or FIRST lands at its VA, a MIDDLE or LAST behind the bytes
+before it. A WRITE_WITH_IMMEDIATE (ONLY or LAST) into a PPU's instruction region ends with a
+WRITE of ImmDt to that PPU's TAIL register (into other regions ImmDt is ignored). A SEND ONLY or
+FIRST lands its first MAILBOX_BYTES in the mailbox (a FIRST carries a PMTU, more than that), a
+MIDDLE lands nothing, a SEND ONLY or LAST ends with a MAILBOX_COMMIT; a SEND's ImmDt is not
+delivered (the mailbox has no place for it). Nothing of a packet reaches the bus before its ICRC
+checked good (commit rule).
 Accepted control-plane requests go to ``ctrl_req``; a block's pairs after its first to the pair
 ring (``pairs``), written from beat 7 on as the frame arrives and committed at the decision.
 
@@ -101,7 +118,7 @@ from ...wire.ethernet import ETHERNET, EtherType
 from ...wire.header import Header
 from ...wire.icmp import ICMP_ECHO, IcmpType
 from ...wire.ipv4 import IPV4, IpProtocol
-from ...wire.roce import BTH, ICRC_BYTES, IMMDT, RETH, Opcode
+from ...wire.roce import BTH, ICRC_BYTES, IMMDT, PATH_MTU_BYTES, RETH, Opcode
 from ...wire.udp import CONTROL_PORT, ROCEV2_PORT, UDP
 from .. import bram
 from ..bus import BusCommand, BusOp
@@ -149,6 +166,12 @@ REPLY_LATENCY_CYCLES = 4
 #: Bytes of the longest frame (FCS stripped) whose echo request is answered: the responder's
 #: buffer holds one such frame (a standard 1500-byte MTU's).
 ECHO_MAX_FRAME_BYTES = 1514
+
+#: A QP's open message (see the receiver's ``msg_*`` state), as the decision writes it.
+#: ``left``: bytes, at most a region's length (within a PPU window) or RESPONSE_BYTES (13 bits).
+_LEFT_BITS = max(PPU_STRIDE.bit_length(), 13)
+_MSG_LAYOUT = data.StructLayout({"open": 1, "send": 1, "imem": 1, "addr": 32,
+                                 "left": _LEFT_BITS})
 
 #: Cycles from a frame's last beat to its first bus command (commit engine idle, bus ready):
 #: decision 3 (header checks 2, the decision 1), descriptor queue 1, commit engine 4.
@@ -465,16 +488,25 @@ class CommitEngine(wiring.Component):
 
 
 def _opcode_info(opcode) -> dict:
-    """Decode of the BTH opcodes handled (the seam for FIRST/MIDDLE/LAST): which are supported,
-    which carry a RETH / an ImmDt, which are SENDs."""
-    write = opcode == Opcode.RDMA_WRITE_ONLY
-    write_imm = opcode == Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE
-    send = opcode == Opcode.SEND_ONLY
+    """Decode of the BTH opcode (IBTA Vol 1 table 38, UC 0x20-0x2B): ``supported`` (a UC SEND or
+    RDMA WRITE), ``has_reth``, ``has_immdt``, ``send``, ``start`` (FIRST or ONLY: a message
+    begins), ``end`` (LAST or ONLY: it ends)."""
+    def one_of(*codes: Opcode) -> Value:
+        return Cat(*(opcode == code for code in codes)).any()
+
+    first = one_of(Opcode.SEND_FIRST, Opcode.RDMA_WRITE_FIRST)
+    middle = one_of(Opcode.SEND_MIDDLE, Opcode.RDMA_WRITE_MIDDLE)
+    last = one_of(Opcode.SEND_LAST, Opcode.SEND_LAST_WITH_IMMEDIATE, Opcode.RDMA_WRITE_LAST,
+                  Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE)
+    only = one_of(Opcode.SEND_ONLY, Opcode.SEND_ONLY_WITH_IMMEDIATE, Opcode.RDMA_WRITE_ONLY,
+                  Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE)
     return {
-        "supported": write | write_imm | send,
-        "has_reth": write | write_imm,
-        "has_immdt": write_imm,
-        "send": send,
+        "supported": first | middle | last | only,
+        "has_reth": one_of(*(code for code in Opcode if code.has_reth)),
+        "has_immdt": one_of(*(code for code in Opcode if code.has_immdt)),
+        "send": (opcode >= Opcode.SEND_FIRST) & (opcode <= Opcode.SEND_ONLY_WITH_IMMEDIATE),
+        "start": first | only,
+        "end": last | only,
     }
 
 
@@ -489,6 +521,8 @@ class RoCEReceiver(wiring.Component):
     buffer_bytes : int
         Receive buffer size in bytes (a power of two, at least 2 KiB): a ring of 64-bit words.
         Whole frames are stored; frames that do not fit the free space are dropped (OVERFLOW).
+        The default, 16 KiB, holds two frames of the largest PMTU (4096 bytes: a 4154-byte
+        frame) and more.
     desc_depth : int
         Accepted packets that may wait for the commit engine.
     ctrl_depth : int
@@ -501,7 +535,7 @@ class RoCEReceiver(wiring.Component):
     config : In(NetConfig)
         QSC MAC and IP, P_Key, RX_ENABLE.
     qp : In(ArrayLayout(QPContext, num_ppus))
-        R_Keys of each PPU's regions.
+        Each PPU's QP: its QSC_QPN, R_Keys of its regions, RESPONSE_BYTES, path MTU.
     bus_cmd : Out(stream.Signature(BusCommand))
         The commands of accepted packets, one packet at a time (see :class:`CommitEngine`).
     busy : Out(1)
@@ -516,8 +550,8 @@ class RoCEReceiver(wiring.Component):
         Next PSN expected on each PPU's QP (RX_EPSN), updated 1 cycle after an accepted
         packet's decision.
     qp_reset : In(num_ppus)
-        Bit ``n`` restarts PPU ``n``'s QP (a host configured it): its ``epsn`` returns to 0,
-        over an update in the same cycle.
+        Bit ``n`` restarts PPU ``n``'s QP (a host configured it): its ``epsn`` returns to 0 and
+        its open message closes, over an update in the same cycle.
     count : Out(NUM_COUNTERS)
         Counter increment strobes (RX_FRAMES, RX_ROCE_ACCEPTED, RX_RPC_RESPONSES, PSN_GAP,
         RX_ARP_REQUESTS, RX_ECHO_REQUESTS and the DROP_* counters), at most one frame decided
@@ -533,7 +567,7 @@ class RoCEReceiver(wiring.Component):
     arrive back to back (one decision per cycle at most).
     """
 
-    def __init__(self, params: QSCParams, *, buffer_bytes: int = 4096, desc_depth: int = 8,
+    def __init__(self, params: QSCParams, *, buffer_bytes: int = 16384, desc_depth: int = 8,
                  ctrl_depth: int = 4):
         if buffer_bytes < 2048 or buffer_bytes & (buffer_bytes - 1):
             raise ValueError(f"buffer_bytes must be a power of two of at least 2048, "
@@ -675,7 +709,9 @@ class RoCEReceiver(wiring.Component):
         udp = UDP.view(hbytes(_UDP_AT, UDP))
         bth = BTH.view(hbytes(_L4_AT, BTH))
         reth = RETH.view(hbytes(_RETH_AT, RETH))
+        # ImmDt follows the RETH (ONLY_WITH_IMMEDIATE) or the BTH (LAST_WITH_IMMEDIATE)
         immdt = IMMDT.view(hbytes(_IMM_AT, IMMDT))
+        immdt_no_reth = IMMDT.view(hbytes(_RETH_AT, IMMDT))
         ctl = CONTROL_REQUEST.view(hbytes(_L4_AT, CONTROL_REQUEST))
 
         # IPv4 header sum (RFC 1071) in parts while the header streams in: words 1-4 are beat 2,
@@ -920,10 +956,23 @@ class RoCEReceiver(wiring.Component):
                                 Mux(op_now["has_reth"], RETH.length_bytes, 0) +
                                 Mux(op_now["has_immdt"], IMMDT.length_bytes, 0) +
                                 bth["pad_cnt"])
+        # The open message of each QP (UC, IBTA Vol 1 9.8.3): whether one is open, its kind
+        # (SEND or WRITE), whether a WRITE goes to the instruction ring, the bus address of its
+        # next byte, the bytes it may still bring (a WRITE's DMALen left, a SEND's
+        # RESPONSE_BYTES left: a FIRST's range check covered the whole DMALen). Written a cycle
+        # after a decision, like ``epsn``; read at c1, a frame later.
+        msg_open = Signal(num_ppus)
+        msg_send = Signal(num_ppus)
+        msg_imem = Signal(num_ppus)
+        msg_addr = Array(Signal(32, name=f"msg_addr_{n}") for n in range(num_ppus))
+        msg_left = Array(Signal(_LEFT_BITS, name=f"msg_left_{n}") for n in range(num_ppus))
         mailbox_addr = Signal(32)
         m.d.comb += mailbox_addr.eq(PPU_BASE + MAILBOX_OFFSET + (ppu_now << win_bits))
+        # A SEND's bytes go to the mailbox, a WRITE's to its VA (ONLY, FIRST) or behind the
+        # message's bytes so far (MIDDLE, LAST).
         dst_addr = Signal(32)
-        m.d.comb += dst_addr.eq(Mux(op["has_reth"], va[:32], mailbox_addr))
+        m.d.comb += dst_addr.eq(Mux(op["has_reth"], va[:32],
+                                    Mux(op["send"], mailbox_addr, msg_addr[ppu_now])))
         qpc_now = self.qp[ppu_now]
 
         c1_layout = data.StructLayout({
@@ -952,6 +1001,14 @@ class RoCEReceiver(wiring.Component):
             "has_reth": 1,
             "has_immdt": 1,
             "send": 1,
+            "start": 1,                       # FIRST or ONLY
+            "end": 1,                         # LAST or ONLY
+            "pmtu": 13,                       # the QP's path MTU in bytes
+            "room": 32,                       # bytes the message may bring (see below)
+            "dma_zero": 1,                    # DMALen is 0 (IBTA C9-88)
+            "msg_open": 1,                    # the QP's message state
+            "msg_send": 1,
+            "msg_imem": 1,
             "ppu": n_bits,
             "psn": 24,
             "payload_bytes": 17,              # udp_len - overhead; bit 16: the header is short
@@ -1007,6 +1064,8 @@ class RoCEReceiver(wiring.Component):
         ctl_block = Signal()
         m.d.comb += ctl_block.eq((ctl["cmd"] == Command.WR_BLOCK) |
                                  (ctl["cmd"] == Command.RD_BLOCK))
+        imm_now = Signal(32)
+        m.d.comb += imm_now.eq(Mux(op["has_reth"], immdt["imm"], immdt_no_reth["imm"]))
         block_pairs = Signal(8)
         m.d.comb += block_pairs.eq((udp_len - _BLOCK_FIXED_UDP) >> 3)
         m.d.sync += [
@@ -1051,6 +1110,18 @@ class RoCEReceiver(wiring.Component):
             c1.has_reth.eq(op["has_reth"]),
             c1.has_immdt.eq(op["has_immdt"]),
             c1.send.eq(op["send"]),
+            c1.start.eq(op["start"]),
+            c1.end.eq(op["end"]),
+            c1.pmtu.eq(qpc_now.pmtu_bytes),
+            # A WRITE ONLY or FIRST may bring its DMALen, a SEND ONLY or FIRST the QP's
+            # RESPONSE_BYTES, a MIDDLE or LAST what its message has left.
+            c1.room.eq(Mux(op["has_reth"], reth["dma_len"],
+                           Mux(op["send"] & op["start"], qpc_now.response_bytes,
+                               msg_left[ppu_now]))),
+            c1.dma_zero.eq(reth["dma_len"] == 0),
+            c1.msg_open.eq(msg_open.bit_select(ppu_now, 1)),
+            c1.msg_send.eq(msg_send.bit_select(ppu_now, 1)),
+            c1.msg_imem.eq(msg_imem.bit_select(ppu_now, 1)),
             c1.ppu.eq(ppu_now),
             c1.psn.eq(bth["psn"]),
             c1.payload_bytes.eq(udp_len - overhead),
@@ -1064,8 +1135,8 @@ class RoCEReceiver(wiring.Component):
             c1.dst_addr.eq(dst_addr),
             c1.dst_lo_p7.eq(dst_addr[:3] + 7),
             c1.src_delta.eq(_RETH_AT + ext_bytes - dst_addr[:3]),
-            c1.imm.eq(immdt["imm"]),
-            c1.imm_fail.eq(immdt["imm"][exact_log2(params.imem_depth):] != 0),
+            c1.imm.eq(imm_now),
+            c1.imm_fail.eq(imm_now[exact_log2(params.imem_depth):] != 0),
             c1.beats.eq(f_beats),
             c1.ctrl.src_mac.eq(eth["src"]),
             c1.ctrl.src_ip.eq(ip["src"]),
@@ -1113,18 +1184,41 @@ class RoCEReceiver(wiring.Component):
         ]
         payload_bytes = c1.payload_bytes[:16]
         hdrlen_fail = c1.payload_bytes[16]
+        # Lengths (rxe ``check_length``, IBTA Vol 1 9.7.6): at most a PMTU per packet, exactly
+        # one for FIRST and MIDDLE, at least a byte for LAST; a WRITE's payloads add up to its
+        # DMALen, a SEND's to at most RESPONSE_BYTES (``room``: what is left before the packet).
         len_fail = Signal()
-        m.d.comb += len_fail.eq(Mux(c1.has_reth, c1.dma_len != payload_bytes,
-                                    payload_bytes > c1.response_bytes))
-        # The bytes committed: a WRITE's payload; of a SEND, the first MAILBOX_BYTES (a longer
-        # SEND, up to the QP's RESPONSE_BYTES, carries a response in its first bytes).
+        m.d.comb += len_fail.eq(
+            (payload_bytes > c1.pmtu) | (~c1.end & (payload_bytes != c1.pmtu)) |
+            (~c1.start & (payload_bytes == 0)) |
+            Mux(~c1.end, payload_bytes >= c1.room,
+                Mux(c1.send, payload_bytes > c1.room, payload_bytes != c1.room)))
+        # A MIDDLE or LAST with no message of its kind open on the QP, or out of sequence
+        # (rxe's UC ``check_psn`` and ``check_op_seq``): DROP_PSN.
+        epsn = self.epsn
+        psn_fail = Signal()
+        m.d.comb += psn_fail.eq(~c1.start & (~c1.msg_open | (c1.msg_send != c1.send) |
+                                             (c1.psn != epsn[c1.ppu])))
+        # The bytes committed: a WRITE's payload; of a SEND ONLY or FIRST, the first
+        # MAILBOX_BYTES (a longer SEND, up to the QP's RESPONSE_BYTES, carries a response in its
+        # first bytes); of a SEND MIDDLE or LAST, none (a FIRST brought a PMTU, more than that).
+        assert MAILBOX_BYTES < min(PATH_MTU_BYTES.values())
         commit_bytes = Signal(16)
-        m.d.comb += commit_bytes.eq(Mux(c1.send_long, MAILBOX_BYTES, payload_bytes))
+        m.d.comb += commit_bytes.eq(Mux(c1.send, Mux(c1.start, Mux(c1.send_long, MAILBOX_BYTES,
+                                                                    payload_bytes), 0),
+                                        payload_bytes))
         icrc_fail = Signal()
         m.d.comb += icrc_fail.eq(crc_now != icrc_rx)
 
         roce = c1.is_roce
-        write = c1.has_reth
+        # The VA and R_Key checks of an ONLY or FIRST WRITE, but not of a zero-length one (IBTA
+        # Vol 1 C9-88: it writes nothing and its ImmDt reaches no TAIL)
+        write = c1.has_reth & ~c1.dma_zero
+        # A WRITE_WITH_IMMEDIATE that ends a message in the instruction ring: its ImmDt is the
+        # new TAIL
+        imm_tail = Signal()
+        m.d.comb += imm_tail.eq(c1.has_immdt & c1.end & ~c1.send &
+                                Mux(c1.start, write & is_imem, c1.msg_imem))
         udp_sum_fail = Signal()
         m.d.comb += udp_sum_fail.eq(c1.udp_sum_on & l4_sum_bad)
         # (fail, reason, early): the checks in rank order. The early ones are single bits of
@@ -1144,11 +1238,12 @@ class RoCEReceiver(wiring.Component):
             (roce & c1.pkey_fail, DropReason.PKEY, True),
             (roce & c1.qpn_fail, DropReason.QPN, True),
             (roce & c1.peer_fail, DropReason.PEER, True),
+            (roce & psn_fail, DropReason.PSN, False),
             (roce & hdrlen_fail, DropReason.LENGTH, True),
             (roce & write & (c1.va_fail | ~region_hit), DropReason.VA, False),
             (roce & write & rkey_fail, DropReason.RKEY, False),
             (roce & write & range_fail, DropReason.VA, False),
-            (roce & c1.has_immdt & is_imem & c1.imm_fail, DropReason.IMMDT, False),
+            (roce & imm_tail & c1.imm_fail, DropReason.IMMDT, False),
             (roce & len_fail, DropReason.LENGTH, False),
         ]
         checks = [(cond, why) for cond, why, _ in ranked]
@@ -1166,7 +1261,8 @@ class RoCEReceiver(wiring.Component):
                 trailer.op.eq(BusOp.MAILBOX_COMMIT),
                 trailer.word_addr.eq(c1.dst_addr[3:]),
                 trailer.be.eq(0),
-                trailer.data.eq(commit_bytes),
+                # a SEND LAST: the FIRST's MAILBOX_BYTES
+                trailer.data.eq(Mux(c1.start, commit_bytes, MAILBOX_BYTES)),
             ]
         with m.Else():
             m.d.comb += [
@@ -1186,6 +1282,8 @@ class RoCEReceiver(wiring.Component):
             "arp": 1,
             "icmp": 1,
             "send": 1,
+            "end": 1,
+            "msg": _MSG_LAYOUT,               # the QP's message state if the packet is taken
             "ppu": n_bits,
             "psn": 24,
             "psn_next": 24,
@@ -1199,7 +1297,6 @@ class RoCEReceiver(wiring.Component):
         s2 = Signal(s2_layout)
         nwords = Signal(ptr_bits + 1)
         m.d.comb += nwords.eq(Mux(commit_bytes == 0, 0, (commit_bytes + c1.dst_lo_p7) >> 3))
-        epsn = self.epsn
         m.d.sync += [
             s2.valid.eq(c1.valid),
             s2.fail.eq(Cat(*(cond for cond, _ in checks))),
@@ -1210,6 +1307,12 @@ class RoCEReceiver(wiring.Component):
             s2.arp.eq(c1.is_arp),
             s2.icmp.eq(c1.is_icmp),
             s2.send.eq(c1.send),
+            s2.end.eq(c1.end),
+            s2.msg.open.eq(~c1.end),
+            s2.msg.send.eq(c1.send),
+            s2.msg.imem.eq(Mux(c1.start, is_imem, c1.msg_imem)),
+            s2.msg.addr.eq(c1.dst_addr + payload_bytes),
+            s2.msg.left.eq(c1.room - payload_bytes),
             s2.ppu.eq(c1.ppu),
             s2.psn.eq(c1.psn),
             s2.psn_next.eq(c1.psn + 1),
@@ -1223,7 +1326,7 @@ class RoCEReceiver(wiring.Component):
             s2.desc.dst_word.eq(c1.dst_addr[3:]),
             s2.desc.first_be.eq(first_be_table[c1.dst_addr[:3]]),
             s2.desc.last_be.eq(last_be_table[(c1.dst_addr[:3] + commit_bytes - 1)[:3]]),
-            s2.desc.has_trailer.eq(c1.send | (c1.has_immdt & is_imem)),
+            s2.desc.has_trailer.eq((c1.send & c1.end) | imm_tail),
             s2.desc.trailer.eq(trailer),
             s2.ctrl.eq(c1.ctrl),
             s2.pairs_short.eq(c1.pairs_short),
@@ -1261,11 +1364,26 @@ class RoCEReceiver(wiring.Component):
         epsn_we = Signal(num_ppus)
         epsn_next = Signal(24)
         m.d.sync += [epsn_we.eq(Mux(roce_write, 1 << s2.ppu, 0)), epsn_next.eq(s2.psn_next)]
+        # The message state likewise, for a packet of the QP (it passed the checks up to PEER):
+        # taken, the packet opens, advances or closes its message; dropped (overflow included),
+        # it closes it (IBTA Vol 1 9.8.3: the rest of the message is dropped up to a FIRST or
+        # ONLY).
+        peer_rank = next(i for i, (_, why) in enumerate(checks) if why is DropReason.PEER)
+        owned = Signal()
+        m.d.comb += owned.eq(s2.valid & s2.roce & ~s2.fail[:peer_rank + 1].any())
+        msg_we = Signal(num_ppus)
+        msg_next = Signal(_MSG_LAYOUT)
+        m.d.sync += [msg_we.eq(Mux(owned, 1 << s2.ppu, 0)), msg_next.eq(s2.msg),
+                     msg_next.open.eq(roce_write & s2.msg.open)]
         for n in range(num_ppus):
             with m.If(epsn_we[n]):
                 m.d.sync += epsn[n].eq(epsn_next)
+            with m.If(msg_we[n]):
+                m.d.sync += [msg_open[n].eq(msg_next.open), msg_send[n].eq(msg_next.send),
+                             msg_imem[n].eq(msg_next.imem), msg_addr[n].eq(msg_next.addr),
+                             msg_left[n].eq(msg_next.left)]
             with m.If(self.qp_reset[n]):
-                m.d.sync += epsn[n].eq(0)
+                m.d.sync += [epsn[n].eq(0), msg_open[n].eq(0)]
         # A control request is written in the cycle after the decision, from registers: the
         # queue's level logic sits between this stage and the control plane, and no path joins
         # the two through it. ``w_rdy`` read at the decision still holds a cycle later (only a
@@ -1298,7 +1416,7 @@ class RoCEReceiver(wiring.Component):
             count_next[COUNTER_INDEX["RX_FRAMES"]].eq(s2.valid),
             count_next[COUNTER_INDEX["DROP_OVERFLOW"]].eq(s2.valid & ~dropped & overflow),
             count_next[COUNTER_INDEX["RX_ROCE_ACCEPTED"]].eq(accept),
-            count_next[COUNTER_INDEX["RX_RPC_RESPONSES"]].eq(accept & s2.send),
+            count_next[COUNTER_INDEX["RX_RPC_RESPONSES"]].eq(accept & s2.send & s2.end),
             count_next[COUNTER_INDEX["PSN_GAP"]].eq(accept & s2.psn_gap),
             count_next[COUNTER_INDEX["RX_ARP_REQUESTS"]].eq(s2.valid & s2.arp & ~dropped),
             count_next[COUNTER_INDEX["RX_ECHO_REQUESTS"]].eq(s2.valid & s2.icmp & ~dropped),

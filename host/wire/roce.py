@@ -13,7 +13,8 @@ from amaranth.lib import enum
 from .header import Header
 
 __all__ = [
-    "BTH", "RETH", "IMMDT", "Opcode", "DEFAULT_P_KEY", "ICRC_BYTES",
+    "BTH", "RETH", "IMMDT", "Opcode", "DEFAULT_P_KEY", "ICRC_BYTES", "PATH_MTU_BYTES",
+    "path_mtu_code",
     "icrc", "icrc_masked_bytes", "slot_immediate", "split_slot_immediate",
 ]
 
@@ -36,6 +37,22 @@ IMMDT = Header("ImmDt", [("imm", 32)], ref="IBTA Vol 1 9.3.4")
 DEFAULT_P_KEY = 0xFFFF
 #: Invariant CRC length, appended after the payload and pad bytes.
 ICRC_BYTES = 4
+
+
+#: Path MTU codes (IBTA Vol 1's MTU encoding, as in a PathRecord's MTU field; ibverbs'
+#: ``enum ibv_mtu``) -> payload bytes per packet.
+PATH_MTU_BYTES: dict[int, int] = {1: 256, 2: 512, 3: 1024, 4: 2048, 5: 4096}
+
+
+def path_mtu_code(pmtu_bytes: int) -> int:
+    """The PathMTU code of a path MTU of ``pmtu_bytes`` (256, 512, 1024, 2048 or 4096).
+
+    Raises ValueError for any other size."""
+    for code, size in PATH_MTU_BYTES.items():
+        if size == pmtu_bytes:
+            return code
+    raise ValueError(f"a path MTU is one of {sorted(PATH_MTU_BYTES.values())} bytes, "
+                     f"not {pmtu_bytes}")
 
 
 class Opcode(enum.IntEnum, shape=8):

@@ -115,6 +115,23 @@ def test_configure_writes_the_qp_contract(ready):
     assert r[qp_reg(0, "RESPONSE_BYTES")] == 64         # the QSC's own, untouched
 
 
+@pytest.mark.parametrize(("pmtu_bytes", "code"), [(256, 1), (1024, 3), (4096, 5)])
+def test_configure_writes_the_path_mtu(make, pmtu_bytes, code):
+    """The QP's PMTU register takes the host's path MTU as its PathMTU code, so the QSC splits
+    and checks messages as the host QP does."""
+    qsc, peer, _ = make(pmtu_bytes=pmtu_bytes)
+    qsc.connect()
+    qsc.configure(0, Ring())
+    assert peer.regs[qp_reg(0, "PMTU")] == code
+    assert qsc.qp(0).pmtu_bytes == pmtu_bytes
+
+
+@pytest.mark.parametrize("pmtu_bytes", [0, 1000, 8192])
+def test_a_path_mtu_that_is_no_pmtu_is_refused(make, pmtu_bytes):
+    with pytest.raises(FieldRangeError, match="pmtu_bytes"):
+        make(pmtu_bytes=pmtu_bytes)
+
+
 def test_configure_sets_the_qsc_qpn_and_response_size_for_a_gpu_bridge(ready):
     """CUDA-Q's GPU bridge: its remote QP 0x2 (QSC_QPN, written before HOST_QPN restarts the
     QP) and SENDs of 24 + payload size bytes (RESPONSE_BYTES); the host QP sends to it."""

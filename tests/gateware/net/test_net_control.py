@@ -26,6 +26,7 @@ from openqlink.gateware.net.control import PPU_TIMEOUT_CYCLES, ControlPlane, Con
 from openqlink.gateware.net.regs import COUNTER_LAG_CYCLES, NetRegisters
 from openqlink.isa.layout import ISA_VERSION
 from openqlink.memory_map import (
+    QP_REGISTERS,
     QSCParams,
     counter_addr,
     global_reg,
@@ -220,7 +221,7 @@ def test_bad_addresses():
         0x0000_0009,                   # unaligned
         0x0000_0F00,                   # past the counters
         0x0000_1000 + 0x100 * 2,       # QP context of a third PPU (2 PPUs built)
-        0x0000_1034,                   # past QP 0's registers
+        qp_reg(0, QP_REGISTERS[-1].name) + 4,     # past QP 0's registers
         ppu_base(2),                   # window of a third PPU
         0x0F00_0000,
         0xFFFF_FFFC,

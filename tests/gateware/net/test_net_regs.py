@@ -387,7 +387,8 @@ def test_reset_clears_the_counters():
 
 def test_unmapped_addresses_miss():
     async def tb(ctx, dut):
-        for addr in (0x00C, 0x03C, 0x0F0, 0x100 + 4 * len(COUNTERS), 0x1000 + 0x34,
+        past_qp0 = qp_reg(0, QP_REGISTERS[-1].name) + 4
+        for addr in (0x00C, 0x03C, 0x0F0, 0x100 + 4 * len(COUNTERS), past_qp0,
                      0x1000 + 0x100 * 3, 0x2000, 0x1000_0000, 0xFFFF_FFFC):
             assert await read(ctx, dut, addr) == (0, 0), hex(addr)
 

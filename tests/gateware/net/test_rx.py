@@ -183,9 +183,16 @@ def test_write_with_immediate_commits_tail():
     assert nonzero(counters) == {"RX_FRAMES": 1, "RX_ROCE_ACCEPTED": 1}
 
 
-def test_zero_length_write_with_immediate_commits_tail_only():
-    cmds, _, _, _ = run_rx([write_frame(IMEM0 + 0x100, b"", IMEM_RKEY, imm=0x10)])
-    assert cmds == [tail_write(ppu_reg(0, "TAIL"), 0x10)]
+@pytest.mark.parametrize("va,r_key", [(IMEM0 + 0x100, IMEM_RKEY), (IMEM0 + 0x100, 0xBAD),
+                                       (0xDEAD_BEEF_0000_0003, 0)])
+@pytest.mark.parametrize("imm", [None, 0x10])
+def test_a_zero_length_write_is_taken_unchecked_and_writes_nothing(va, r_key, imm):
+    """IBTA Vol 1 C9-88: a zero-length RDMA WRITE's VA and R_Key are not checked. It moves the
+    PSN and lands nothing; its ImmDt reaches no TAIL (without the check no region is known)."""
+    cmds, _, counters, epsn = run_rx([write_frame(va, b"", r_key, imm=imm, psn=7)])
+    assert cmds == []
+    assert nonzero(counters) == {"RX_FRAMES": 1, "RX_ROCE_ACCEPTED": 1, "PSN_GAP": 1}
+    assert epsn == [8]
 
 
 def test_write_with_immediate_elsewhere_ignores_immediate():
@@ -441,9 +448,15 @@ DROPS = {
     "udp_length": (_w(udp={"length": 8 + 12 + 16 + 16}), "DROP_UDP"),
     "icrc": (_w(bad_icrc=True), "DROP_ICRC"),
     "opcode_rc": (_w(opcode=0x0A), "DROP_OPCODE"),
-    "opcode_write_first": (_w(opcode=Opcode.RDMA_WRITE_FIRST), "DROP_OPCODE"),
-    "opcode_send_imm": (roce_frame(Opcode.SEND_ONLY_WITH_IMMEDIATE, imm=1, payload=D16),
-                        "DROP_OPCODE"),
+    "opcode_ud_send": (_w(opcode=0x64), "DROP_OPCODE"),
+    "opcode_below_uc": (_w(opcode=0x1F), "DROP_OPCODE"),
+    "opcode_above_uc": (_w(opcode=0x2C), "DROP_OPCODE"),
+    "opcode_send_imm": (roce_frame(Opcode.SEND_ONLY_WITH_IMMEDIATE, imm=1, payload=D16), None),
+    # a FIRST carries exactly a PMTU (1024 from reset)
+    "first_not_a_pmtu": (_w(opcode=Opcode.RDMA_WRITE_FIRST, dma_len=4096), "DROP_LENGTH"),
+    "middle_alone": (roce_frame(Opcode.RDMA_WRITE_MIDDLE, payload=bytes(1024)), "DROP_PSN"),
+    "last_alone": (roce_frame(Opcode.SEND_LAST, payload=D16), "DROP_PSN"),
+    "only_over_the_pmtu": (write_frame(GOOD_VA, bytes(1028), IMEM_RKEY), "DROP_LENGTH"),
     "tver": (_w(bth={"tver": 1}), "DROP_OPCODE"),
     "pkey": (_w(bth={"p_key": 0x8001}), "DROP_PKEY"),
     "pkey_limited": (_w(bth={"p_key": 0x7FFF}), None),  # accepted: we are a full member
@@ -464,8 +477,9 @@ DROPS = {
     "immdt_not_a_tail": (write_frame(GOOD_VA, D16, IMEM_RKEY, imm=PARAMS.imem_depth),
                          "DROP_IMMDT"),
     "immdt_high_bit": (write_frame(GOOD_VA, D16, IMEM_RKEY, imm=1 << 31), "DROP_IMMDT"),
+    # IBTA C9-88: nothing of a zero-length WRITE is checked or delivered, its ImmDt included
     "immdt_zero_length": (write_frame(GOOD_VA, b"", IMEM_RKEY, imm=PARAMS.imem_depth + 3),
-                          "DROP_IMMDT"),
+                          None),
     "immdt_last_tail": (write_frame(GOOD_VA, D16, IMEM_RKEY, imm=PARAMS.imem_depth - 1), None),
     "immdt_elsewhere": (write_frame(ENV0 + 8, D16, ENV_RKEY, imm=0xFFFF_FFFF), None),
     "immdt_bad_rkey_first": (write_frame(GOOD_VA, D16, IMEM_RKEY ^ 1, imm=1 << 20), "DROP_RKEY"),
@@ -705,7 +719,8 @@ def test_buffer_overflow_drops_and_recovers():
     big = payload_bytes(1000)
     frames = [write_frame(IMEM0 + 0x1000 * i, big, IMEM_RKEY) for i in range(4)]
     # 4 KiB buffer: three 1070-byte frames fit, the fourth does not while the bus is stalled.
-    h_cmds, _, counters, _ = run_rx(frames, ready=lambda c: c > 700, settle=900)
+    h_cmds, _, counters, _ = run_rx(frames, ready=lambda c: c > 700, settle=900,
+                                    buffer_bytes=4096)
     assert counters["DROP_OVERFLOW"] == 1
     assert counters["RX_ROCE_ACCEPTED"] == 3
     exp = []
