@@ -6,6 +6,10 @@ The receiver (``gateware/net/rx.py``) with its register block, configured as a h
 gives them: 8 bytes a cycle, ``LINE_RATE_GAP_CYCLES`` (3) idle cycles between frames; the bus
 is always ready. It prints, per WRITE size:
 
+A WRITE longer than the path MTU (``--pmtu``, 1024 bytes by default, written to the QP's PMTU
+register) is a UC message of FIRST, MIDDLE... and LAST packets, as the host package's
+``UCQueuePair.write_frames`` sends it. Per WRITE size:
+
 * latency: cycles (rti) from the cycle of a frame's last beat to its first bus command;
 * beat efficiency: of the bus cycles from a packet's first command to its last, the fraction
   that carry one of its payload words, over all packets (1.00: no bubble inside a packet);
@@ -14,7 +18,8 @@ is always ready. It prints, per WRITE size:
   (frame beats + gap), the most the wire delivers): at or above it, the commit engine keeps up
   with the MAC.
 
-Usage: python benchmarks/rx_commit.py [--sizes 64 256 1024] [--count 16] [--json OUT]
+Usage: python benchmarks/rx_commit.py [--sizes 64 256 1024 4096] [--pmtu 1024] [--count 12]
+[--json OUT]
 """
 
 from __future__ import annotations
@@ -32,10 +37,10 @@ from openqlink.gateware.bus import BusOp
 from openqlink.gateware.net.regs import READ_LATENCY_CYCLES, NetRegisters
 from openqlink.gateware.net.rx import RoCEReceiver
 from openqlink.memory_map import IMEM_OFFSET, QSCParams, global_reg, ppu_base, qp_reg
+from openqlink.roce import UCQueuePair
 from openqlink.sim.runner import LINE_RATE_GAP_CYCLES
 from openqlink.wire.ipv4 import ip_to_int
-from openqlink.wire.packet import build_roce_frame
-from openqlink.wire.roce import Opcode
+from openqlink.wire.roce import path_mtu_code
 
 HOST_MAC = 0x02_00_00_00_00_65
 HOST_IP = ip_to_int("192.168.0.101")
@@ -67,19 +72,21 @@ def _beats(frame: bytes) -> list[dict]:
     return out
 
 
-def measure(size_bytes: int, count: int) -> dict:
-    """Drive ``count`` WRITEs of ``size_bytes`` (a multiple of 8) back to back into PPU 0's
-    instruction ring and return the latency and efficiency figures."""
+def measure(size_bytes: int, count: int, pmtu_bytes: int = 1024) -> dict:
+    """Drive ``count`` WRITEs of ``size_bytes`` (a multiple of 8; a message of several packets
+    when longer than ``pmtu_bytes``) back to back into PPU 0's instruction ring and return the
+    latency and efficiency figures."""
     params = QSCParams()
     if size_bytes % 8 or size_bytes * count > params.imem_depth * 16:
         raise ValueError(f"{count} WRITEs of {size_bytes} bytes do not fit the ring")
     bench = _Bench(params)
     rx, regs = bench.rx, bench.regs
-    frames = [build_roce_frame(
-        dst_mac=params.mac, src_mac=HOST_MAC, src_ip=HOST_IP, dst_ip=params.ip,
-        opcode=Opcode.RDMA_WRITE_ONLY, dest_qp=params.qpn_base, psn=k,
-        va=ppu_base(0) + IMEM_OFFSET + k * size_bytes, r_key=IMEM_RKEY,
-        payload=bytes((k + i) & 0xFF for i in range(size_bytes))) for k in range(count)]
+    qp = UCQueuePair(HOST_MAC, HOST_IP, 0x200, params.mac, params.ip, params.qpn_base,
+                     pmtu_bytes=pmtu_bytes)
+    frames = [frame for k in range(count) for frame in qp.write_frames(
+        ppu_base(0) + IMEM_OFFSET + k * size_bytes, IMEM_RKEY,
+        bytes((k + i) & 0xFF for i in range(size_bytes)))]
+    packet_bytes = min(size_bytes, pmtu_bytes)
     out: dict = {}
 
     async def write_reg(ctx, addr: int, value: int) -> None:
@@ -96,6 +103,7 @@ def measure(size_bytes: int, count: int) -> dict:
                             (global_reg("HOST_MAC_LO"), HOST_MAC & 0xFFFF_FFFF),
                             (global_reg("HOST_IP"), HOST_IP),
                             (qp_reg(0, "IMEM_RKEY"), IMEM_RKEY),
+                            (qp_reg(0, "PMTU"), path_mtu_code(pmtu_bytes)),
                             (global_reg("RX_ENABLE"), 1)):
             await write_reg(ctx, addr, value)
         ctx.set(rx.bus_cmd.ready, 1)
@@ -124,9 +132,9 @@ def measure(size_bytes: int, count: int) -> dict:
             sample()
             await ctx.tick()
             cycle += 1
-        words = size_bytes // 8
-        if len(writes) != words * count:
-            raise RuntimeError(f"{len(writes)} bus WRITEs, expected {words * count}")
+        words = packet_bytes // 8                # per packet
+        if len(writes) != size_bytes // 8 * count:
+            raise RuntimeError(f"{len(writes)} bus WRITEs, expected {size_bytes // 8 * count}")
         first_word = writes[0][1]
         packets: dict[int, list[int]] = {}
         for c, word in writes:
@@ -135,7 +143,8 @@ def measure(size_bytes: int, count: int) -> dict:
         span = writes[-1][0] - writes[0][0] + 1
         frame_beats = -(-len(frames[0]) // 8)
         out.update(
-            size_bytes=size_bytes, count=count,
+            size_bytes=size_bytes, count=count, pmtu_bytes=pmtu_bytes,
+            packets=len(frames) // count,
             latency_cycles=writes[0][0] - last_beat[0],
             efficiency=len(writes) / inside,
             occupancy=len(writes) / span,
@@ -150,18 +159,23 @@ def measure(size_bytes: int, count: int) -> dict:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024])
-    parser.add_argument("--count", type=int, default=12)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[64, 256, 1024, 4096])
+    parser.add_argument("--pmtu", type=int, default=1024, help="path MTU in bytes")
+    parser.add_argument("--count", type=int, default=12,
+                        help="WRITEs per size (fewer where the ring holds fewer)")
     parser.add_argument("--json", help="also write the rows to this JSON file")
     args = parser.parse_args()
-    rows = [measure(size, args.count) for size in args.sizes]
-    table = Table(title=f"RDMA WRITEs back to back at line rate ({args.count} per size; "
-                        "rti cycles; bus always ready)")
-    for col in ("WRITE size", "last beat -> first bus command", "beat efficiency",
-                "bus occupancy", "line-rate bound"):
+    ring_bytes = QSCParams().imem_depth * 16
+    rows = [measure(size, min(args.count, ring_bytes // size), args.pmtu)
+            for size in args.sizes]
+    table = Table(title=f"RDMA WRITEs back to back at line rate (PMTU {args.pmtu} B; rti "
+                        "cycles; bus always ready)")
+    for col in ("WRITE size", "packets", "WRITEs", "last beat -> first bus command",
+                "beat efficiency", "bus occupancy", "line-rate bound"):
         table.add_column(col, justify="right")
     for r in rows:
-        table.add_row(f"{r['size_bytes']} B", f"{r['latency_cycles']} cyc",
+        table.add_row(f"{r['size_bytes']} B", str(r["packets"]), str(r["count"]),
+                      f"{r['latency_cycles']} cyc",
                       f"{r['efficiency']:.3f}", f"{r['occupancy']:.3f}",
                       f"{r['line_rate_bound']:.3f}")
     Console().print(table)

@@ -35,6 +35,7 @@ from .build import PLACERS
 from .errors import AssemblerError, WireFormatError
 from .isa.asm import assemble, disassemble, render_isa_tables
 from .memory_map import render_markdown
+from .roce import PMTU_VALUES
 from .wire.rpc import fnv1a32
 
 __all__ = ["main"]
@@ -141,6 +142,10 @@ def _setup_options(command):
                      "ppu0_env, ppu0_regs; ppu0_ring: the host's ring); repeatable."),
         click.option("--epsn", callback=_int_option(24), metavar="PSN",
                      help="The PSN every QP expects next when the replay starts [default 0]."),
+        click.option("--pmtu", type=click.Choice([str(v) for v in PMTU_VALUES]),
+                     metavar="BYTES",
+                     help="Path MTU of every QP: " + ", ".join(map(str, PMTU_VALUES)) +
+                     " [default 1024]."),
     ]
     for option in reversed(options):
         command = option(command)
@@ -161,6 +166,8 @@ def _setup(num_ppus: int, qubits: int, samples_per_cycle: int, setup: dict):
                                  "24 bits", param_hint="'--qpn-base'")
     bench = {k: setup[k] for k in ("host_mac", "host_ip", "host_qpn", "epsn")
              if setup[k] is not None}
+    if setup["pmtu"] is not None:
+        bench["pmtu"] = int(setup["pmtu"])
     if setup["rkeys"]:
         bench["rkeys"] = setup["rkeys"]
     if "host_qpn" in bench and bench["host_qpn"] + num_ppus > 1 << 24:

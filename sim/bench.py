@@ -488,7 +488,7 @@ class TB:
         self.rings = [SlotRing(cfg["num_slots"], cfg["slot_size"]) for _ in range(self.num_run)]
         self.ring = self.rings[0]
         self.qsc = QSC(self.transport, params=self.params, host_mac=cfg["host_mac"],
-                       host_ip=cfg["host_ip"])
+                       host_ip=cfg["host_ip"], pmtu_bytes=cfg["pmtu"])
         # Results land in the PPU's 64-byte mailbox, after the 24-byte response header.
         self.dispatchers = [
             Dispatcher(tables[n], self.rings[n],

@@ -151,7 +151,7 @@ def reconnect_session(tb: TB) -> dict:
     tb._roce_in.clear()
     ring = SlotRing(tb.cfg["num_slots"], tb.cfg["slot_size"])
     new = QSC(tb.transport, params=tb.params, host_mac=tb.cfg["host_mac"],
-              host_ip=tb.cfg["host_ip"])
+              host_ip=tb.cfg["host_ip"], pmtu_bytes=tb.cfg["pmtu"])
     new.connect()
     new.configure(0, ring)
     out["psns_configured"] = psns(new)
@@ -313,7 +313,7 @@ async def inject_faults(dut):
     await tb.reset()
     tb.ring = SlotRing(cfg["num_slots"], cfg["slot_size"])
     tb.qsc = QSC(tb.transport, params=tb.params, host_mac=cfg["host_mac"],
-                 host_ip=cfg["host_ip"])
+                 host_ip=cfg["host_ip"], pmtu_bytes=cfg["pmtu"])
     closed = await bridge(closed_session)(tb)
     results = await bridge(host_session)(tb)
     results["closed"] = closed

@@ -170,7 +170,7 @@ class ReplayBench(TB):
     def replay_session(self) -> dict:
         cfg = self.cfg
         qsc = QSC(self.transport, params=self.params, host_mac=cfg["host_mac"],
-                  host_ip=cfg["host_ip"])
+                  host_ip=cfg["host_ip"], pmtu_bytes=cfg["pmtu"])
         qsc.connect()
         for qp in self.info["qps"]:
             n = qp["ppu"]

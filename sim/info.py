@@ -24,6 +24,7 @@ from ..memory_map import (
     regions,
 )
 from ..qsc import DEFAULT_PMTU_BYTES, RKeys
+from ..wire.roce import Opcode
 from ..wire.udp import CONTROL_PORT, ROCEV2_PORT
 from .runner import SimConfig
 
@@ -31,9 +32,9 @@ __all__ = ["sim_info", "region_rkeys", "WRITE_OPCODES", "SEND_OPCODES"]
 
 #: The opcodes an RDMA region takes (ImmDt of a WRITE_WITH_IMMEDIATE into the instruction
 #: ring becomes its TAIL; into other regions it is ignored).
-WRITE_OPCODES = ("RDMA_WRITE_ONLY", "RDMA_WRITE_ONLY_WITH_IMMEDIATE")
+WRITE_OPCODES = tuple(op.name for op in Opcode if op.name.startswith("RDMA_WRITE_"))
 #: The opcodes the response mailbox takes (it has no R_Key: SENDs carry none).
-SEND_OPCODES = ("SEND_ONLY",)
+SEND_OPCODES = tuple(op.name for op in Opcode if op.name.startswith("SEND_"))
 
 
 def region_rkeys(params: QSCParams, ppu: int, cfg: dict | None = None) -> RKeys:
@@ -106,7 +107,7 @@ def sim_info(params: QSCParams, num_configured: int | None = None,
         "control_port": CONTROL_PORT,
         "rocev2_port": ROCEV2_PORT,
         "pkey": p_key,
-        "pmtu": DEFAULT_PMTU_BYTES,
+        "pmtu": cfg.get("pmtu", DEFAULT_PMTU_BYTES),
         "qpn_base": params.qpn_base,
         "qps": qps,
         "regions": areas,

@@ -240,6 +240,7 @@ def SimConfig(**overrides) -> dict:
         "host_mac": "02:4e:56:51:00:01",
         "host_ip": "192.168.0.1",
         "host_qpn": 0x11,
+        "pmtu": 1024,
         "num_slots": 8,
         "slot_size": 256,
         "start_margin_cycles": 2000,
@@ -482,6 +483,7 @@ def run_inject(capture: str | Path, *, params: QSCParams | None = None, num_conf
     **bench
         Overrides of :func:`SimConfig`: ``host_mac``, ``host_ip``, ``host_qpn``, ``rkeys``
         (``{region name: R_Key}``), ``epsn`` (each QP's expected PSN before the replay),
+        ``pmtu`` (the QPs' path MTU in bytes, 1024 by default),
         ``max_run_ns`` (how long a frame may go without a verdict before the replay fails).
 
     Returns

@@ -439,7 +439,10 @@ def test_qlink_info_json_lists_each_qp_and_every_writable_region():
     assert (imem["va"], imem["length"]) == next(
         (r.va, r.length_bytes) for r in regions(QSCParams(num_ppus=3), 2) if r.name == "IMEM")
     assert {tuple(r["opcodes"]) for r in areas} == {
-        ("RDMA_WRITE_ONLY", "RDMA_WRITE_ONLY_WITH_IMMEDIATE"), ("SEND_ONLY",)}
+        ("RDMA_WRITE_FIRST", "RDMA_WRITE_MIDDLE", "RDMA_WRITE_LAST",
+         "RDMA_WRITE_LAST_WITH_IMMEDIATE", "RDMA_WRITE_ONLY", "RDMA_WRITE_ONLY_WITH_IMMEDIATE"),
+        ("SEND_FIRST", "SEND_MIDDLE", "SEND_LAST", "SEND_LAST_WITH_IMMEDIATE", "SEND_ONLY",
+         "SEND_ONLY_WITH_IMMEDIATE")}
     text = CliRunner().invoke(main, ["info"])
     assert text.exit_code == 0 and "ppu0_mailbox" in text.output and "no R_Key" in text.output
 

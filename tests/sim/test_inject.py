@@ -38,6 +38,10 @@ HOST_MAC, HOST_IP = "02:bb:00:00:00:01", "10.1.2.1"
 QPN_BASE, HOST_QPN = 0x240, 0x77
 IMEM_RKEY, ENV_RKEY = 0x1234_5678, 0x0BAD_F00D
 EPSN = 1000
+PMTU = 256
+#: Two UC WRITE messages of FIRST, MIDDLE, LAST at the PMTU into the instruction ring: the first
+#: loses its MIDDLE (the next one is out of sequence), the second lands whole.
+MESSAGE = bytes((7 * i) & 0xFF for i in range(600))
 
 
 def _capture() -> tuple[list[bytes], list[tuple[bool, str | None]]]:
@@ -73,6 +77,16 @@ def _capture() -> tuple[list[bytes], list[tuple[bool, str | None]]]:
                          src_port=50000, dst_port=CONTROL_PORT, payload=read), (True, None)),
         (arp + bytes(60 - len(arp)), (True, None)),
         (write(env_va + 64, ENV_RKEY, samples, psn=EPSN + 1), (True, None)),
+        (write(imem_va + 256, IMEM_RKEY, MESSAGE[:PMTU], opcode=Opcode.RDMA_WRITE_FIRST,
+               dma_len=len(MESSAGE), psn=EPSN + 2), (True, None)),
+        (write(None, None, MESSAGE[2 * PMTU:], opcode=Opcode.RDMA_WRITE_LAST,
+               psn=EPSN + 4), (False, "DROP_PSN")),
+        (write(imem_va + 1024, IMEM_RKEY, MESSAGE[:PMTU], opcode=Opcode.RDMA_WRITE_FIRST,
+               dma_len=len(MESSAGE), psn=EPSN + 5), (True, None)),
+        (write(None, None, MESSAGE[PMTU:2 * PMTU], opcode=Opcode.RDMA_WRITE_MIDDLE,
+               psn=EPSN + 6), (True, None)),
+        (write(None, None, MESSAGE[2 * PMTU:], opcode=Opcode.RDMA_WRITE_LAST,
+               psn=EPSN + 7), (True, None)),
     ]
     return [f for f, _ in frames], [v for _, v in frames]
 
@@ -89,7 +103,7 @@ def replay(tmp_path_factory):
             "--build-dir", str(out / "build"), "--qsc-mac", QSC_MAC, "--qsc-ip", QSC_IP,
             "--host-mac", HOST_MAC, "--host-ip", HOST_IP, "--qpn-base", hex(QPN_BASE),
             "--host-qpn", hex(HOST_QPN), "--rkey", f"ppu0_imem={IMEM_RKEY:#x}",
-            "--rkey", f"ppu0_env={ENV_RKEY}", "--epsn", str(EPSN)]
+            "--rkey", f"ppu0_env={ENV_RKEY}", "--epsn", str(EPSN), "--pmtu", str(PMTU)]
     result = CliRunner().invoke(main, args)
     assert result.exit_code == 0, result.output
     return out, frames, expected, json.loads((out / "r.json").read_text()), result.output
@@ -107,7 +121,7 @@ def test_the_counters_add_up_to_the_verdicts(replay):
     assert counted["RX_FRAMES"] == len(frames)
     for reason in {r for _, r in expected if r}:
         assert counted[reason] == sum(r == reason for _, r in expected), reason
-    assert counted["RX_ROCE_ACCEPTED"] == 2
+    assert counted["RX_ROCE_ACCEPTED"] == 6
     assert counted["RX_CONTROL"] == 1 and counted["RX_ARP_REQUESTS"] == 1
     # The bench's own configuration traffic is in the totals, not in the replay's.
     assert results["counters"]["RX_FRAMES"] > counted["RX_FRAMES"]
@@ -126,6 +140,7 @@ def test_the_overrides_configured_the_qsc(replay):
     (ctx,) = results["qp_contexts"]
     assert ctx["QSC_QPN"] == QPN_BASE and ctx["HOST_QPN"] == HOST_QPN
     assert ctx["IMEM_RKEY"] == IMEM_RKEY and ctx["RX_EPSN"] == EPSN
+    assert config["pmtu"] == PMTU and ctx["PMTU"] == 1          # IBTA's code of 256 bytes
 
 
 def test_the_dumped_regions_hold_exactly_the_accepted_writes(replay):
@@ -140,10 +155,12 @@ def test_the_dumped_regions_hold_exactly_the_accepted_writes(replay):
     imem = (dump / "ppu0_imem.bin").read_bytes()
     expect = bytearray(lengths["ppu0_imem"])
     expect[32:80] = parse_frame(frames[0]).payload
+    expect[256:256 + PMTU] = MESSAGE[:PMTU]              # the message that lost its MIDDLE
+    expect[1024:1024 + len(MESSAGE)] = MESSAGE
     assert imem == bytes(expect)
     env = (dump / "ppu0_env.bin").read_bytes()
     expect = bytearray(lengths["ppu0_env"])
-    expect[64:128] = parse_frame(frames[-1]).payload
+    expect[64:128] = parse_frame(frames[8]).payload
     assert env == bytes(expect)
 
 
