@@ -3,35 +3,45 @@
 # Ref: IEEE 802.3-2018 3.2 (Ethernet II); RFC 826 (ARP request); RFC 791 3.1 (IPv4 header),
 # RFC 1071 (one's-complement checksum), RFC 1624 3 (both zero forms of a sum); RFC 768 (UDP),
 # RFC 1122 4.1.3.4 (a non-zero UDP checksum is verified, zero means none); RFC 792 (ICMP echo);
-# IBTA Vol 1 Release 1.4 9.2 (BTH), 9.3.2 (RETH), 9.3.4 (ImmDt), 9.7.6 and 9.8.3 (UC receive,
-# PSN), 10.9.3 (P_Key), 7.8.1 (ICRC); IBTA Annex A17 (RoCEv2) A17.2.3 (UDP port 4791), A17.4.4
-# (ICRC over the IPv4/UDP/BTH headers with their variant fields masked);
-# :mod:`openqlink.memory_map` (regions, COUNTERS, the QP registers); the receive order that
-# :mod:`openqlink.gateware.net.rx` documents.
+# IBTA Vol 1 Release 1.4 9.2 (BTH, UC opcodes), 9.3.2 (RETH), 9.3.4 (ImmDt), 9.4.3 (RDMA WRITE),
+# 9.7.6 and 9.8.3 (UC receive: PSN, FIRST/MIDDLE/LAST sequences), C9-88 (a zero-length RDMA WRITE
+# checks no VA or R_Key), 10.9.3 (P_Key), 7.8.1 (ICRC); IBTA Annex A17 (RoCEv2) A17.2.3 (UDP port
+# 4791), A17.4.4 (ICRC over the IPv4/UDP/BTH headers with their variant fields masked);
+# rdma-core rxe ``check_psn`` (UC) and ``check_rkey``; :mod:`openqlink.memory_map` (regions,
+# COUNTERS, the QP registers); the receive order that :mod:`openqlink.gateware.net.rx` documents.
 
 The model is written from those documents, not from the receiver's logic. Given the
 configuration a host applied (:class:`RxConfig`: the QSC's and the peer's addresses, P_Key,
-RX_ENABLE, each QP's region R_Keys and their valid bits, QSC_QPN and RESPONSE_BYTES) and the
-expected PSN of each QP, it decides a frame (:meth:`RxModel.judge`): the first failing check of
-the documented order names the drop counter, or the frame is taken (a RoCEv2 packet, a control
-request, an ARP or echo request). For a RoCEv2 packet taken it gives the bytes to write and
-where, the TAIL write of an RDMA_WRITE_ONLY_WITH_IMMEDIATE into the instruction ring, the
-MAILBOX_COMMIT of a SEND_ONLY, and the PSN bookkeeping (:meth:`RxModel.apply` moves the
-expected PSN).
+RX_ENABLE, each QP's region R_Keys and their valid bits, QSC_QPN, RESPONSE_BYTES and PMTU) and
+the state of each QP (the expected PSN and the open message: :class:`Message`), it decides a
+frame (:meth:`RxModel.judge`): the first failing check of the documented order names the drop
+counter, or the frame is taken (a RoCEv2 packet, a control request, an ARP or echo request).
+
+Every UC opcode (IBTA Vol 1 9.2, 0x20-0x2B) is handled: SEND and RDMA WRITE, FIRST, MIDDLE,
+LAST and ONLY, with and without immediate. For a RoCEv2 packet taken the verdict gives the bytes
+to write and where (a WRITE's ONLY or FIRST at its VA, a MIDDLE or LAST where the message got
+to), the TAIL write of a WRITE ``*_WITH_IMMEDIATE`` ending a message into the instruction ring,
+the mailbox bytes of a SEND ONLY or FIRST and the MAILBOX_COMMIT of a SEND ONLY or LAST, whether
+it counts RX_RPC_RESPONSES (a SEND ending a message), and the QP's open message after it.
+:meth:`RxModel.apply` moves the state: an accepted packet sets the expected PSN to its PSN + 1
+and opens, advances or closes the message; any other packet of the QP (one that passed the
+checks up to PEER) closes the message and leaves the expected PSN. A MIDDLE or LAST with no
+open message, of the other kind (SEND, WRITE), or whose PSN is not the expected one is dropped
+(DROP_PSN, rxe's ``check_psn`` for UC); a FIRST or ONLY is taken whatever its PSN (a jump counts
+PSN_GAP) and abandons an open message. A zero-length RDMA WRITE (DMALen 0) is taken without its
+VA and R_Key checked (IBTA C9-88, as rxe): nothing is written, and no TAIL.
 
 Where the documents leave room, :attr:`Verdict.also` lists the other outcomes allowed: an echo
 request whose frame is longer than the echo buffer while its IP packet is not (or the reverse:
 "a frame longer than ECHO_MAX_FRAME_BYTES" may count Ethernet padding or not), and a control
-request longer than the whole receive buffer. Where the receiver's documented order is stricter
-than the IBTA it is followed: a zero-length RDMA WRITE is checked for VA and R_Key like any
-other (rxe skips both for a zero-length operation, after IBTA Vol 1 C9-88).
+request longer than the whole receive buffer.
 
 Outside the model: the occupancy of the receive buffer and of the queues (DROP_OVERFLOW of a
 frame that fits the buffer depends on how fast the bus and the control plane take; a caller that
-lets them stall accepts OVERFLOW in place of any packet or request the model takes; only a frame
-longer than the whole buffer is known not to fit), timing, the responder's replies,
-FIRST/MIDDLE/LAST (not handled: DROP_OPCODE), DROP_BUS, and the control plane's handling of a
-request once taken.
+lets them stall accepts OVERFLOW in place of any packet or request the model takes, and tells
+the model with :meth:`RxModel.apply_dropped`, which closes the QP's message as the receiver
+does; only a frame longer than the whole buffer is known not to fit), timing, the responder's
+replies, DROP_BUS, and the control plane's handling of a request once taken.
 """
 
 from __future__ import annotations
@@ -46,9 +56,9 @@ from ..memory_map import MAILBOX_BYTES, MAILBOX_OFFSET, QSCParams, ppu_base, ppu
 
 __all__ = [
     "ACCEPTED", "CONTROL", "ARP_REQUEST", "ECHO_REQUEST", "DROP_REASONS", "OUTCOMES",
-    "RxConfig", "Write", "Verdict", "RxModel",
+    "PMTU_RESET", "RxConfig", "Write", "Message", "Verdict", "RxModel",
     "ones_complement_sum", "ipv4_header_ok", "udp_checksum_ok", "roce_icrc", "parse_mac",
-    "parse_ip",
+    "parse_ip", "pmtu_bytes",
 ]
 
 #: Outcome of a RoCEv2 packet taken (counted RX_ROCE_ACCEPTED).
@@ -61,8 +71,8 @@ ARP_REQUEST = "RX_ARP_REQUESTS"
 ECHO_REQUEST = "RX_ECHO_REQUESTS"
 #: The drop counters a frame can be counted under (openqlink.memory_map.COUNTERS).
 DROP_REASONS = ("DROP_MAC", "DROP_ETH", "DROP_ARP", "DROP_IP", "DROP_ICMP", "DROP_UDP",
-                "DROP_ICRC", "DROP_OPCODE", "DROP_PKEY", "DROP_QPN", "DROP_PEER", "DROP_LENGTH",
-                "DROP_VA", "DROP_RKEY", "DROP_IMMDT", "DROP_OVERFLOW")
+                "DROP_ICRC", "DROP_OPCODE", "DROP_PKEY", "DROP_QPN", "DROP_PEER", "DROP_PSN",
+                "DROP_LENGTH", "DROP_VA", "DROP_RKEY", "DROP_IMMDT", "DROP_OVERFLOW")
 #: Every outcome of a frame: exactly one per frame.
 OUTCOMES = (ACCEPTED, CONTROL, ARP_REQUEST, ECHO_REQUEST) + DROP_REASONS
 
@@ -91,14 +101,35 @@ _BLOCK_HEADER = 6
 _BLOCK_MAX_PAIRS = 183          # the Holoscan Sensor Bridge host's 1472-byte control packet
 _BLOCK_MAX_BODY = _BLOCK_HEADER + 8 * _BLOCK_MAX_PAIRS
 _ICMP_ECHO_REQUEST = 8
-# UC opcodes (IBTA Vol 1 9.2.1 table 38, transport UC = 0b001) that the receiver handles.
-_SEND_ONLY = 0x24
-_RDMA_WRITE_ONLY = 0x2A
-_RDMA_WRITE_ONLY_WITH_IMMEDIATE = 0x2B
+# UC opcodes (IBTA Vol 1 9.2.1 table 38, transport UC = 0b001): opcode -> (kind, position,
+# RETH, ImmDt). Position: where the packet sits in its message.
+_FIRST, _MIDDLE, _LAST, _ONLY = "first", "middle", "last", "only"
+_UC_OPCODES = {
+    0x20: ("send", _FIRST, False, False),       # SEND_FIRST
+    0x21: ("send", _MIDDLE, False, False),      # SEND_MIDDLE
+    0x22: ("send", _LAST, False, False),        # SEND_LAST
+    0x23: ("send", _LAST, False, True),         # SEND_LAST_WITH_IMMEDIATE
+    0x24: ("send", _ONLY, False, False),        # SEND_ONLY
+    0x25: ("send", _ONLY, False, True),         # SEND_ONLY_WITH_IMMEDIATE
+    0x26: ("write", _FIRST, True, False),       # RDMA_WRITE_FIRST
+    0x27: ("write", _MIDDLE, False, False),     # RDMA_WRITE_MIDDLE
+    0x28: ("write", _LAST, False, False),       # RDMA_WRITE_LAST
+    0x29: ("write", _LAST, False, True),        # RDMA_WRITE_LAST_WITH_IMMEDIATE
+    0x2A: ("write", _ONLY, True, False),        # RDMA_WRITE_ONLY
+    0x2B: ("write", _ONLY, True, True),         # RDMA_WRITE_ONLY_WITH_IMMEDIATE
+}
+#: The PMTU register's reset value (3: 1024 bytes).
+PMTU_RESET = 3
 #: Longest frame (FCS stripped) whose echo request is taken: the receiver's documented echo
 #: buffer, a standard 1500-byte MTU's frame.
 _ECHO_MAX_FRAME_BYTES = 1514
 _PSN_MASK = (1 << 24) - 1
+
+
+def pmtu_bytes(register: int) -> int:
+    """The path MTU in payload bytes of a PMTU register value: the IBTA/ibverbs enum (1 = 256,
+    2 = 512, 3 = 1024, 4 = 2048, 5 = 4096); any other value acts as 256."""
+    return 128 << register if 1 <= register <= 5 else 256
 
 
 def parse_mac(mac: str | int) -> int:
@@ -180,11 +211,14 @@ class RxConfig:
     #: QSC_QPN of each QP (default ``qpn_base + n``): a packet goes to the lowest PPU whose
     #: QPN is its DestQP.
     qsc_qpns: list[int] = field(default_factory=list)
-    #: RESPONSE_BYTES of each QP (default 64): the largest SEND payload taken.
+    #: RESPONSE_BYTES of each QP (default 64): the largest SEND message taken.
     response_bytes: list[int] = field(default_factory=list)
+    #: The path MTU of each QP in payload bytes (:func:`pmtu_bytes` of its PMTU register;
+    #: default 1024, the register's reset value 3).
+    pmtu: list[int] = field(default_factory=list)
     #: The receiver's buffer (``RoCEReceiver(buffer_bytes=...)``): a frame of more 64-bit words
     #: never fits (``None``: not modelled).
-    buffer_bytes: int | None = 4096
+    buffer_bytes: int | None = 16384
 
     def __post_init__(self) -> None:
         if self.qsc_mac is None:
@@ -197,6 +231,8 @@ class RxConfig:
             self.qsc_qpns.append(self.params.qpn_base + len(self.qsc_qpns))
         while len(self.response_bytes) < self.params.num_ppus:
             self.response_bytes.append(MAILBOX_BYTES)
+        while len(self.pmtu) < self.params.num_ppus:
+            self.pmtu.append(pmtu_bytes(PMTU_RESET))
 
 
 @dataclass(frozen=True)
@@ -205,6 +241,22 @@ class Write:
 
     addr: int
     data: bytes
+
+
+@dataclass(frozen=True)
+class Message:
+    """A QP's open message: what its next MIDDLE or LAST continues.
+
+    ``kind`` is ``"send"`` or ``"write"``; ``imem``: a WRITE's region is the instruction ring
+    (IMEM); ``addr``: the bus byte address the WRITE's next payload byte lands at (0 for a
+    SEND); ``left``: the bytes the message may still take (a WRITE: DMALen minus the bytes
+    received so far, which the LAST must match; a SEND: RESPONSE_BYTES minus them).
+    """
+
+    kind: str
+    imem: bool
+    addr: int
+    left: int
 
 
 @dataclass(frozen=True)
@@ -217,11 +269,15 @@ class Verdict:
     describes a frame taken: ``kind`` (``"write"``, ``"send"``, ``"control"``, ``"arp"``,
     ``"icmp"`` or ``None``), ``ppu`` (the addressed QP's PPU, once the QPN check passed),
     ``writes`` (in order), ``tail`` (``(TAIL register address, ImmDt)``), ``mailbox_commit``
-    (``(mailbox address, payload bytes)``), ``psn``, ``psn_gap`` (the PSN was not the expected
-    one; the packet is kept), ``request`` (a control request's fields; ``data`` is ``None`` for
+    (``(mailbox address, bytes committed)``), ``psn``, ``psn_gap`` (a FIRST or ONLY whose PSN
+    was not the expected one; the packet is kept), ``rpc_response`` (a SEND that ends a
+    message: counted RX_RPC_RESPONSES), ``message`` (the QP's open message once the packet is
+    taken; ``None``: closed), ``request`` (a control request's fields; ``data`` is ``None`` for
     the 10-byte RD_DWORD; ``pairs``, 1 or a block's pair count, and ``more``, a block's pairs
     after the first as they came), ``icrc_ok`` (``None`` where the ICRC was not reached or not
-    RoCEv2).
+    RoCEv2). ``opcode`` is the BTH opcode of a RoCEv2 packet whose ICRC checked good; ``of_qp``:
+    the packet passed the checks up to PEER, so it belongs to QP ``ppu`` and, unless it is
+    taken, closes that QP's open message.
     """
 
     outcome: str
@@ -233,8 +289,12 @@ class Verdict:
     mailbox_commit: tuple[int, int] | None = None
     psn: int | None = None
     psn_gap: bool = False
+    rpc_response: bool = False
+    message: Message | None = None
     request: dict[str, int | None] | None = None
     icrc_ok: bool | None = None
+    opcode: int | None = None
+    of_qp: bool = False
 
     @property
     def allowed(self) -> frozenset[str]:
@@ -252,21 +312,24 @@ def _u(frame: bytes, at: int, nbytes: int) -> int:
 
 
 class RxModel:
-    """The receive rules with their state (the expected PSN of each QP).
+    """The receive rules with their state: each QP's expected PSN (:attr:`epsn`) and open
+    message (:attr:`messages`, ``None`` where none is open).
 
     :meth:`judge` decides a frame without changing the state; :meth:`apply` records a verdict
-    as taken (the expected PSN moves for a RoCEv2 packet); :meth:`receive` does both. A caller
-    that saw a frame the model takes dropped for overflow does not apply its verdict.
+    as the receiver carried it out; :meth:`receive` does both. A caller that saw a packet the
+    model takes dropped for overflow calls :meth:`apply_dropped` instead of :meth:`apply`.
     """
 
     def __init__(self, config: RxConfig):
         self.config = copy.deepcopy(config)
         self.epsn = [0] * config.params.num_ppus
+        self.messages: list[Message | None] = [None] * config.params.num_ppus
 
     def restart_qp(self, ppu: int) -> None:
-        """A write of the QP's HOST_QPN: its expected PSN returns to 0 and its region keys are
-        no longer valid until written again."""
+        """A write of the QP's HOST_QPN: its expected PSN returns to 0, its open message is
+        closed and its region keys are no longer valid until written again."""
         self.epsn[ppu] = 0
+        self.messages[ppu] = None
         self.config.rkeys[ppu] = {name: (key, False)
                                   for name, (key, _) in self.config.rkeys[ppu].items()}
 
@@ -277,10 +340,23 @@ class RxModel:
         return verdict
 
     def apply(self, verdict: Verdict) -> None:
-        """Record ``verdict`` as taken: an accepted UC ONLY packet resynchronises its QP's
-        expected PSN to PSN + 1 (IBTA Vol 1 9.8.3; 24 bits, wrapping)."""
+        """Record ``verdict`` as carried out. An accepted UC packet sets its QP's expected PSN to
+        PSN + 1 (IBTA Vol 1 9.8.3; 24 bits, wrapping) and its open message to
+        :attr:`Verdict.message` (a FIRST opens one, a MIDDLE advances it, a LAST or ONLY closes
+        it); any other packet of the QP (:attr:`Verdict.of_qp`) closes the message and leaves
+        the expected PSN. Frames of no QP change nothing."""
         if verdict.outcome == ACCEPTED:
             self.epsn[verdict.ppu] = (verdict.psn + 1) & _PSN_MASK
+            self.messages[verdict.ppu] = verdict.message
+        elif verdict.of_qp:
+            self.messages[verdict.ppu] = None
+
+    def apply_dropped(self, verdict: Verdict) -> None:
+        """Record that the receiver dropped the frame of ``verdict`` for overflow where the model
+        takes it (the buffer or a queue was full): a packet of a QP closes that QP's open message
+        and leaves its expected PSN, as any packet of the QP not accepted."""
+        if verdict.of_qp:
+            self.messages[verdict.ppu] = None
 
     # ---- the checks, in the documented order ------------------------------------------------
 
@@ -292,16 +368,19 @@ class RxModel:
         IPv4 (RFC 791: version 4, IHL 5, checksum, total length, no fragment, our address, UDP
         or ICMP), then ICMP (RFC 792: an echo request whose checksum verifies); UDP (RFC 768:
         length, port, sizes, RFC 1122 checksum); then for RoCEv2 (IBTA Annex A17) the ICRC,
-        opcode and TVer, P_Key, DestQP, peer addresses, header length, VA, R_Key, VA range,
-        ImmDt as a TAIL, DMALen or SEND length; last, a packet that passed every check but
-        is longer than the receive buffer is dropped for overflow (a control request that long
-        may be either taken or dropped: the documentation does not say whether it must fit).
+        opcode and TVer, P_Key, DestQP, peer addresses, PSN (a MIDDLE or LAST continuing the
+        QP's open message), header length, VA, R_Key and VA range (a RETH whose DMALen is not
+        0), ImmDt as a TAIL, payload length (PMTU, DMALen, RESPONSE_BYTES, the message's bytes
+        left); last, a packet that passed every check but is longer than the receive buffer is
+        dropped for overflow (a control request that long may be either taken or dropped: the
+        documentation does not say whether it must fit).
         """
         verdict = self._decide(frame, mac_error)
         words = -(-len(frame) // 8)
         if self.config.buffer_bytes is not None and words > self.config.buffer_bytes // 8:
             if verdict.outcome == ACCEPTED:
-                return Verdict("DROP_OVERFLOW", ppu=verdict.ppu, icrc_ok=True)
+                return Verdict("DROP_OVERFLOW", ppu=verdict.ppu, psn=verdict.psn, icrc_ok=True,
+                               opcode=verdict.opcode, of_qp=True)
             if verdict.outcome == CONTROL:
                 return dataclasses.replace(verdict, also=frozenset({"DROP_OVERFLOW"}))
         return verdict
@@ -420,9 +499,6 @@ class RxModel:
         if roce_icrc(frame[_ETH:ip_end - _ICRC]) != frame[ip_end - _ICRC:ip_end]:
             return Verdict("DROP_ICRC", icrc_ok=False)
 
-        def drop(reason: str, **kw) -> Verdict:
-            return Verdict(reason, icrc_ok=True, **kw)
-
         # BTH (IBTA Vol 1 9.2): opcode, SE M PadCnt TVer, P_Key, FECN BECN resv6, DestQP,
         # A resv7, PSN
         b = _ETH + _IPV4 + _UDP
@@ -432,8 +508,13 @@ class RxModel:
         p_key = _u(frame, b + 2, 2)
         dest_qp = _u(frame, b + 5, 3)
         psn = _u(frame, b + 9, 3)
-        if opcode not in (_SEND_ONLY, _RDMA_WRITE_ONLY, _RDMA_WRITE_ONLY_WITH_IMMEDIATE) or tver:
+
+        def drop(reason: str, **kw) -> Verdict:
+            return Verdict(reason, icrc_ok=True, opcode=opcode, **kw)
+
+        if opcode not in _UC_OPCODES or tver:
             return drop("DROP_OPCODE")
+        kind, position, has_reth, has_imm = _UC_OPCODES[opcode]
         # IBTA Vol 1 10.9.3: the low 15 bits match, and at least one side is a full member
         if (p_key & 0x7FFF) != (c.p_key & 0x7FFF) or not ((p_key | c.p_key) & 0x8000):
             return drop("DROP_PKEY")
@@ -443,48 +524,96 @@ class RxModel:
         # A connected QP takes packets from its peer only (rxe checks the addresses).
         if src_mac != c.host_mac or src_ip != c.host_ip:
             return drop("DROP_PEER", ppu=ppu)
-        write = opcode != _SEND_ONLY
-        with_imm = opcode == _RDMA_WRITE_ONLY_WITH_IMMEDIATE
-        ext = (_RETH if write else 0) + (_IMMDT if with_imm else 0)
+
+        def qp_drop(reason: str) -> Verdict:
+            # a packet of the QP, not taken: it closes the QP's open message
+            return drop(reason, ppu=ppu, psn=psn, of_qp=True)
+
+        # PSN (IBTA Vol 1 9.8.3, rxe check_psn for UC): a MIDDLE or LAST continues the open
+        # message of its kind at the expected PSN; a FIRST or ONLY starts one whatever its PSN.
+        msg = self.messages[ppu]
+        starts = position in (_FIRST, _ONLY)
+        if not starts and (msg is None or msg.kind != kind or psn != self.epsn[ppu]):
+            return qp_drop("DROP_PSN")
+        ext = (_RETH if has_reth else 0) + (_IMMDT if has_imm else 0)
         payload_len = udp_length - _UDP - _BTH - ext - pad_cnt - _ICRC
         if payload_len < 0:
-            return drop("DROP_LENGTH", ppu=ppu)
-        start = b + _BTH + ext
-        payload = bytes(frame[start:start + payload_len])
-        psn_gap = psn != self.epsn[ppu]
-        if not write:
-            if payload_len > c.response_bytes[ppu]:
-                return drop("DROP_LENGTH", ppu=ppu)
-            # The mailbox keeps the first MAILBOX_BYTES of a longer SEND (a response in its
-            # first bytes, as CUDA-Q's GPU bridge sends it).
-            kept = payload[:MAILBOX_BYTES]
-            mailbox = ppu_base(ppu) + MAILBOX_OFFSET
-            return Verdict(ACCEPTED, kind="send", ppu=ppu,
-                           writes=(Write(mailbox, kept),) if kept else (),
-                           mailbox_commit=(mailbox, len(kept)), psn=psn, psn_gap=psn_gap,
-                           icrc_ok=True)
-        # RETH (IBTA Vol 1 9.3.2): VA, R_Key, DMALen; the VA is the bus address
-        r = b + _BTH
-        va, r_key, dma_len = _u(frame, r, 8), _u(frame, r + 8, 4), _u(frame, r + 12, 4)
+            return qp_drop("DROP_LENGTH")
+        at = b + _BTH + ext
+        payload = bytes(frame[at:at + payload_len])
+        pmtu = c.pmtu[ppu]
+        psn_gap = starts and psn != self.epsn[ppu]
+        mailbox = ppu_base(ppu) + MAILBOX_OFFSET
+
+        def accept(**kw) -> Verdict:
+            return Verdict(ACCEPTED, kind=kind, ppu=ppu, psn=psn, psn_gap=psn_gap, icrc_ok=True,
+                           opcode=opcode, of_qp=True, **kw)
+
+        if kind == "send":
+            limit = c.response_bytes[ppu]
+            if not {
+                _ONLY: payload_len <= pmtu and payload_len <= limit,
+                _FIRST: payload_len == pmtu and payload_len < limit,
+                _MIDDLE: msg is not None and payload_len == pmtu and payload_len < msg.left,
+                _LAST: msg is not None and 1 <= payload_len <= min(pmtu, msg.left),
+            }[position]:
+                return qp_drop("DROP_LENGTH")
+            # The mailbox keeps a message's first MAILBOX_BYTES (a response in its first bytes,
+            # as CUDA-Q's GPU bridge sends it); its ImmDt is not delivered.
+            if position == _ONLY:
+                kept = payload[:MAILBOX_BYTES]
+                return accept(writes=(Write(mailbox, kept),) if kept else (),
+                              mailbox_commit=(mailbox, len(kept)), rpc_response=True)
+            if position == _FIRST:
+                return accept(writes=(Write(mailbox, payload[:MAILBOX_BYTES]),),
+                              message=Message("send", False, 0, limit - payload_len))
+            assert msg is not None
+            if position == _MIDDLE:
+                return accept(message=dataclasses.replace(msg, left=msg.left - payload_len))
+            return accept(mailbox_commit=(mailbox, MAILBOX_BYTES), rpc_response=True)
+
+        # RDMA WRITE. RETH (IBTA Vol 1 9.3.2): VA, R_Key, DMALen; the VA is the bus address.
+        # A zero-length WRITE's VA and R_Key are not checked (IBTA C9-88, as rxe).
+        va = dma_len = 0
         region = None
-        if va >> 32 == 0 and va % 4 == 0:
-            region = next((g for g in regions(p, ppu) if g.va <= va < g.va + g.length_bytes),
-                          None)
-        if region is None:
-            return drop("DROP_VA", ppu=ppu)
-        key, valid = c.rkeys[ppu].get(region.rkey_register, (0, False))
-        if not valid or r_key != key:
-            return drop("DROP_RKEY", ppu=ppu)
-        if va + dma_len > region.va + region.length_bytes:
-            return drop("DROP_VA", ppu=ppu)
+        if has_reth:
+            r = b + _BTH
+            va, r_key, dma_len = _u(frame, r, 8), _u(frame, r + 8, 4), _u(frame, r + 12, 4)
+            if dma_len:
+                if va >> 32 == 0 and va % 4 == 0:
+                    region = next((g for g in regions(p, ppu)
+                                   if g.va <= va < g.va + g.length_bytes), None)
+                if region is None:
+                    return qp_drop("DROP_VA")
+                key, valid = c.rkeys[ppu].get(region.rkey_register, (0, False))
+                if not valid or r_key != key:
+                    return qp_drop("DROP_RKEY")
+                if va + dma_len > region.va + region.length_bytes:
+                    return qp_drop("DROP_VA")
+        imem = (region is not None and region.name == "IMEM") if starts else bool(
+            msg is not None and msg.imem)
         tail = None
-        if with_imm and region.name == "IMEM":
-            imm = _u(frame, r + _RETH, 4)               # ImmDt (IBTA Vol 1 9.3.4)
+        if has_imm and imem:
+            imm = _u(frame, at - _IMMDT, 4)              # ImmDt (IBTA Vol 1 9.3.4)
             if imm >= p.imem_depth:
-                return drop("DROP_IMMDT", ppu=ppu)
+                return qp_drop("DROP_IMMDT")
             tail = (ppu_reg(ppu, "TAIL"), imm)
-        if dma_len != payload_len:
-            return drop("DROP_LENGTH", ppu=ppu)
-        return Verdict(ACCEPTED, kind="write", ppu=ppu,
-                       writes=(Write(va, payload),) if payload else (), tail=tail, psn=psn,
-                       psn_gap=psn_gap, icrc_ok=True)
+        if not {
+            _ONLY: payload_len <= pmtu and dma_len == payload_len,
+            _FIRST: payload_len == pmtu and dma_len > payload_len,
+            _MIDDLE: msg is not None and payload_len == pmtu and payload_len < msg.left,
+            _LAST: msg is not None and 1 <= payload_len <= pmtu and payload_len == msg.left,
+        }[position]:
+            return qp_drop("DROP_LENGTH")
+        if starts:
+            dest = va
+            message = (Message("write", imem, va + payload_len, dma_len - payload_len)
+                       if position == _FIRST else None)
+        else:
+            assert msg is not None
+            dest = msg.addr
+            message = (dataclasses.replace(msg, addr=msg.addr + payload_len,
+                                           left=msg.left - payload_len)
+                       if position == _MIDDLE else None)
+        return accept(writes=(Write(dest, payload),) if payload else (), tail=tail,
+                      message=message)
