@@ -2,24 +2,34 @@
 rules (openqlink.sim.rx_model), in Amaranth's simulator, driven by hypothesis.
 
 One example is one configuration (the QSC's and the peer's addresses, P_Key, RX_ENABLE, each
-QP's region R_Keys and their valid bits, the number of PPUs) and one batch of frames through one
-simulation: valid frames of every kind the QSC takes (UC RDMA_WRITE_ONLY,
-RDMA_WRITE_ONLY_WITH_IMMEDIATE, SEND_ONLY to the mailbox, control requests on UDP 8192, ARP
-requests, ICMP echo requests), then mutated (header fields set to edge values, bits flipped,
-frames cut or extended, the MAC's error flag), with the IPv4 checksum, the UDP checksum (or
-zero) and the ICRC recomputed or not so that every check is reached, and valid probes after
-them. Every batch is checked (:func:`check`) for:
+QP's region R_Keys and their valid bits, RESPONSE_BYTES and PMTU, the number of PPUs) and one
+batch of frames through one simulation: valid frames of every kind the QSC takes (UC
+RDMA_WRITE_ONLY[_WITH_IMMEDIATE], zero-length ones with any VA and R_Key among them,
+SEND_ONLY[_WITH_IMMEDIATE] to the mailbox, control requests on UDP 8192, ARP requests, ICMP echo
+requests) and UC messages of several packets (RDMA WRITE and SEND, FIRST, MIDDLEs, LAST with or
+without immediate, at the QP's PMTU: 256 or 512 bytes), then mutated (header fields set to edge
+values, opcodes out of sequence, bits flipped, frames cut or extended, the MAC's error flag),
+with the IPv4 checksum, the UDP checksum (or zero) and the ICRC recomputed or not so that every
+check is reached; messages cut short, with packets lost, duplicated or swapped (PSNs out of
+order), other frames between their packets; valid probes after them. Every batch is checked
+(:func:`check`) for:
 
 (a) no bus write outside a region of the PPU whose QP the packet addressed;
 (b) no byte of a RoCEv2 frame whose ICRC is bad reaches the bus;
-(c) every write the model expects lands, byte for byte and in order, and nothing else;
+(c) every write the model expects lands, byte for byte, at the address the model says (a
+    message's MIDDLE and LAST where its earlier packets left off) and in order, and nothing
+    else;
 (d) the counters add up: RX_FRAMES is the number of frames sent, each frame's decision strobes
-    exactly one outcome (taken, or one drop counter), the model's, and the counters read back
-    are the strobes' sums;
+    exactly one outcome (taken, or one drop counter), the model's, PSN_GAP and
+    RX_RPC_RESPONSES as the model says, and the counters read back are the strobes' sums;
 (e) a valid frame after any garbage is taken;
 (f) nothing wedges under back-pressure (bus and control-request ``ready`` toggled at random,
     idle cycles inside frames, gaps between them): every frame gets its decision and the
     engine drains.
+
+Under back-pressure a packet the model takes may be dropped for overflow; the model is told
+(:meth:`~openqlink.sim.rx_model.RxModel.apply_dropped`), so its QP's open message closes as the
+receiver's does.
 
 The fuzzing found one engine fault, kept as
 :func:`test_an_unpadded_arp_request_is_judged_on_its_own_target_ip`. ``benchmarks/rx_fuzz.py``
@@ -61,9 +71,11 @@ from openqlink.sim.rx_model import (
     ACCEPTED,
     CONTROL,
     DROP_REASONS,
+    PMTU_RESET,
     RxConfig,
     RxModel,
     Verdict,
+    pmtu_bytes,
 )
 from openqlink.wire.arp import ARP
 from openqlink.wire.control import BLOCK_MAX_PAIRS, CONTROL_REQUEST, Command
@@ -124,9 +136,13 @@ class Setup:
 
 
 def make_setup(ch: Chooser, rng: random.Random, *, vary: bool) -> Setup:
-    """The configuration of a host's configure (the peer, every region's R_Key, RX_ENABLE);
-    with ``vary``, also other PPU counts, QSC addresses, P_Keys, keys never written, other
-    QSC_QPNs and RESPONSE_BYTES, and RX_ENABLE left off."""
+    """The configuration of a host's configure (the peer, every region's R_Key, each QP's PMTU
+    (256 or 512 bytes, so that messages stay short) and, half the time, a RESPONSE_BYTES that
+    leaves room for SEND messages of several packets, RX_ENABLE); with ``vary``, also other PPU
+    counts, QSC addresses, P_Keys, keys never written, other QSC_QPNs and RESPONSE_BYTES, other
+    PMTU register values (the reset value 1024 left, values outside the enum acting as 256),
+    RX_ENABLE left off, and now and then a 4 KiB receive buffer with a PMTU of 4096 (a packet
+    taken may then be longer than the whole buffer)."""
     num_ppus = ch.choice([1, 2, 3]) if vary else 1
     params = QSCParams(num_ppus=num_ppus)
     writes: list[tuple[int, int]] = []
@@ -162,6 +178,8 @@ def make_setup(ch: Chooser, rng: random.Random, *, vary: bool) -> Setup:
     # packets) and RESPONSE_BYTES (SENDs longer than the mailbox)
     qsc_qpns = [params.qpn_base + n for n in range(num_ppus)]
     response_bytes = [64] * num_ppus
+    pmtu = [pmtu_bytes(PMTU_RESET)] * num_ppus
+    small_buffer = vary and ch.chance(8)
     for n in range(num_ppus):
         if vary and ch.chance(30):
             qsc_qpns[n] = ch.choice([0x2, rng.getrandbits(24), qsc_qpns[0], 0xFFFFFF])
@@ -169,12 +187,24 @@ def make_setup(ch: Chooser, rng: random.Random, *, vary: bool) -> Setup:
         if vary and ch.chance(50):
             response_bytes[n] = ch.choice([24, 63, 65, 280, 280, 1024, rng.getrandbits(13)])
             writes.append((qp_reg(n, "RESPONSE_BYTES"), response_bytes[n]))
+        elif not vary and ch.chance(50):
+            response_bytes[n] = ch.choice([700, 1024, 2000])
+            writes.append((qp_reg(n, "RESPONSE_BYTES"), response_bytes[n]))
+        register = ch.choice([1, 1, 2])
+        if small_buffer:
+            register = 5
+        elif vary and ch.chance(15):
+            register = ch.choice([0, 3, 6, 7])
+        if not (vary and register == PMTU_RESET and ch.chance(50)):
+            writes.append((qp_reg(n, "PMTU"), register))
+        pmtu[n] = pmtu_bytes(register)
     rx_enable = not (vary and ch.chance(15))
     if rx_enable:
         writes.append((global_reg("RX_ENABLE"), 1))
     config = RxConfig(params=params, qsc_mac=qsc_mac, qsc_ip=qsc_ip, host_mac=host_mac,
                       host_ip=host_ip, p_key=p_key, rx_enable=rx_enable, rkeys=rkeys,
-                      qsc_qpns=qsc_qpns, response_bytes=response_bytes)
+                      qsc_qpns=qsc_qpns, response_bytes=response_bytes, pmtu=pmtu,
+                      buffer_bytes=4096 if small_buffer else 16384)
     return Setup(config, writes)
 
 
@@ -215,6 +245,7 @@ _BTH_F = {
 }
 _RETH_F = {"reth.va": (54, 8), "reth.r_key": (62, 4), "reth.dma_len": (66, 4)}
 _IMM_F = {"immdt": (70, 4)}
+_IMM_NORETH_F = {"immdt": (54, 4)}          # the ImmDt of a packet without a RETH
 _CTL_F = {"ctl.cmd": (42, 1), "ctl.flags": (43, 1), "ctl.seq": (44, 2), "ctl.addr": (48, 4),
           "ctl.data": (52, 4)}
 _ARP_F = {"arp.htype": (14, 2), "arp.ptype": (16, 2), "arp.hlen": (18, 1), "arp.plen": (19, 1),
@@ -226,11 +257,17 @@ FIELDS = {
     "write": [_COMMON, _IP, _UDP_F, _BTH_F, _BTH_F, _BTH_F, _RETH_F, _RETH_F, _RETH_F],
     "write_imm": [_COMMON, _IP, _UDP_F, _BTH_F, _BTH_F, _RETH_F, _RETH_F, _IMM_F, _IMM_F],
     "send": [_COMMON, _IP, _UDP_F, _UDP_F, _BTH_F, _BTH_F, _BTH_F],
+    # a packet with neither RETH nor ImmDt (a MIDDLE, a LAST), one with an ImmDt only
+    "cont": [_COMMON, _IP, _UDP_F, _BTH_F, _BTH_F, _BTH_F, _BTH_F],
+    "cont_imm": [_COMMON, _UDP_F, _BTH_F, _BTH_F, _BTH_F, _IMM_NORETH_F, _IMM_NORETH_F],
     "control": [_COMMON, _IP, _UDP_F, _UDP_F, _CTL_F, _CTL_F],
     "arp": [_COMMON, _ARP_F, _ARP_F, _ARP_F],
     "icmp": [_COMMON, _IP, _ICMP_F, _ICMP_F],
 }
 KINDS = ("write", "write", "write_imm", "write_imm", "send", "control", "arp", "icmp")
+#: The kinds (frame layouts) of RoCEv2 packets.
+ROCE_KINDS = ("write", "write_imm", "send", "cont", "cont_imm")
+_PSN_MASK = (1 << 24) - 1
 
 
 def _get(frame: bytes | bytearray, at: int, n: int) -> int:
@@ -348,6 +385,92 @@ class FrameGen:
         self.next_psn[ppu] = (psn + 1) & 0xFFFFFF
         return psn
 
+    def _ppu(self) -> int:
+        """A PPU that owns its QPN (one shared with a lower PPU reaches that PPU)."""
+        c = self.c
+        return self.rng.choice([n for n in range(self.p.num_ppus)
+                                if c.qsc_qpns.index(c.qsc_qpns[n]) == n])
+
+    def _common(self, ppu: int, psn: int) -> dict:
+        """The fields of a packet of PPU ``ppu``'s QP at ``psn`` that its peer sends."""
+        return dict(dest_qp=self.c.qsc_qpns[ppu], psn=psn, eth=self._eth(), ip=self._ip(),
+                    bth=self._bth())
+
+    def message(self, kind: str) -> list[tuple[bytearray, str, str]]:
+        """The packets of one UC message of ``kind`` (``"write"`` or ``"send"``) of several
+        packets that the configuration takes: FIRST (PMTU bytes; a WRITE's with its RETH and
+        the whole DMALen), MIDDLEs (PMTU bytes), LAST or LAST_WITH_IMMEDIATE (the rest), at
+        consecutive PSNs. Each packet comes as (frame, its layout for :meth:`mutate`, label).
+        Where the configuration takes no such message (no region open to the QP, or a
+        RESPONSE_BYTES of no more than the PMTU) the message is one valid ONLY."""
+        c, p, ch, rng = self.c, self.p, self.ch, self.rng
+        ppu = self._ppu()
+        if kind == "send":
+            # a QP whose RESPONSE_BYTES leaves room for a message, where one does
+            ppu = next((n for n in range(p.num_ppus)
+                        if c.qsc_qpns.index(c.qsc_qpns[n]) == n
+                        and c.response_bytes[n] > c.pmtu[n]), ppu)
+        pmtu = c.pmtu[ppu]
+        packets = ch.choice([2, 2, 3, 3, 4])
+        with_imm = ch.chance(40)
+        imm = None
+        if kind == "write":
+            # a region of the QP's whose key is valid, as a host writes (a closed one now
+            # and then: DROP_RKEY, then PSN drops)
+            keyed = [r for r in regions(p, ppu)
+                     if c.rkeys[ppu][r.rkey_register][1] or (not self.probing and ch.chance(5))]
+            fits = [r for r in keyed if r.length_bytes > pmtu]
+            if not fits:
+                return [(self.valid("write"), "write", "write (no room for a message)")]
+            region = ch.choice(fits)
+            most = min(packets * pmtu, region.length_bytes)
+            length = most if ch.chance(25) else rng.randint(pmtu + 1, most)
+            offset = 4 * rng.randint(0, (region.length_bytes - length) // 4)
+            va, r_key = region.va + offset, c.rkeys[ppu][region.rkey_register][0]
+            if with_imm:
+                imm = (rng.randrange(p.imem_depth)
+                       if region.name == "IMEM" and not ch.chance(10) else rng.getrandbits(32))
+        else:
+            limit = c.response_bytes[ppu]
+            if limit <= pmtu:
+                return [(self.valid("send"), "send", "send (no room for a message)")]
+            most = min(packets * pmtu, limit)
+            length = most if ch.chance(25) else rng.randint(pmtu + 1, most)
+            if with_imm:
+                imm = rng.getrandbits(32)
+        data = rng.randbytes(length)
+        chunks = [data[i:i + pmtu] for i in range(0, length, pmtu)]
+        # now and then one packet 4 bytes short or long (DROP_LENGTH, the message closed)
+        wrong = rng.randrange(len(chunks)) if not self.probing and ch.chance(8) else None
+        psn = self._psn(ppu)
+        out = []
+        for k, chunk in enumerate(chunks):
+            twist = ""
+            if k == wrong:
+                chunk = chunk[:-4] if ch.chance(50) else chunk + rng.randbytes(4)
+                twist = f", {len(chunk)} B"
+            if k:
+                psn = self.next_psn[ppu]
+                self.next_psn[ppu] = (psn + 1) & _PSN_MASK
+            ext: dict = {}
+            if k == 0:
+                op = Opcode.SEND_FIRST if kind == "send" else Opcode.RDMA_WRITE_FIRST
+                if kind == "write":
+                    ext = dict(va=va, r_key=r_key, dma_len=length)
+            elif k < len(chunks) - 1:
+                op = Opcode.SEND_MIDDLE if kind == "send" else Opcode.RDMA_WRITE_MIDDLE
+            elif imm is None:
+                op = Opcode.SEND_LAST if kind == "send" else Opcode.RDMA_WRITE_LAST
+            else:
+                op = (Opcode.SEND_LAST_WITH_IMMEDIATE if kind == "send"
+                      else Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE)
+                ext = dict(imm=imm)
+            layout = "write" if "va" in ext else "cont_imm" if "imm" in ext else "cont"
+            frame = roce_frame(op, payload=chunk, **ext, **self._common(ppu, psn))
+            out.append((self._finish(frame), layout,
+                        f"{op.name} ppu {ppu} psn {psn:#x} of {length} B{twist}"))
+        return out
+
     def _bth(self) -> dict:
         bth = {}
         if self.c.p_key & 0x8000:       # we are a full member: the peer may be either
@@ -377,12 +500,9 @@ class FrameGen:
         RoCEv2 packet through; else the closest to it)."""
         c, p, ch, rng = self.c, self.p, self.ch, self.rng
         if kind in ("write", "write_imm", "send"):
-            # a PPU that owns its QPN (a QPN shared with a lower PPU reaches that one)
-            ppu = rng.choice([n for n in range(p.num_ppus)
-                              if c.qsc_qpns.index(c.qsc_qpns[n]) == n])
-            # the QP's own QPN (one shared with a lower PPU reaches that PPU: the model says so)
-            common = dict(dest_qp=c.qsc_qpns[ppu], psn=self._psn(ppu), eth=self._eth(),
-                          ip=self._ip(), bth=self._bth())
+            ppu = self._ppu()
+            common = self._common(ppu, self._psn(ppu))
+            pmtu = c.pmtu[ppu]
             writable = [r for r in regions(p, ppu) if c.rkeys[ppu][r.rkey_register][1]]
             closed = [r for r in regions(p, ppu) if not c.rkeys[ppu][r.rkey_register][1]]
             if kind != "send" and closed and not self.probing and ch.chance(30):
@@ -390,26 +510,40 @@ class FrameGen:
                 # the key its register holds: closed, DROP_RKEY
                 writable = closed
             if kind == "send" or not writable:
+                # an ONLY fits the PMTU (now and then, not in a probe, it is longer: dropped)
                 limit = c.response_bytes[ppu]           # a longer SEND is dropped
+                if self.probing or not ch.chance(10):
+                    limit = min(limit, pmtu)
                 if limit > MAILBOX_BYTES and ch.chance(50):
                     # longer than the mailbox, as CUDA-Q's GPU bridge sends: its first bytes kept
                     payload = rng.randbytes(rng.randint(MAILBOX_BYTES + 1, min(limit, 1400)))
                 else:
                     payload = self._payload(limit)
+                if ch.chance(25):
+                    return self._finish(roce_frame(Opcode.SEND_ONLY_WITH_IMMEDIATE,
+                                                   imm=rng.getrandbits(32), payload=payload,
+                                                   **common))
                 return self._finish(roce_frame(Opcode.SEND_ONLY, payload=payload, **common))
             region = ch.choice(writable)
-            payload = self._payload(region.length_bytes)
+            limit = region.length_bytes
+            if self.probing or not ch.chance(10):
+                limit = min(limit, pmtu)
+            payload = self._payload(limit)
             # the VA inside the region, a zero-length write's too
             offset = 4 * rng.randint(0, (region.length_bytes - max(1, len(payload))) // 4)
+            va, r_key = region.va + offset, c.rkeys[ppu][region.rkey_register][0]
+            if not payload and ch.chance(40):
+                # IBTA C9-88: a zero-length WRITE's VA and R_Key are not checked
+                va = ch.choice([rng.getrandbits(64), 0, va + 1, ppu_base(ppu) + MAILBOX_OFFSET])
+                r_key = rng.getrandbits(32)
             imm = None
             if kind == "write_imm":
                 imm = (rng.randrange(p.imem_depth) if region.name == "IMEM"
                        else rng.getrandbits(32))
             op = (Opcode.RDMA_WRITE_ONLY if imm is None
                   else Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE)
-            return self._finish(roce_frame(op, va=region.va + offset,
-                                           r_key=c.rkeys[ppu][region.rkey_register][0],
-                                           imm=imm, payload=payload, **common))
+            return self._finish(roce_frame(op, va=va, r_key=r_key, imm=imm, payload=payload,
+                                           **common))
         if kind == "control":
             cmd = ch.choice([Command.WR_DWORD, Command.RD_DWORD, Command.RD_DWORD,
                              Command.WR_BLOCK, Command.RD_BLOCK])
@@ -454,12 +588,21 @@ class FrameGen:
     def probe(self) -> Frame:
         """A valid frame that must be taken whatever came before: a RoCEv2 packet (or a
         control request while RX_ENABLE is off)."""
-        kind = self.ch.choice(["write", "write_imm", "send"]) if self.c.rx_enable else "control"
+        kind = (self.ch.choice(["write", "write_imm", "send"] * 2 + ["first"])
+                if self.c.rx_enable else "control")
+        buffer = self.c.buffer_bytes
+        if kind == "first" and buffer is not None and max(self.c.pmtu) + 128 > buffer:
+            kind = "write"                       # a FIRST would not fit the buffer
         saved = self.ch
         self.ch = RandomChooser(self.rng)        # probes need no shrinking
         self.probing = True
         try:
-            frame = self.valid(kind)
+            if kind == "first":
+                # a message's FIRST (whatever message it abandons); its rest never comes
+                frame, _, label = self.message(self.ch.choice(["write", "send"]))[0]
+                kind = f"first: {label}"
+            else:
+                frame = self.valid(kind)
         finally:
             self.ch = saved
             self.probing = False
@@ -612,10 +755,10 @@ class FrameGen:
             if kind != "icmp" and kind != "arp":
                 _put(frame, 38, 2, tl - 20)
             labels.append("relength")
-        if kind in ("write", "write_imm", "send") and ch.chance(85):
+        if kind in ROCE_KINDS and ch.chance(85):
             fix_icrc(frame)
             labels.append("icrc")
-        if kind in ("write", "write_imm", "send", "control"):
+        if kind in ROCE_KINDS + ("control",):
             udp = ch.choice(["keep", "keep", "zero", "sum"])
             if udp != "keep":
                 fix_udp_checksum(frame, zero=udp == "zero")
@@ -650,12 +793,67 @@ class FrameGen:
             apply_action(self.m, action)
         return tuple(out)
 
+    def messages(self, before: tuple[tuple, ...]) -> list[Frame]:
+        """A UC message of several packets (:meth:`message`), disturbed as a lossy, reordering
+        or hostile path would: cut short, a packet lost, duplicated or swapped with the next,
+        packets mutated (opcodes out of sequence among them), other frames (any kind, mutated
+        or not, for this QP or another) and configuration changes between its packets."""
+        ch, rng = self.ch, self.rng
+        kind = ch.choice(["write", "write", "send"])
+        packets = self.message(kind)
+        order = list(range(len(packets)))
+        how: list[str] = []
+        if len(order) > 1 and ch.chance(15):
+            order = order[:rng.randint(1, len(order) - 1)]
+            how.append("cut")
+        if len(order) > 1 and ch.chance(10):
+            order.pop(rng.randrange(1, len(order)))
+            how.append("lost")
+        if ch.chance(10):
+            k = rng.randrange(len(order))
+            order.insert(k + rng.randint(1, 2), order[k])
+            how.append("dup")
+        if len(order) > 1 and ch.chance(10):
+            k = rng.randrange(len(order) - 1)
+            order[k], order[k + 1] = order[k + 1], order[k]
+            how.append("swap")
+        tag = f"msg {kind}{' ' + '/'.join(how) if how else ''}"
+        out: list[Frame] = []
+        for n, k in enumerate(order):
+            frame, layout, label = packets[k]
+            first_before = before if n == 0 else (self.actions() if ch.chance(3) else ())
+            if n and ch.chance(12):
+                # another frame between the packets
+                other = self.ch.choice(KINDS)
+                junk = self.valid(other)
+                if ch.chance(60):
+                    junk, mac_error, labels = self.mutate(other, junk)
+                    out.append(Frame(bytes(junk), mac_error,
+                                     label=f"{tag}: between, {other}: " + ", ".join(labels),
+                                     before=first_before))
+                else:
+                    out.append(Frame(bytes(junk), label=f"{tag}: between, valid {other}",
+                                     before=first_before))
+                first_before = ()
+            if ch.chance(12):
+                frame, mac_error, labels = self.mutate(layout, bytearray(frame))
+                out.append(Frame(bytes(frame), mac_error,
+                                 label=f"{tag}: {label}: " + ", ".join(labels),
+                                 before=first_before))
+            else:
+                out.append(Frame(bytes(frame), label=f"{tag}: {label}", before=first_before))
+        return out
+
     def batch(self, count: int, *, probes: int = 40) -> list[Frame]:
-        """``count`` frames (about a fifth valid, the rest mutated), a probe after a mutated
-        frame ``probes`` % of the time, and a probe at the end."""
+        """``count`` frames or messages (about a quarter messages of several packets, disturbed
+        or not: :meth:`messages`; of the single frames about a fifth valid, the rest mutated),
+        a probe after a mutated frame ``probes`` % of the time, and a probe at the end."""
         out = []
         for _ in range(count):
             before = self.actions() if self.ch.chance(6) else ()
+            if self.c.rx_enable and self.ch.chance(25):
+                out += self.messages(before)
+                continue
             kind = self.ch.choice(KINDS)
             frame = self.valid(kind)
             if self.ch.chance(20):
@@ -754,7 +952,7 @@ def simulate(setup: Setup, frames: list[Frame], drive: Drive) -> Observed:
     """Configure a RoCEReceiver (with its register block) as ``setup`` says, drive ``frames``
     as ``drive`` says and record what it does."""
     params = setup.config.params
-    h = RxHarness(params)
+    h = RxHarness(params, buffer_bytes=setup.config.buffer_bytes)
     dut, regs = h.dut, h.regs
     obs = Observed()
     names = [n for n, _ in COUNTERS]
@@ -971,15 +1169,20 @@ def check(setup: Setup, frames: list[Frame], drive: Drive, obs: Observed) -> Rep
         gap = "PSN_GAP" in strobed
         rpc = "RX_RPC_RESPONSES" in strobed
         if seen == ACCEPTED and verdict.outcome == ACCEPTED:
-            if gap != verdict.psn_gap or rpc != (verdict.kind == "send"):
+            if gap != verdict.psn_gap or rpc != verdict.rpc_response:
                 v.append(f"(d) {_describe(i, frame)}: PSN_GAP {gap} RX_RPC_RESPONSES {rpc}, "
-                         f"model {verdict.psn_gap} {verdict.kind == 'send'}")
-            model.apply(verdict)
+                         f"model {verdict.psn_gap} {verdict.rpc_response}")
             cmds = expected_commands(verdict)
             expected += cmds
             owner += [verdict.ppu] * len(cmds)
         elif gap or rpc:
             v.append(f"(d) {_describe(i, frame)}: PSN_GAP/RX_RPC_RESPONSES without a packet")
+        # the QP's state moves as the receiver decided: a packet the model takes but the
+        # receiver dropped (for overflow, or wrongly: then reported above) closes its message
+        if verdict.outcome == ACCEPTED and seen != ACCEPTED:
+            model.apply_dropped(verdict)
+        else:
+            model.apply(verdict)
         if seen == CONTROL and verdict.outcome == CONTROL:
             requests.append(verdict.request)
         if seen in ("RX_ARP_REQUESTS", "RX_ECHO_REQUESTS"):
@@ -1105,7 +1308,7 @@ def test_the_checks_catch_a_broken_engine():
     model = RxModel(setup.config)
     verdicts = [model.receive(f.data) for f in frames]
     good = Observed(decisions=[frozenset({ACCEPTED} | ({"RX_RPC_RESPONSES"}
-                                                       if v.kind == "send" else set()) |
+                                                       if v.rpc_response else set()) |
                                          ({"PSN_GAP"} if v.psn_gap else set()))
                                for v in verdicts],
                     commands=[c for v in verdicts for c in expected_commands(v)])
