@@ -38,6 +38,7 @@ runs the same generator and checks over many more frames.
 
 from __future__ import annotations
 
+import dataclasses
 import random
 import struct
 from collections import Counter
@@ -1371,3 +1372,47 @@ def test_an_unpadded_arp_request_is_judged_on_its_own_target_ip():
     assert report.outcomes == [CONTROL, "RX_ARP_REQUESTS", "RX_ARP_REQUESTS", "DROP_ARP"], (
         report.outcomes)
     _assert_clean(report)
+
+
+def test_a_message_packet_dropped_for_overflow_closes_the_message():
+    """With the bus stalled the descriptor queue fills and a packet in the middle of a long
+    message is dropped for overflow: the receiver closes the QP's message, so the packets after
+    it are PSN drops, the dropped MIDDLE sent again at once too (its PSN is the expected one).
+    The model, told of the overflow (``apply_dropped``), says the same; the checks run as the
+    fuzzing runs them (a model not told would take the MIDDLE sent again). A first run finds
+    which packet the stall drops, a second sends it again right after."""
+    rng = random.Random(3)
+    setup = make_setup(RandomChooser(rng), rng, vary=False)
+    c = setup.config
+    env = next(r for r in regions(c.params, 0) if r.name == "ENV")
+    pmtu = c.pmtu[0]
+    data = rng.randbytes(15 * pmtu + 8)
+    chunks = [data[k:k + pmtu] for k in range(0, len(data), pmtu)]
+    packets = []
+    for k, chunk in enumerate(chunks):
+        op, ext = Opcode.RDMA_WRITE_MIDDLE, {}
+        if k == 0:
+            op = Opcode.RDMA_WRITE_FIRST
+            ext = dict(va=env.va, r_key=c.rkeys[0]["ENV_RKEY"][0], dma_len=len(data))
+        elif k == len(chunks) - 1:
+            op = Opcode.RDMA_WRITE_LAST
+        packets.append(Frame(roce_frame(op, psn=k, payload=chunk, dest_qp=c.qsc_qpns[0],
+                                        eth={"src": c.host_mac}, ip={"src": c.host_ip},
+                                        **ext), label=f"{op.name} {k}"))
+    probe = FrameGen(c, RandomChooser(rng), rng).probe()
+    stall = [False] * 2400 + [True] * 40_000       # stalled, then ready for good
+
+    def run(frames: list[Frame]) -> list[str]:
+        drive = Drive([0] * len(frames), bus_ready=stall, drain_before_last=True)
+        report = check(setup, frames, drive, simulate(setup, frames, drive))
+        _assert_clean(report)
+        return report.outcomes[:-1]
+
+    outcomes = run(packets + [probe])
+    dropped = outcomes.index("DROP_OVERFLOW")
+    assert 1 < dropped < len(packets) - 1, outcomes
+    assert outcomes[:dropped] == [ACCEPTED] * dropped, outcomes
+    assert outcomes[dropped + 1:] == ["DROP_PSN"] * (len(packets) - dropped - 1), outcomes
+    again = dataclasses.replace(packets[dropped], label=f"{packets[dropped].label} again")
+    outcomes = run(packets[:dropped + 1] + [again, packets[dropped + 1], probe])
+    assert outcomes[dropped:] == ["DROP_OVERFLOW", "DROP_PSN", "DROP_PSN"], outcomes
