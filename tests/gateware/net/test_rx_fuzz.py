@@ -380,9 +380,9 @@ class FrameGen:
         return self.rng.randbytes(min(n, limit))
 
     def _psn(self, ppu: int) -> int:
-        how = self.ch.choice(["next", "next", "random", "zero"])
-        psn = {"next": self.next_psn[ppu], "zero": 0,
-               "random": self.rng.getrandbits(24)}[how]
+        how = self.ch.choice(["next", "next", "random", "zero", "wrap"])
+        psn = {"next": self.next_psn[ppu], "zero": 0, "random": self.rng.getrandbits(24),
+               "wrap": (1 << 24) - self.rng.randint(1, 3)}[how]      # a message across 0
         self.next_psn[ppu] = (psn + 1) & 0xFFFFFF
         return psn
 
@@ -539,8 +539,8 @@ class FrameGen:
                 r_key = rng.getrandbits(32)
             imm = None
             if kind == "write_imm":
-                imm = (rng.randrange(p.imem_depth) if region.name == "IMEM"
-                       else rng.getrandbits(32))
+                imm = (rng.randrange(p.imem_depth) if region.name == "IMEM" and not (
+                    not payload and ch.chance(30)) else rng.getrandbits(32))
             op = (Opcode.RDMA_WRITE_ONLY if imm is None
                   else Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE)
             return self._finish(roce_frame(op, va=va, r_key=r_key, imm=imm, payload=payload,
