@@ -397,20 +397,30 @@ class FrameGen:
         return dict(dest_qp=self.c.qsc_qpns[ppu], psn=psn, eth=self._eth(), ip=self._ip(),
                     bth=self._bth())
 
-    def message(self, kind: str) -> list[tuple[bytearray, str, str]]:
+    def _message_ppu(self, kind: str, avoid: int | None = None) -> int | None:
+        """A PPU that owns its QPN for a message of ``kind`` (a SEND's: one whose
+        RESPONSE_BYTES leaves room for a message, where one does), not ``avoid`` (``None``
+        where there is no other)."""
+        c = self.c
+        owners = [n for n in range(self.p.num_ppus)
+                  if c.qsc_qpns.index(c.qsc_qpns[n]) == n and n != avoid]
+        if not owners:
+            return None
+        roomy = [n for n in owners if c.response_bytes[n] > c.pmtu[n]]
+        return self.rng.choice(roomy if kind == "send" and roomy else owners)
+
+    def message(self, kind: str, ppu: int | None = None) -> list[tuple[bytearray, str, str]]:
         """The packets of one UC message of ``kind`` (``"write"`` or ``"send"``) of several
-        packets that the configuration takes: FIRST (PMTU bytes; a WRITE's with its RETH and
-        the whole DMALen), MIDDLEs (PMTU bytes), LAST or LAST_WITH_IMMEDIATE (the rest), at
-        consecutive PSNs. Each packet comes as (frame, its layout for :meth:`mutate`, label).
-        Where the configuration takes no such message (no region open to the QP, or a
-        RESPONSE_BYTES of no more than the PMTU) the message is one valid ONLY."""
+        packets to PPU ``ppu``'s QP (default: :meth:`_message_ppu`) that the configuration
+        takes: FIRST (PMTU bytes; a WRITE's with its RETH and the whole DMALen), MIDDLEs (PMTU
+        bytes), LAST or LAST_WITH_IMMEDIATE (the rest), at consecutive PSNs. Each packet comes
+        as (frame, its layout for :meth:`mutate`, label). Where the configuration takes no such
+        message (no region open to the QP, or a RESPONSE_BYTES of no more than the PMTU) the
+        message is one valid ONLY."""
         c, p, ch, rng = self.c, self.p, self.ch, self.rng
-        ppu = self._ppu()
-        if kind == "send":
-            # a QP whose RESPONSE_BYTES leaves room for a message, where one does
-            ppu = next((n for n in range(p.num_ppus)
-                        if c.qsc_qpns.index(c.qsc_qpns[n]) == n
-                        and c.response_bytes[n] > c.pmtu[n]), ppu)
+        if ppu is None:
+            ppu = self._message_ppu(kind)
+        assert ppu is not None
         pmtu = c.pmtu[ppu]
         packets = ch.choice([2, 2, 3, 3, 4])
         with_imm = ch.chance(40)
@@ -798,10 +808,12 @@ class FrameGen:
         """A UC message of several packets (:meth:`message`), disturbed as a lossy, reordering
         or hostile path would: cut short, a packet lost, duplicated or swapped with the next,
         packets mutated (opcodes out of sequence among them), other frames (any kind, mutated
-        or not, for this QP or another) and configuration changes between its packets."""
+        or not, for this QP or another) and configuration changes between its packets; now and
+        then interleaved with a message of another QP (each QP keeps its own)."""
         ch, rng = self.ch, self.rng
         kind = ch.choice(["write", "write", "send"])
-        packets = self.message(kind)
+        ppu = self._message_ppu(kind)
+        packets = self.message(kind, ppu)
         order = list(range(len(packets)))
         how: list[str] = []
         if len(order) > 1 and ch.chance(15):
@@ -818,10 +830,20 @@ class FrameGen:
             k = rng.randrange(len(order) - 1)
             order[k], order[k + 1] = order[k + 1], order[k]
             how.append("swap")
+        sequence = [packets[k] for k in order]
+        other = self._message_ppu(kind, avoid=ppu) if ch.chance(25) else None
+        if other is not None:
+            # another QP's message, its packets in order among this one's
+            second = self.message(ch.choice(["write", "send"]), other)
+            merged = []
+            while sequence or second:
+                source = sequence if sequence and (not second or rng.randrange(2)) else second
+                merged.append(source.pop(0))
+            sequence = merged
+            how.append("interleaved")
         tag = f"msg {kind}{' ' + '/'.join(how) if how else ''}"
         out: list[Frame] = []
-        for n, k in enumerate(order):
-            frame, layout, label = packets[k]
+        for n, (frame, layout, label) in enumerate(sequence):
             first_before = before if n == 0 else (self.actions() if ch.chance(3) else ())
             if n and ch.chance(12):
                 # another frame between the packets
