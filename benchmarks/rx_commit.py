@@ -99,9 +99,9 @@ def measure(size_bytes: int, count: int, pmtu_bytes: int = 1024) -> dict:
         ctx.set(regs.port.w_en, 0)
 
     async def testbench(ctx):
-        for addr, value in ((global_reg("HOST_MAC_HI"), HOST_MAC >> 32),
-                            (global_reg("HOST_MAC_LO"), HOST_MAC & 0xFFFF_FFFF),
-                            (global_reg("HOST_IP"), HOST_IP),
+        for addr, value in ((qp_reg(0, "PEER_MAC_HI"), HOST_MAC >> 32),
+                            (qp_reg(0, "PEER_MAC_LO"), HOST_MAC & 0xFFFF_FFFF),
+                            (qp_reg(0, "PEER_IP"), HOST_IP),
                             (qp_reg(0, "IMEM_RKEY"), IMEM_RKEY),
                             (qp_reg(0, "PMTU"), path_mtu_code(pmtu_bytes)),
                             (global_reg("RX_ENABLE"), 1)):

@@ -184,9 +184,6 @@ GLOBAL_REGISTERS: tuple[Register, ...] = (
     _R("QSC_MAC_HI", 0x010, Access.RW, 0, "QSC MAC address bits [47:32]"),
     _R("QSC_MAC_LO", 0x014, Access.RW, 0, "QSC MAC address bits [31:0]"),
     _R("QSC_IP", 0x018, Access.RW, 0, "QSC IPv4 address"),
-    _R("HOST_MAC_HI", 0x020, Access.RW, 0, "Real-time host MAC address bits [47:32]"),
-    _R("HOST_MAC_LO", 0x024, Access.RW, 0, "Real-time host MAC address bits [31:0]"),
-    _R("HOST_IP", 0x028, Access.RW, 0, "Real-time host IPv4 address"),
     _R("UDP_SRC_PORT", 0x02C, Access.RW, 0xC000, "UDP source port of RoCEv2 packets we send"),
     _R("P_KEY", 0x030, Access.RW, 0xFFFF, "Partition key: low 15 bits matched, bit 15 = full"),
     _R("TIMESTAMP_FORMAT", 0x034, Access.RW, 0,
@@ -231,8 +228,8 @@ COUNTERS: tuple[tuple[str, str], ...] = (
     ("DROP_MAC", "Frame flagged bad by the MAC: FCS or PHY error"),
     ("DROP_IMMDT", "RDMA_WRITE_WITH_IMMEDIATE into an instruction ring whose ImmDt is not a "
                    "TAIL of the ring (>= imem_depth): dropped whole, no byte written"),
-    ("DROP_PEER", "RoCEv2 packet whose source MAC or IP is not the QP's peer (HOST_MAC, "
-                  "HOST_IP)"),
+    ("DROP_PEER", "RoCEv2 packet whose source MAC or IP is not the QP's peer (its PEER_MAC, "
+                  "PEER_IP)"),
     ("RX_ARP_REQUESTS", "ARP requests for the QSC's IP (each answered, unless counted in "
                         "REPLIES_SKIPPED)"),
     ("RX_ECHO_REQUESTS", "ICMP echo requests to the QSC (each answered, unless counted in "
@@ -276,6 +273,13 @@ QP_REGISTERS: tuple[Register, ...] = (
        "3 = 1024, 4 = 2048, 5 = 4096 bytes (3 bits; other values act as 256). A FIRST or MIDDLE "
        "packet carries exactly this many payload bytes, a LAST 1 up to it, an ONLY at most it "
        "(else DROP_LENGTH)"),
+    _R("PEER_MAC_HI", 0x38, Access.RW, 0,
+       "MAC address of this QP's peer (the real-time host's NIC) bits [47:32]: the QP takes "
+       "packets from this source MAC only (DROP_PEER) and sends its requests to it"),
+    _R("PEER_MAC_LO", 0x3C, Access.RW, 0, "Peer MAC address bits [31:0]"),
+    _R("PEER_IP", 0x40, Access.RW, 0,
+       "IPv4 address of this QP's peer: the QP takes packets from this source IP only "
+       "(DROP_PEER) and sends its requests to it"),
 )
 
 #: PPU registers at ``ppu_base(n) + REGS_OFFSET``.

@@ -277,10 +277,12 @@ class QSC:
                   response_bytes: int | None = None) -> UCQueuePair:
         """Set up PPU ``ppu``'s QP contract on both sides; return the host QP.
 
-        Writes HOST_MAC_HI/LO and HOST_IP, then the PPU's QP context: HOST_QPN (which restarts
+        Writes the PPU's QP context: HOST_QPN (which restarts
         the QSC's side of the QP: its next request goes with PSN 0 into slot 0, as a new host QP
         and dispatcher expect, however many the QP carried before, and an open message is
-        abandoned), PMTU (``pmtu_bytes``' PathMTU code), HOST_RKEY (the
+        abandoned), PMTU (``pmtu_bytes``' PathMTU code), PEER_MAC_HI/LO and PEER_IP (this
+        host's addresses: the QP takes packets from them only and sends its requests to
+        them), HOST_RKEY (the
         ring's), RING_VA_HI/LO (0: the ring is registered with iova 0), NUM_SLOTS and SLOT_SIZE
         (when ``ring`` is given, with the PPU's CALL_SLOTS: at most that many CALLs outstanding,
         and none held from before), IMEM_RKEY, ENV_RKEY, REGS_RKEY (a region's R_Key opens it from
@@ -329,13 +331,13 @@ class QSC:
         def w(addr: int, value: int) -> None:
             writes.append((addr, value))
 
-        w(global_reg("HOST_MAC_HI"), self.host_mac >> 32)
-        w(global_reg("HOST_MAC_LO"), self.host_mac & 0xFFFF_FFFF)
-        w(global_reg("HOST_IP"), self.host_ip)
         if qsc_qpn is not None:
             w(qp_reg(ppu, "QSC_QPN"), qsc_qpn)
         w(qp_reg(ppu, "HOST_QPN"), qpn)
         w(qp_reg(ppu, "PMTU"), path_mtu_code(self.pmtu_bytes))
+        w(qp_reg(ppu, "PEER_MAC_HI"), self.host_mac >> 32)
+        w(qp_reg(ppu, "PEER_MAC_LO"), self.host_mac & 0xFFFF_FFFF)
+        w(qp_reg(ppu, "PEER_IP"), self.host_ip)
         if response_bytes is not None:
             w(qp_reg(ppu, "RESPONSE_BYTES"), response_bytes)
         w(qp_reg(ppu, "HOST_RKEY"), keys.ring)

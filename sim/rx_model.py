@@ -203,8 +203,8 @@ class RxConfig:
     params: QSCParams = field(default_factory=QSCParams)
     qsc_mac: int | None = None          #: default: ``params.mac``
     qsc_ip: int | None = None           #: default: ``params.ip``
-    host_mac: int = 0                   #: HOST_MAC, the QPs' peer
-    host_ip: int = 0                    #: HOST_IP
+    host_mac: int = 0                   #: every QP's peer: its PEER_MAC_HI/LO
+    host_ip: int = 0                    #: ... and its PEER_IP
     p_key: int = 0xFFFF                 #: P_KEY (reset value: full member of the default)
     rx_enable: bool = False             #: RX_ENABLE bit 0 (off from reset)
     rkeys: list[dict[str, tuple[int, bool]]] = field(default_factory=list)

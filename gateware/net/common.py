@@ -17,8 +17,6 @@ class NetConfig(data.Struct):
 
     qsc_mac: unsigned(48)
     qsc_ip: unsigned(32)
-    host_mac: unsigned(48)
-    host_ip: unsigned(32)
     udp_src_port: unsigned(16)
     p_key: unsigned(16)
     timestamp_format: unsigned(1)   #: 0 = ns (u64), 1 = {seconds[63:32], ns[31:0]}
@@ -43,6 +41,8 @@ class QPContext(data.Struct):
     regs_rkey_valid: unsigned(1)
     response_bytes: unsigned(13)    #: largest SEND payload taken into the mailbox
     pmtu_bytes: unsigned(13)        #: path MTU in bytes, 256..4096 (decoded PMTU register)
+    peer_mac: unsigned(48)          #: the peer's MAC and IP: packets from them only, requests
+    peer_ip: unsigned(32)           #: to them
 
 
 class ControlReply(data.Struct):

@@ -68,9 +68,6 @@ REGISTER_WIDTHS: dict[str, int] = {
     "QSC_MAC_HI": 16,
     "QSC_MAC_LO": 32,
     "QSC_IP": 32,
-    "HOST_MAC_HI": 16,
-    "HOST_MAC_LO": 32,
-    "HOST_IP": 32,
     "UDP_SRC_PORT": 16,
     "P_KEY": 16,
     "TIMESTAMP_FORMAT": 1,
@@ -88,6 +85,9 @@ REGISTER_WIDTHS: dict[str, int] = {
     "REGS_RKEY": 32,
     "RESPONSE_BYTES": 13,
     "PMTU": 3,
+    "PEER_MAC_HI": 16,
+    "PEER_MAC_LO": 32,
+    "PEER_IP": 32,
 }
 
 
@@ -327,8 +327,6 @@ class NetRegisters(wiring.Component):
         m.d.comb += [
             self.config.qsc_mac.eq(Cat(glob["QSC_MAC_LO"], glob["QSC_MAC_HI"])),
             self.config.qsc_ip.eq(glob["QSC_IP"]),
-            self.config.host_mac.eq(Cat(glob["HOST_MAC_LO"], glob["HOST_MAC_HI"])),
-            self.config.host_ip.eq(glob["HOST_IP"]),
             self.config.udp_src_port.eq(glob["UDP_SRC_PORT"]),
             self.config.p_key.eq(glob["P_KEY"]),
             self.config.timestamp_format.eq(glob["TIMESTAMP_FORMAT"]),
@@ -352,6 +350,8 @@ class NetRegisters(wiring.Component):
                 qp.regs_rkey_valid.eq(regs["REGS_RKEY_VALID"]),
                 qp.response_bytes.eq(regs["RESPONSE_BYTES"]),
                 qp.pmtu_bytes.eq(pmtu_bytes(regs["PMTU"])),
+                qp.peer_mac.eq(Cat(regs["PEER_MAC_LO"], regs["PEER_MAC_HI"])),
+                qp.peer_ip.eq(regs["PEER_IP"]),
             ]
         return m
 

@@ -36,7 +36,7 @@ order (the first failing check names the reason); the counter strobes show one c
 7. PKEY: P_Key low 15 bits differ from the configured P_Key, or neither has the full-member bit.
 8. QPN: DestQP is no PPU's QSC_QPN (``qpn_base + n`` for PPU ``n`` from reset; the lowest PPU
    whose QSC_QPN matches takes the packet).
-9. PEER: the source MAC or IP is not the QP's peer (HOST_MAC, HOST_IP), as rxe checks a
+9. PEER: the source MAC or IP is not the QP's peer (its PEER_MAC, PEER_IP), as rxe checks a
    connected QP's addresses.
 10. PSN: a MIDDLE or LAST while the QP has no message open, or of the other kind (a SEND inside
     a WRITE message or the reverse), or whose PSN is not the expected one (``epsn``).
@@ -1038,10 +1038,12 @@ class RoCEReceiver(wiring.Component):
         m.d.sync += [dst_mine.eq(eth["dst"] == cfg.qsc_mac),
                      dst_bcast.eq(eth["dst"] == _BROADCAST)]
         udp_p20 = Signal(17)                  # udp length + 20 (beat 4)
-        src_mac_peer = Signal()               # the source MAC is the peer's (beat 1)
-        src_ip_peer = Signal()                # the source IP is the peer's (beat 3)
-        m.d.sync += [src_mac_peer.eq(eth["src"] == cfg.host_mac),
-                     src_ip_peer.eq(ip["src"] == cfg.host_ip)]
+        # The source MAC (beat 1) and IP (beat 3) against each QP's peer, the QP's taken below
+        # like ``qpn_hit``'s.
+        src_is_peer = Signal(num_ppus)
+        m.d.sync += src_is_peer.eq(Cat(*((eth["src"] == self.qp[n].peer_mac) &
+                                         (ip["src"] == self.qp[n].peer_ip)
+                                         for n in range(num_ppus))))
         m.d.sync += [tl_p14.eq(total_length + _IP_AT),
                      udp_p20.eq(udp_len + IPV4.length_bytes)]
         is_arp = eth["ethertype"] == EtherType.ARP
@@ -1105,7 +1107,7 @@ class RoCEReceiver(wiring.Component):
             c1.pkey_fail.eq((rx_pkey[:15] != cfg.p_key[:15]) | ~(rx_pkey[15] | cfg.p_key[15])),
             c1.qpn_fail.eq(qpn_hit == 0),
             c1.response_bytes.eq(qpc_now.response_bytes),
-            c1.peer_fail.eq(~src_mac_peer | ~src_ip_peer),
+            c1.peer_fail.eq(~src_is_peer.bit_select(ppu_now, 1)),
             c1.udp_sum_on.eq(udp["checksum"] != 0),
             c1.has_reth.eq(op["has_reth"]),
             c1.has_immdt.eq(op["has_immdt"]),

@@ -307,7 +307,7 @@ class TxBuilder(wiring.Component):
             bad.eq(~req_ok),
             eth_src.eq(self.config.qsc_mac),
             ip_src.eq(self.config.qsc_ip),
-            ip_dst.eq(self.config.host_ip),
+            ip_dst.eq(qp_sel.peer_ip),
             port.eq(self.config.udp_src_port),
             arg_len.eq(rq.arg_len),
             area.eq(Cat(*(has_len(_lengths_of(a)) for a in _AREAS))),
@@ -411,7 +411,7 @@ class TxBuilder(wiring.Component):
         # Words 1 and up (word 0 comes from the inputs in IDLE): the word loaded is an AND-OR of
         # the one-hot phase (many of a word's bits are constants). Word 0 in IDLE, chosen by the
         # copy of ``idle`` that shifts ``ahead3`` (below).
-        terms = [Mux(shift_idle[1], ETHERNET.build(dst=self.config.host_mac,
+        terms = [Mux(shift_idle[1], ETHERNET.build(dst=qp_sel.peer_mac,
                                                    src=self.config.qsc_mac, ethertype=0)[:64],
                      0)]
         for k in range(1, _FRAME_WORDS):

@@ -263,7 +263,8 @@ class QSCPeer:
     def rpc_request_frame(self, ppu: int, request: bytes, *, slot: int | None = None,
                           dest_qp: int | None = None) -> bytes:
         """A request as the gateware sends it, from the QP context the host configured."""
-        host_mac = self.regs[global_reg("HOST_MAC_HI")] << 32 | self.regs[global_reg("HOST_MAC_LO")]
+        host_mac = (self.regs[qp_reg(ppu, "PEER_MAC_HI")] << 32 |
+                    self.regs[qp_reg(ppu, "PEER_MAC_LO")])
         slot_size = self.regs[qp_reg(ppu, "SLOT_SIZE")]
         num_slots = self.regs[qp_reg(ppu, "NUM_SLOTS")]
         if slot is None:
@@ -274,7 +275,7 @@ class QSCPeer:
         ring_va = self.regs[qp_reg(ppu, "RING_VA_HI")] << 32 | self.regs[qp_reg(ppu, "RING_VA_LO")]
         return build_roce_frame(
             dst_mac=host_mac, src_mac=self.mac, src_ip=self.ip,
-            dst_ip=self.regs[global_reg("HOST_IP")],
+            dst_ip=self.regs[qp_reg(ppu, "PEER_IP")],
             src_port=self.regs[global_reg("UDP_SRC_PORT")],
             opcode=Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE,
             dest_qp=self.regs[qp_reg(ppu, "HOST_QPN")] if dest_qp is None else dest_qp,

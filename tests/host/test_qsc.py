@@ -92,8 +92,9 @@ def test_connect_accepts_other_minor_and_checks_num_ppus(make):
 def test_configure_writes_the_qp_contract(ready):
     qsc, peer, ring = ready
     r = peer.regs
-    assert r[global_reg("HOST_MAC_HI")] == 0x0200 and r[global_reg("HOST_MAC_LO")] == 0x0A
-    assert r[global_reg("HOST_IP")] == 0xC0A80001
+    assert r[qp_reg(0, "PEER_MAC_HI")] == 0x0200 and r[qp_reg(0, "PEER_MAC_LO")] == 0x0A
+    assert r[qp_reg(0, "PEER_IP")] == 0xC0A80001
+    assert r[qp_reg(1, "PEER_IP")] == 0                 # PPU 1's QP: not configured
     keys = RKeys.default(0)
     assert r[qp_reg(0, "HOST_QPN")] == 0x200 and r[qp_reg(0, "HOST_RKEY")] == keys.ring
     assert (r[qp_reg(0, "NUM_SLOTS")], r[qp_reg(0, "SLOT_SIZE")]) == (4, 256)

@@ -102,15 +102,16 @@ def block_frame(cmd: int, pairs: list[tuple[int, int]], *, flags: int = 0, seq: 
     return pad60(eth_header() + ip_udp(req, dst_port=CONTROL_PORT, src_port=src_port))
 
 
-async def open_rx(write, ctx) -> None:
-    """What a host's configure writes before RDMA is taken (the QSC is closed from reset): the
-    peer's MAC and IP, then RX_ENABLE. ``write(ctx, addr, value)`` is the bench's control-plane
-    write. The region R_Keys the test writes itself."""
-    from openqlink.memory_map import global_reg
+async def open_rx(write, ctx, qps: range = range(1)) -> None:
+    """What a host's configure writes before RDMA is taken (the QSC is closed from reset): each
+    of the QPs ``qps``'s peer MAC and IP, then RX_ENABLE. ``write(ctx, addr, value)`` is the
+    bench's control-plane write. The region R_Keys the test writes itself."""
+    from openqlink.memory_map import global_reg, qp_reg
 
-    await write(ctx, global_reg("HOST_MAC_HI"), HOST_MAC >> 32)
-    await write(ctx, global_reg("HOST_MAC_LO"), HOST_MAC & 0xFFFF_FFFF)
-    await write(ctx, global_reg("HOST_IP"), HOST_IP)
+    for n in qps:
+        await write(ctx, qp_reg(n, "PEER_MAC_HI"), HOST_MAC >> 32)
+        await write(ctx, qp_reg(n, "PEER_MAC_LO"), HOST_MAC & 0xFFFF_FFFF)
+        await write(ctx, qp_reg(n, "PEER_IP"), HOST_IP)
     await write(ctx, global_reg("RX_ENABLE"), 1)
 
 

@@ -144,7 +144,7 @@ def test_end_to_end():
     async def tb(ctx, b):
         # configuration over the control plane, registers read back
         await b.write(ctx, qp_reg(0, "IMEM_RKEY"), IMEM_RKEY)
-        await open_rx(b.write, ctx)
+        await open_rx(b.write, ctx, qps=range(PARAMS.num_ppus))
         assert await b.read(ctx, qp_reg(0, "IMEM_RKEY")) == IMEM_RKEY
         assert await b.read(ctx, qp_reg(1, "QSC_QPN")) == PARAMS.qpn_base + 1
         # an RDMA WRITE_WITH_IMMEDIATE: data, then the TAIL commit
@@ -198,9 +198,9 @@ def test_call_request_becomes_rpc_frame():
     bench = CoreBench()
 
     async def tb(ctx, b):
-        await b.write(ctx, global_reg("HOST_MAC_HI"), HOST_MAC >> 32)
-        await b.write(ctx, global_reg("HOST_MAC_LO"), HOST_MAC & 0xFFFF_FFFF)
-        await b.write(ctx, global_reg("HOST_IP"), HOST_IP)
+        await b.write(ctx, qp_reg(1, "PEER_MAC_HI"), HOST_MAC >> 32)
+        await b.write(ctx, qp_reg(1, "PEER_MAC_LO"), HOST_MAC & 0xFFFF_FFFF)
+        await b.write(ctx, qp_reg(1, "PEER_IP"), HOST_IP)
         await b.write(ctx, qp_reg(1, "HOST_QPN"), 0x4321)
         await b.write(ctx, qp_reg(1, "HOST_RKEY"), 0x5555)
         await b.write(ctx, qp_reg(1, "RING_VA_LO"), 0x10000)
@@ -237,7 +237,7 @@ def test_packet_and_control_commands_never_interleave():
 
     async def tb(ctx, b):
         await b.write(ctx, qp_reg(0, "IMEM_RKEY"), IMEM_RKEY)
-        await open_rx(b.write, ctx)
+        await open_rx(b.write, ctx, qps=range(PARAMS.num_ppus))
         n = len(b.bus.items)
         # the control write arrives right behind the packet, and again right before another one
         b.seq += 1

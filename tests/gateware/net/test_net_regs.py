@@ -115,9 +115,10 @@ def test_the_qsc_qpn_and_response_size_are_the_hosts_to_set():
 
 def test_writes_drive_config_and_qp_contexts():
     async def tb(ctx, dut):
-        await write(ctx, dut, global_reg("HOST_MAC_HI"), 0xFFFF_0A0B)   # 16-bit register
-        await write(ctx, dut, global_reg("HOST_MAC_LO"), 0x0C0D0E0F)
-        await write(ctx, dut, global_reg("HOST_IP"), 0xC0A80065)
+        await write(ctx, dut, qp_reg(1, "PEER_MAC_HI"), 0xFFFF_0A0B)   # 16-bit register
+        await write(ctx, dut, qp_reg(1, "PEER_MAC_LO"), 0x0C0D0E0F)
+        await write(ctx, dut, qp_reg(1, "PEER_IP"), 0xC0A80065)
+        await write(ctx, dut, qp_reg(1, "PMTU"), 5)
         await write(ctx, dut, global_reg("UDP_SRC_PORT"), 0xD001)
         await write(ctx, dut, global_reg("P_KEY"), 0x8005)
         await write(ctx, dut, global_reg("TIMESTAMP_FORMAT"), 3)         # 1-bit register
@@ -133,12 +134,14 @@ def test_writes_drive_config_and_qp_contexts():
         await write(ctx, dut, qp_reg(2, "ENV_RKEY"), 0x22)
         await write(ctx, dut, qp_reg(2, "REGS_RKEY"), 0x33)
         cfg = ctx.get(dut.config)
-        assert cfg.host_mac == 0x0A0B_0C0D0E0F
-        assert cfg.host_ip == 0xC0A80065 and cfg.qsc_ip == 0x0A000009
+        assert cfg.qsc_ip == 0x0A000009
         assert cfg.udp_src_port == 0xD001 and cfg.p_key == 0x8005
         assert cfg.timestamp_format == 1 and cfg.rx_enable == 0
-        assert await read(ctx, dut, global_reg("HOST_MAC_HI")) == (1, 0x0A0B)
+        assert await read(ctx, dut, qp_reg(1, "PEER_MAC_HI")) == (1, 0x0A0B)
         qp = ctx.get(dut.qp)
+        assert (qp[1].peer_mac, qp[1].peer_ip) == (0x0A0B_0C0D0E0F, 0xC0A80065)
+        assert (qp[0].peer_mac, qp[0].peer_ip) == (0, 0)
+        assert (qp[1].pmtu_bytes, qp[0].pmtu_bytes) == (4096, 1024)
         assert qp[1].host_qpn == 0xABCDEF and qp[1].host_rkey == 0x12345678
         assert qp[1].ring_va == 0x1_8000_0000
         assert qp[1].num_slots == 4096 and qp[1].slot_size == 512
@@ -204,7 +207,7 @@ def test_a_host_qpn_write_restarts_that_qp_alone():
                                     (qp_reg(2, "HOST_QPN"), 0x456, [0b100]),
                                     (qp_reg(1, "HOST_RKEY"), 0x789, []),
                                     (qp_reg(0, "NUM_SLOTS"), 4, []),
-                                    (global_reg("HOST_IP"), 1, []),
+                                    (qp_reg(1, "PEER_IP"), 1, []),
                                     (qp_reg(0, "HOST_QPN"), None, [])):
             seen.clear()
             await step(addr, value)

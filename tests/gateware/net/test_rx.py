@@ -98,12 +98,12 @@ COUNTER_NAMES = ["RX_FRAMES", "RX_ROCE_ACCEPTED", "DROP_ETH", "DROP_IP", "DROP_U
 
 
 async def configure_rx(ctx, regs, params) -> None:
-    """What a host's configure writes: the peer's addresses, each QP's region R_Keys, then
+    """What a host's configure writes: each QP's peer addresses and region R_Keys, then
     RX_ENABLE."""
-    await reg_write(ctx, regs, global_reg("HOST_MAC_HI"), HOST_MAC >> 32)
-    await reg_write(ctx, regs, global_reg("HOST_MAC_LO"), HOST_MAC & 0xFFFF_FFFF)
-    await reg_write(ctx, regs, global_reg("HOST_IP"), HOST_IP)
     for n in range(params.num_ppus):
+        await reg_write(ctx, regs, qp_reg(n, "PEER_MAC_HI"), HOST_MAC >> 32)
+        await reg_write(ctx, regs, qp_reg(n, "PEER_MAC_LO"), HOST_MAC & 0xFFFF_FFFF)
+        await reg_write(ctx, regs, qp_reg(n, "PEER_IP"), HOST_IP)
         await reg_write(ctx, regs, qp_reg(n, "IMEM_RKEY"), IMEM_RKEY + n)
         await reg_write(ctx, regs, qp_reg(n, "ENV_RKEY"), ENV_RKEY + n)
         await reg_write(ctx, regs, qp_reg(n, "REGS_RKEY"), REGS_RKEY + n)
@@ -572,9 +572,9 @@ def test_closed_from_reset_nothing_lands_before_configure():
 
     async def enable_only(ctx, regs):
         # the peer and RX_ENABLE, but no R_Key written: every key, 0 included, is invalid
-        await reg_write(ctx, regs, global_reg("HOST_MAC_HI"), HOST_MAC >> 32)
-        await reg_write(ctx, regs, global_reg("HOST_MAC_LO"), HOST_MAC & 0xFFFF_FFFF)
-        await reg_write(ctx, regs, global_reg("HOST_IP"), HOST_IP)
+        await reg_write(ctx, regs, qp_reg(0, "PEER_MAC_HI"), HOST_MAC >> 32)
+        await reg_write(ctx, regs, qp_reg(0, "PEER_MAC_LO"), HOST_MAC & 0xFFFF_FFFF)
+        await reg_write(ctx, regs, qp_reg(0, "PEER_IP"), HOST_IP)
         await reg_write(ctx, regs, global_reg("RX_ENABLE"), 1)
 
     cmds, _, counters, _ = run_rx(zero_key[:2] + [send_frame(b"ok")], configure=False,
@@ -616,6 +616,30 @@ def test_packets_from_another_address_than_the_peer_are_dropped(who):
     cmds, _, counters, _ = run_rx(frames)
     assert cmds == expected_writes(GOOD_VA, D16)
     assert nonzero(counters) == {"RX_FRAMES": 3, "DROP_PEER": 2, "RX_ROCE_ACCEPTED": 1}
+
+
+def test_each_qp_takes_packets_from_its_own_peer_only():
+    """QP 1 is given another host (PEER_MAC, PEER_IP): that host's packets reach QP 1 and not
+    QP 0, the first host's reach QP 0 and not QP 1."""
+    params = QSCParams(num_ppus=2)
+    other_mac, other_ip = HOST_MAC + 0x100, HOST_IP + 1
+    other = {"eth": {"src": other_mac}, "ip": {"src": other_ip}}
+    imem1 = ppu_base(1) + IMEM_OFFSET
+
+    async def second_host(ctx, regs):
+        await reg_write(ctx, regs, qp_reg(1, "PEER_MAC_HI"), other_mac >> 32)
+        await reg_write(ctx, regs, qp_reg(1, "PEER_MAC_LO"), other_mac & 0xFFFF_FFFF)
+        await reg_write(ctx, regs, qp_reg(1, "PEER_IP"), other_ip)
+
+    frames = [
+        write_frame(imem1, D16, IMEM_RKEY + 1, dest_qp=params.qpn_base + 1, **other),  # taken
+        write_frame(GOOD_VA, D16, IMEM_RKEY, **other),                                 # PEER
+        write_frame(imem1 + 16, D16, IMEM_RKEY + 1, dest_qp=params.qpn_base + 1),      # PEER
+        write_frame(GOOD_VA + 16, D16, IMEM_RKEY),                                      # taken
+    ]
+    cmds, _, counters, _ = run_rx(frames, params=params, setup=second_host)
+    assert cmds == expected_writes(imem1, D16) + expected_writes(GOOD_VA + 16, D16)
+    assert nonzero(counters) == {"RX_FRAMES": 4, "DROP_PEER": 2, "RX_ROCE_ACCEPTED": 2}
 
 
 def _scapy_udp(dport: int, l4: bytes, *, chksum: int | None = None, pad: bytes = b"",

@@ -157,9 +157,10 @@ def make_setup(ch: Chooser, rng: random.Random, *, vary: bool) -> Setup:
     host_mac, host_ip = HOST_MAC, HOST_IP
     if vary and ch.chance(30):
         host_mac, host_ip = 0x02_00_00_00_00_00 | rng.getrandbits(40), rng.getrandbits(32)
-    writes += [(global_reg("HOST_MAC_HI"), host_mac >> 32),
-               (global_reg("HOST_MAC_LO"), host_mac & 0xFFFF_FFFF),
-               (global_reg("HOST_IP"), host_ip)]
+    for n in range(num_ppus):                  # every QP's peer: the one host
+        writes += [(qp_reg(n, "PEER_MAC_HI"), host_mac >> 32),
+                   (qp_reg(n, "PEER_MAC_LO"), host_mac & 0xFFFF_FFFF),
+                   (qp_reg(n, "PEER_IP"), host_ip)]
     p_key = 0xFFFF
     if vary and ch.chance(40):
         p_key = ch.choice([0x7FFF, 0x8005, 0x0005, 0x0000, 0x8000, rng.getrandbits(16)])

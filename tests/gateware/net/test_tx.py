@@ -32,14 +32,16 @@ P_KEY = 0x8001
 
 
 def _config() -> dict:
-    return {"qsc_mac": QSC_MAC, "qsc_ip": QSC_IP, "host_mac": HOST_MAC, "host_ip": HOST_IP,
-            "udp_src_port": UDP_SRC, "p_key": P_KEY, "timestamp_format": 0, "rx_enable": 1}
+    return {"qsc_mac": QSC_MAC, "qsc_ip": QSC_IP, "udp_src_port": UDP_SRC, "p_key": P_KEY,
+            "timestamp_format": 0, "rx_enable": 1}
 
 
 def _qp(n: int) -> dict:
     return {"host_qpn": 0x11 + 0x1000 * n, "host_rkey": 0xA0B0C0D0 + n,
             "ring_va": 0x1_0000_0000 * n + 0x4000, "num_slots": 3 + 2 * n,
-            "slot_size": 256 + 64 * n, "imem_rkey": 0, "env_rkey": 0, "regs_rkey": 0}
+            "slot_size": 256 + 64 * n, "imem_rkey": 0, "env_rkey": 0, "regs_rkey": 0,
+            # each QP's own peer: its requests go there
+            "peer_mac": HOST_MAC + (n << 8), "peer_ip": HOST_IP + n}
 
 
 @dataclass
@@ -178,9 +180,10 @@ def _check_rpc_frame(frame: bytes, item: dict, ts: int, psn: int, slot: int, qp:
     arg_len = item["arg_len"]
     pad = -arg_len % 4
     assert len(frame) == rpc_frame_bytes(arg_len) == 98 + arg_len + pad + 4
-    assert ETHERNET.unpack(frame) == {"dst": HOST_MAC, "src": QSC_MAC,
+    assert ETHERNET.unpack(frame) == {"dst": qp["peer_mac"], "src": QSC_MAC,
                                       "ethertype": EtherType.IPV4}
-    _check_ip_udp(frame, src_ip=QSC_IP, dst_ip=HOST_IP, src_port=UDP_SRC, dst_port=ROCEV2_PORT,
+    _check_ip_udp(frame, src_ip=QSC_IP, dst_ip=qp["peer_ip"], src_port=UDP_SRC,
+                  dst_port=ROCEV2_PORT,
                   payload_bytes=len(frame) - 42)
     assert BTH.unpack(frame, 42) == {
         "opcode": Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE, "se": 0, "m": 0, "pad_cnt": pad,
