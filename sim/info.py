@@ -32,9 +32,9 @@ __all__ = ["sim_info", "region_rkeys", "WRITE_OPCODES", "SEND_OPCODES"]
 
 #: The opcodes an RDMA region takes (ImmDt of a WRITE_WITH_IMMEDIATE into the instruction
 #: ring becomes its TAIL; into other regions it is ignored).
-WRITE_OPCODES = tuple(op.name for op in Opcode if op.name.startswith("RDMA_WRITE_"))
+WRITE_OPCODES = tuple(op.name for op in Opcode if not op.is_send)
 #: The opcodes the response mailbox takes (it has no R_Key: SENDs carry none).
-SEND_OPCODES = tuple(op.name for op in Opcode if op.name.startswith("SEND_"))
+SEND_OPCODES = tuple(op.name for op in Opcode if op.is_send)
 
 
 def region_rkeys(params: QSCParams, ppu: int, cfg: dict | None = None) -> RKeys:

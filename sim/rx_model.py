@@ -53,6 +53,7 @@ import zlib
 from dataclasses import dataclass, field
 
 from ..memory_map import MAILBOX_BYTES, MAILBOX_OFFSET, QSCParams, ppu_base, ppu_reg, regions
+from ..wire.roce import PATH_MTU_BYTES
 
 __all__ = [
     "ACCEPTED", "CONTROL", "ARP_REQUEST", "ECHO_REQUEST", "DROP_REASONS", "OUTCOMES",
@@ -129,7 +130,7 @@ _PSN_MASK = (1 << 24) - 1
 def pmtu_bytes(register: int) -> int:
     """The path MTU in payload bytes of a PMTU register value: the IBTA/ibverbs enum (1 = 256,
     2 = 512, 3 = 1024, 4 = 2048, 5 = 4096); any other value acts as 256."""
-    return 128 << register if 1 <= register <= 5 else 256
+    return PATH_MTU_BYTES.get(register, 256)
 
 
 def parse_mac(mac: str | int) -> int:

@@ -271,22 +271,14 @@ class RxFormalHarness(wiring.Component):
         # MIDDLE or LAST, from the FIRST of its QP's message: IBTA Vol 1 table 38 and 9.8.3).
         opcode = bth["opcode"]
 
-        def one_of(*codes: Opcode) -> Value:
-            return Cat(*(opcode == code for code in codes)).any()
+        def any_of(flag: str) -> Value:
+            return Cat(*(opcode == code for code in Opcode if getattr(code, flag))).any()
 
-        Op = Opcode
-        send = one_of(Op.SEND_FIRST, Op.SEND_MIDDLE, Op.SEND_LAST, Op.SEND_LAST_WITH_IMMEDIATE,
-                      Op.SEND_ONLY, Op.SEND_ONLY_WITH_IMMEDIATE)
-        start = one_of(Op.SEND_FIRST, Op.SEND_ONLY, Op.SEND_ONLY_WITH_IMMEDIATE,
-                       Op.RDMA_WRITE_FIRST, Op.RDMA_WRITE_ONLY, Op.RDMA_WRITE_ONLY_WITH_IMMEDIATE)
-        end = one_of(Op.SEND_LAST, Op.SEND_LAST_WITH_IMMEDIATE, Op.SEND_ONLY,
-                     Op.SEND_ONLY_WITH_IMMEDIATE, Op.RDMA_WRITE_LAST,
-                     Op.RDMA_WRITE_LAST_WITH_IMMEDIATE, Op.RDMA_WRITE_ONLY,
-                     Op.RDMA_WRITE_ONLY_WITH_IMMEDIATE)
-        with_reth = one_of(Op.RDMA_WRITE_FIRST, Op.RDMA_WRITE_ONLY,
-                           Op.RDMA_WRITE_ONLY_WITH_IMMEDIATE)
-        with_imm = one_of(Op.SEND_LAST_WITH_IMMEDIATE, Op.SEND_ONLY_WITH_IMMEDIATE,
-                          Op.RDMA_WRITE_LAST_WITH_IMMEDIATE, Op.RDMA_WRITE_ONLY_WITH_IMMEDIATE)
+        send = any_of("is_send")
+        start = any_of("starts_message")
+        end = any_of("ends_message")
+        with_reth = any_of("has_reth")
+        with_imm = any_of("has_immdt")
         # Every QP's path MTU is one the PMTU register decodes to.
         for n in range(params.num_ppus):
             m.d.comb += Assume(Cat(*(self.qp[n].pmtu_bytes == size

@@ -491,22 +491,16 @@ def _opcode_info(opcode) -> dict:
     """Decode of the BTH opcode (IBTA Vol 1 table 38, UC 0x20-0x2B): ``supported`` (a UC SEND or
     RDMA WRITE), ``has_reth``, ``has_immdt``, ``send``, ``start`` (FIRST or ONLY: a message
     begins), ``end`` (LAST or ONLY: it ends)."""
-    def one_of(*codes: Opcode) -> Value:
-        return Cat(*(opcode == code for code in codes)).any()
+    def any_of(flag: str) -> Value:
+        return Cat(*(opcode == code for code in Opcode if getattr(code, flag))).any()
 
-    first = one_of(Opcode.SEND_FIRST, Opcode.RDMA_WRITE_FIRST)
-    middle = one_of(Opcode.SEND_MIDDLE, Opcode.RDMA_WRITE_MIDDLE)
-    last = one_of(Opcode.SEND_LAST, Opcode.SEND_LAST_WITH_IMMEDIATE, Opcode.RDMA_WRITE_LAST,
-                  Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE)
-    only = one_of(Opcode.SEND_ONLY, Opcode.SEND_ONLY_WITH_IMMEDIATE, Opcode.RDMA_WRITE_ONLY,
-                  Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE)
     return {
-        "supported": first | middle | last | only,
-        "has_reth": one_of(*(code for code in Opcode if code.has_reth)),
-        "has_immdt": one_of(*(code for code in Opcode if code.has_immdt)),
-        "send": (opcode >= Opcode.SEND_FIRST) & (opcode <= Opcode.SEND_ONLY_WITH_IMMEDIATE),
-        "start": first | only,
-        "end": last | only,
+        "supported": Cat(*(opcode == code for code in Opcode)).any(),
+        "has_reth": any_of("has_reth"),
+        "has_immdt": any_of("has_immdt"),
+        "send": any_of("is_send"),
+        "start": any_of("starts_message"),
+        "end": any_of("ends_message"),
     }
 
 

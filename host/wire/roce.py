@@ -82,6 +82,26 @@ class Opcode(enum.IntEnum, shape=8):
                         Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE,
                         Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE)
 
+    @property
+    def is_send(self) -> bool:
+        """A SEND (else an RDMA WRITE)."""
+        return Opcode.SEND_FIRST <= self <= Opcode.SEND_ONLY_WITH_IMMEDIATE
+
+    @property
+    def starts_message(self) -> bool:
+        """FIRST or ONLY: the packet begins a message (IBTA Vol 1 9.8.3)."""
+        return self in (Opcode.SEND_FIRST, Opcode.SEND_ONLY, Opcode.SEND_ONLY_WITH_IMMEDIATE,
+                        Opcode.RDMA_WRITE_FIRST, Opcode.RDMA_WRITE_ONLY,
+                        Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE)
+
+    @property
+    def ends_message(self) -> bool:
+        """LAST or ONLY: the packet ends a message."""
+        return self in (Opcode.SEND_LAST, Opcode.SEND_LAST_WITH_IMMEDIATE, Opcode.SEND_ONLY,
+                        Opcode.SEND_ONLY_WITH_IMMEDIATE, Opcode.RDMA_WRITE_LAST,
+                        Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE, Opcode.RDMA_WRITE_ONLY,
+                        Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE)
+
 
 def icrc_masked_bytes(ip_udp_bth_and_rest: bytes) -> bytes:
     """The bytes the ICRC covers, given the packet from the IPv4 header through the pad bytes.
