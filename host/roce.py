@@ -59,11 +59,9 @@ RX_COUNTER_NAMES = (
     "DROP_RKEY", "DROP_VA", "DROP_LENGTH", "DROP_PSN", "PSN_GAP",
 )
 
-_START = (Opcode.RDMA_WRITE_FIRST, Opcode.RDMA_WRITE_ONLY, Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE)
-_WRITES = frozenset(_START + (Opcode.RDMA_WRITE_MIDDLE, Opcode.RDMA_WRITE_LAST,
-                              Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE))
-_ENDS = (Opcode.RDMA_WRITE_ONLY, Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE, Opcode.RDMA_WRITE_LAST,
-         Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE)
+_WRITES = frozenset(op for op in Opcode if not op.is_send)
+_START = frozenset(op for op in _WRITES if op.starts_message)
+_ENDS = frozenset(op for op in _WRITES if op.ends_message)
 # Header of a parse error -> the counter of the layer it belongs to.
 _PARSE_DROP = {"Ethernet": "DROP_ETH", "IPv4": "DROP_IP", "UDP": "DROP_UDP"}
 
@@ -228,19 +226,8 @@ class UCQueuePair:
         """The UC RDMA WRITE message of ``data``: one ONLY packet when it fits the PMTU, else
         FIRST (with the RETH), MIDDLE..., LAST (_WITH_IMMEDIATE when ``imm`` is given), each
         carrying PMTU bytes but the last. Takes one PSN per packet."""
-        data = bytes(data)
-        if len(data) <= self.pmtu_bytes:
-            return [self.write_frame(va, r_key, data, imm)]
-        mtu = self.pmtu_bytes
-        chunks = [data[i:i + mtu] for i in range(0, len(data), mtu)]
-        frames = [self._frame(Opcode.RDMA_WRITE_FIRST, chunks[0], va=va, r_key=r_key,
-                              dma_len=len(data))]
-        frames += [self._frame(Opcode.RDMA_WRITE_MIDDLE, c) for c in chunks[1:-1]]
-        if imm is None:
-            frames.append(self._frame(Opcode.RDMA_WRITE_LAST, chunks[-1]))
-        else:
-            frames.append(self._frame(Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE, chunks[-1], imm=imm))
-        return frames
+        return self._message_frames("RDMA_WRITE", bytes(data), imm, va=va, r_key=r_key,
+                                    dma_len=len(data))
 
     def send_frame(self, payload: bytes) -> bytes:
         """One UC SEND_ONLY carrying ``payload``; takes the next PSN.
@@ -259,16 +246,22 @@ class UCQueuePair:
         A QSC takes a SEND message of up to the QP's RESPONSE_BYTES into its mailbox (the
         first 64 bytes: a response as CUDA-Q's GPU bridge sends it, longer than its result).
         """
-        payload = bytes(payload)
+        return self._message_frames("SEND", bytes(payload), imm)
+
+    def _message_frames(self, kind: str, data: bytes, imm: int | None,
+                        **reth: int) -> list[bytes]:
+        """The UC message of ``data`` for ``kind`` (``"SEND"`` or ``"RDMA_WRITE"``): an ONLY
+        packet when it fits the PMTU, else FIRST, MIDDLE..., LAST, each carrying PMTU bytes but
+        the last; ``reth`` goes into the packet that begins it, ``imm`` into the one that ends
+        it (then _WITH_IMMEDIATE). One PSN per packet."""
+        with_imm = "" if imm is None else "_WITH_IMMEDIATE"
         mtu = self.pmtu_bytes
-        if len(payload) <= mtu:
-            op = Opcode.SEND_ONLY if imm is None else Opcode.SEND_ONLY_WITH_IMMEDIATE
-            return [self._frame(op, payload, imm=imm)]
-        chunks = [payload[i:i + mtu] for i in range(0, len(payload), mtu)]
-        frames = [self._frame(Opcode.SEND_FIRST, chunks[0])]
-        frames += [self._frame(Opcode.SEND_MIDDLE, c) for c in chunks[1:-1]]
-        last = Opcode.SEND_LAST if imm is None else Opcode.SEND_LAST_WITH_IMMEDIATE
-        frames.append(self._frame(last, chunks[-1], imm=imm))
+        if len(data) <= mtu:
+            return [self._frame(Opcode[f"{kind}_ONLY{with_imm}"], data, imm=imm, **reth)]
+        chunks = [data[i:i + mtu] for i in range(0, len(data), mtu)]
+        frames = [self._frame(Opcode[f"{kind}_FIRST"], chunks[0], **reth)]
+        frames += [self._frame(Opcode[f"{kind}_MIDDLE"], c) for c in chunks[1:-1]]
+        frames.append(self._frame(Opcode[f"{kind}_LAST{with_imm}"], chunks[-1], imm=imm))
         return frames
 
     # --- receive ------------------------------------------------------------------------------
