@@ -111,10 +111,12 @@ async def configure_rx(ctx, regs, params) -> None:
 
 
 def run_rx(frames, *, params=PARAMS, ready=lambda c: True, gap=0, rng=None, setup=None,
-           settle=80, ctrl_ready=lambda c: True, after=None, configure=True, **kw):
+           settle=80, ctrl_ready=lambda c: True, after=None, then=None, configure=True, **kw):
     """Drive ``frames``; return (bus commands, control requests, counters, epsn list).
     ``configure`` (default) first writes what a host's configure would (:func:`configure_rx`);
-    ``setup(ctx, regs)`` runs before the frames, ``after(ctx, regs)`` once they settled."""
+    ``setup(ctx, regs)`` runs before the frames; ``then=(between, more)``: once they settled,
+    ``between(ctx, regs)`` runs and the frames ``more`` are driven; ``after(ctx, regs)`` runs
+    once the last frames settled."""
     h = RxHarness(params, **kw)
     dut, regs = h.dut, h.regs
     sink = StreamSink(dut.bus_cmd, ready)
@@ -128,11 +130,15 @@ def run_rx(frames, *, params=PARAMS, ready=lambda c: True, gap=0, rng=None, setu
             await configure_rx(ctx, regs, params)
         if setup is not None:
             await setup(ctx, regs)
-        await drive_frames(ctx, dut.rx, frames, gap=gap, rng=rng)
-        for _ in range(settle):
-            await ctx.tick()
-        while ctx.get(dut.busy):
-            await ctx.tick()
+        phases = [frames] if then is None else [frames, then[1]]
+        for k, phase in enumerate(phases):
+            if k:
+                await then[0](ctx, regs)
+            await drive_frames(ctx, dut.rx, phase, gap=gap, rng=rng)
+            for _ in range(settle):
+                await ctx.tick()
+            while ctx.get(dut.busy):
+                await ctx.tick()
         if after is not None:
             await after(ctx, regs)
         result["counters"] = {n: await reg_read(ctx, regs, counter_addr(n))

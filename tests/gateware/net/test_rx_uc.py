@@ -6,31 +6,25 @@
 """
 
 import pytest
-from amaranth.sim import Simulator
 from netbench import (
     HOST_IP,
     HOST_MAC,
     PARAMS,
     QSC_IP,
     QSC_MAC,
-    StreamSink,
-    drive_frames,
     expected_writes,
     mailbox_commit,
     roce_frame,
     tail_write,
 )
 from test_rx import (
-    COUNTER_NAMES,
     ENV0,
     ENV_RKEY,
     IMEM0,
     IMEM_RKEY,
-    RxHarness,
     configure_rx,
     nonzero,
     payload_bytes,
-    reg_read,
     reg_write,
     run_rx,
 )
@@ -39,7 +33,6 @@ from openqlink.memory_map import (
     MAILBOX_BYTES,
     MAILBOX_OFFSET,
     QSCParams,
-    counter_addr,
     ppu_base,
     ppu_reg,
     qp_reg,
@@ -271,38 +264,11 @@ def test_a_qp_restart_closes_its_message():
         await reg_write(ctx, regs, qp_reg(0, "HOST_QPN"), 0x22)
         await configure_rx(ctx, regs, PARAMS)
 
-    cmds, counters, epsn = run_rx_phases(frames[:2], reconfigure, frames[2:])
+    cmds, _, counters, epsn = run_rx(frames[:2], setup=with_qp(),
+                                     then=(reconfigure, frames[2:]))
     assert cmds == message_writes(IMEM0, data[:512])
     assert counters["DROP_PSN"] == 1 and counters["RX_ROCE_ACCEPTED"] == 2
     assert epsn == [0]
-
-
-def run_rx_phases(first, between, second):
-    """Drive ``first`` (PMTU 256), run ``between(ctx, regs)``, then drive ``second``; return
-    (bus commands, counters, epsn)."""
-    h = RxHarness(PARAMS)
-    dut, regs = h.dut, h.regs
-    sink = StreamSink(dut.bus_cmd, lambda c: True)
-    out = {}
-
-    async def testbench(ctx):
-        await configure_rx(ctx, regs, PARAMS)
-        await with_qp()(ctx, regs)
-        for frames, then in ((first, between), (second, None)):
-            await drive_frames(ctx, dut.rx, frames)
-            for _ in range(40):
-                await ctx.tick()
-            if then is not None:
-                await then(ctx, regs)
-        out["counters"] = {n: await reg_read(ctx, regs, counter_addr(n)) for n in COUNTER_NAMES}
-        out["epsn"] = [await reg_read(ctx, regs, qp_reg(0, "RX_EPSN"))]
-
-    sim = Simulator(h)
-    sim.add_clock(6.4e-9)
-    sim.add_testbench(testbench)
-    sim.add_testbench(sink.run, background=True)
-    sim.run()
-    return sink.items, out["counters"], out["epsn"]
 
 
 def test_the_pmtu_register_decodes_every_code():
