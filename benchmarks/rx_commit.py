@@ -58,6 +58,7 @@ class _Bench(wiring.Component):
         m.submodules.rx = rx = self.rx
         m.submodules.regs = regs = self.regs
         m.d.comb += [rx.config.eq(regs.config), rx.qp.eq(regs.qp), regs.inc[0].eq(rx.count),
+                     regs.qp_inc.eq(rx.qp_count),
                      regs.rx_epsn.eq(rx.epsn), rx.qp_reset.eq(regs.qp_reset)]
         return m
 

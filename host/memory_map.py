@@ -6,7 +6,7 @@ registers) and RDMA (the RETH virtual address *is* this address; VA bits [63:32]
 | address | what |
 |---|---|
 | `0x0000_0000` | global registers, `rti` domain (version, network configuration, counters) |
-| `0x0000_1000 + 0x100*n` | QP context of PPU `n`, `rti` domain (QPNs, R_Keys, host ring) |
+| `0x0000_1000 + 0x100*q` | context of QP `q`, `rti` domain (QPNs, peer, R_Keys, counters) |
 | `0x1000_0000 + n<<24` | window of PPU `n`, `dtd` domain, reached through the internal bus: |
 | `  +0x00_0000` | instruction ring, `imem_depth` x 16 bytes (RDMA: IMEM_RKEY) |
 | `  +0x40_0000` | envelope memory, `env_depth` x 2 bytes, signed Q1.15 (RDMA: ENV_RKEY) |
@@ -25,7 +25,8 @@ from enum import Enum
 
 __all__ = [
     "Access", "Register", "Region", "QSCParams",
-    "GLOBAL_REGISTERS", "QP_REGISTERS", "PPU_REGISTERS", "COUNTERS",
+    "GLOBAL_REGISTERS", "QP_REGISTERS", "QP_COUNTERS", "QP_COUNTERS_OFFSET", "PPU_REGISTERS",
+    "COUNTERS",
     "GLOBAL_BASE", "COUNTERS_BASE", "QP_BASE", "QP_STRIDE", "PPU_BASE", "PPU_STRIDE",
     "IMEM_OFFSET", "ENV_OFFSET", "MAILBOX_OFFSET", "MAILBOX_BYTES", "REGS_OFFSET",
     "REGS_RDMA_BYTES", "READOUT_REGISTERS", "READOUT_OFFSET", "READOUT_STRIDE", "TRACE_OFFSET",
@@ -101,6 +102,10 @@ class QSCParams:
     """
 
     num_ppus: int = 1
+    #: QPs of the QSC (num_ppus..16; None: max(4, num_ppus)). QP n < num_ppus is PPU n's own
+    #: QP, which carries its CALL requests; the others reach the PPU their PPU register names
+    #: and send nothing (UC needs no acknowledgements)
+    num_qps: int | None = None
     imem_depth: int = 1024            #: instructions in each PPU's ring (power of two)
     env_depth: int = 4096             #: 16-bit samples of envelope memory per PPU
     data_width_bits: int = 64         #: MAC-side packet stream width
@@ -122,13 +127,18 @@ class QSCParams:
     call_arg_bytes: int = 16
     rti_clk_hz: int = 156_250_000     #: network clock (10GBASE-R MAC side)
     dtd_clk_hz: int = 250_000_000     #: PPU / timeline clock
-    qpn_base: int = 0x100             #: QPN of PPU n from reset is qpn_base + n (QSC_QPN)
+    qpn_base: int = 0x100             #: QPN of QP n from reset is qpn_base + n (QSC_QPN)
     mac: str = "02:4e:56:51:00:02"    #: QSC MAC address at reset (locally administered)
     ip: str = "192.168.0.2"           #: QSC IPv4 address at reset (HSB's default)
 
     def __post_init__(self):
         if not 1 <= self.num_ppus <= 16:
             raise ValueError(f"num_ppus must be 1..16, not {self.num_ppus}")
+        if self.num_qps is None:
+            object.__setattr__(self, "num_qps", max(4, self.num_ppus))
+        if not self.num_ppus <= self.num_qps <= 16:
+            raise ValueError(f"num_qps must be num_ppus ({self.num_ppus})..16, not "
+                             f"{self.num_qps}")
         for name in ("imem_depth", "env_depth"):
             v = getattr(self, name)
             if v <= 0 or v & (v - 1):
@@ -181,6 +191,8 @@ GLOBAL_REGISTERS: tuple[Register, ...] = (
     _R("VERSION", 0x000, Access.RO, 0, "Gateware and ISA version, see version_word()"),
     _R("NUM_PPUS", 0x004, Access.RO, 0, "Number of PPUs in this build"),
     _R("SCRATCH", 0x008, Access.RW, 0, "Free for the host: connection check"),
+    _R("NUM_QPS", 0x00C, Access.RO, 0,
+       "Number of QPs in this build (num_ppus..16; QP n < NUM_PPUS is PPU n's own)"),
     _R("QSC_MAC_HI", 0x010, Access.RW, 0, "QSC MAC address bits [47:32]"),
     _R("QSC_MAC_LO", 0x014, Access.RW, 0, "QSC MAC address bits [31:0]"),
     _R("QSC_IP", 0x018, Access.RW, 0, "QSC IPv4 address"),
@@ -212,7 +224,7 @@ COUNTERS: tuple[tuple[str, str], ...] = (
     ("DROP_ICRC", "RoCEv2 ICRC mismatch"),
     ("DROP_OPCODE", "BTH opcode not handled (not UC, or not supported yet)"),
     ("DROP_PKEY", "P_Key does not match"),
-    ("DROP_QPN", "DestQP is not a PPU's QP"),
+    ("DROP_QPN", "DestQP is no QP's QSC_QPN"),
     ("DROP_RKEY", "R_Key does not match the region's"),
     ("DROP_VA", "VA range leaves the region, or is not 4-byte aligned"),
     ("DROP_LENGTH", "Payload length inconsistent with DMALen, pad count or buffer"),
@@ -243,16 +255,17 @@ COUNTERS: tuple[tuple[str, str], ...] = (
 )
 COUNTERS_BASE = 0x100
 
-#: QP context of PPU ``n`` at ``QP_BASE + QP_STRIDE * n``.
+#: Context of QP ``q`` at ``QP_BASE + QP_STRIDE * q``. QP ``q < num_ppus`` is PPU ``q``'s own
+#: (its CALL requests go out on it); the others reach the PPU their PPU register names.
 QP_REGISTERS: tuple[Register, ...] = (
     _R("QSC_QPN", 0x00, Access.RW, 0,
-       "QPN of this PPU's QP: the DestQP its packets carry (from reset the build's qpn_base + "
-       "n). Write it before HOST_QPN, e.g. 0x2 for CUDA-Q's GPU bridge's "
-       "default remote QP; QPNs of two QPs must differ (a packet goes to the lowest PPU whose "
-       "QSC_QPN matches)"),
+       "QPN of this QP: the DestQP its packets carry (from reset the build's qpn_base + q). "
+       "Write it before HOST_QPN, e.g. 0x2 for CUDA-Q's GPU bridge's default remote QP; QPNs "
+       "of two QPs must differ (a packet goes to the lowest QP whose QSC_QPN matches)"),
     _R("HOST_QPN", 0x04, Access.RW, 0,
-       "DestQP of requests: the host's QP for this PPU; a write restarts the QP (a host "
-       "configuring it): TX_PSN, RX_EPSN and the next request's ring slot return to 0"),
+       "The peer's QPN: DestQP of the requests of a PPU's own QP; a write restarts the QP (a "
+       "host configuring it): TX_PSN, RX_EPSN and the next request's ring slot return to 0, "
+       "its open message closes and its R_Keys become invalid"),
     _R("HOST_RKEY", 0x08, Access.RW, 0, "R_Key of the host's request ring"),
     _R("RING_VA_HI", 0x0C, Access.RW, 0, "Host ring base VA bits [63:32] (iova 0: keep 0)"),
     _R("RING_VA_LO", 0x10, Access.RW, 0, "Host ring base VA bits [31:0]"),
@@ -261,7 +274,8 @@ QP_REGISTERS: tuple[Register, ...] = (
     _R("IMEM_RKEY", 0x1C, Access.RW, 0, "R_Key of the instruction ring"),
     _R("ENV_RKEY", 0x20, Access.RW, 0, "R_Key of the envelope memory"),
     _R("REGS_RKEY", 0x24, Access.RW, 0, "R_Key of the PPU registers TAIL .. TRIGGER"),
-    _R("TX_PSN", 0x28, Access.RO, 0, "Next PSN we send on this QP"),
+    _R("TX_PSN", 0x28, Access.RO, 0,
+       "Next PSN we send on this QP (a QP q >= NUM_PPUS sends nothing: 0)"),
     _R("RX_EPSN", 0x2C, Access.RO, 0, "Next PSN we expect on this QP"),
     _R("RESPONSE_BYTES", 0x30, Access.RW, 64,
        "Largest SEND payload this QP takes into the PPU's response mailbox, in bytes (13 "
@@ -280,6 +294,23 @@ QP_REGISTERS: tuple[Register, ...] = (
     _R("PEER_IP", 0x40, Access.RW, 0,
        "IPv4 address of this QP's peer: the QP takes packets from this source IP only "
        "(DROP_PEER) and sends its requests to it"),
+    _R("PPU", 0x44, Access.RW, 0,
+       "The PPU whose regions (as this QP's R_Keys open them) and response mailbox this QP "
+       "reaches (4 bits). A PPU's own QP (q < NUM_PPUS) reads q and ignores writes; another "
+       "QP's is 0 from reset, and a write of a PPU the build lacks is ignored"),
+)
+
+#: Offset of the QP counters in each QP context.
+QP_COUNTERS_OFFSET = 0x80
+
+#: Counters of each QP (RO, 32-bit, wrap) at ``QP_BASE + QP_STRIDE * q + QP_COUNTERS_OFFSET``,
+#: 4 bytes apart. A packet is the QP's when its DestQP is the QP's QSC_QPN.
+QP_COUNTERS: tuple[tuple[str, str], ...] = (
+    ("RX_PACKETS", "Packets of this QP accepted"),
+    ("RX_DROPS", "Packets of this QP dropped, for any reason after DestQP (DROP_PEER and "
+                 "DROP_OVERFLOW included)"),
+    ("RX_DROPS_PSN", "Of those, the DROP_PSN ones (a MIDDLE or LAST of a broken message)"),
+    ("TX_PACKETS", "RPC requests sent on this QP (a QP q >= NUM_PPUS sends none)"),
 )
 
 #: PPU registers at ``ppu_base(n) + REGS_OFFSET``.
@@ -374,9 +405,13 @@ def counter_addr(name: str) -> int:
     raise KeyError(f"no register or counter {name!r}")
 
 
-def qp_reg(ppu: int, name: str) -> int:
-    """Byte address of register ``name`` in PPU ``ppu``'s QP context."""
-    return QP_BASE + QP_STRIDE * ppu + _find(QP_REGISTERS, name).offset
+def qp_reg(qp: int, name: str) -> int:
+    """Byte address of register or counter ``name`` in QP ``qp``'s context (PPU ``n``'s own QP
+    is QP ``n``)."""
+    for i, (n, _) in enumerate(QP_COUNTERS):
+        if n == name:
+            return QP_BASE + QP_STRIDE * qp + QP_COUNTERS_OFFSET + 4 * i
+    return QP_BASE + QP_STRIDE * qp + _find(QP_REGISTERS, name).offset
 
 
 def ppu_base(ppu: int) -> int:
@@ -450,13 +485,24 @@ def render_markdown(params: QSCParams | None = None) -> str:
         _table([(f"`{counter_addr(n):#010x}`", n, d) for n, d in COUNTERS],
                ("address", "name", "counts")),
         "",
-        "## QP context of PPU n (rti domain), at `0x1000 + 0x100*n`",
+        "## Context of QP q (rti domain), at `0x1000 + 0x100*q`",
+        "",
+        f"A build has `num_qps` QPs (default max(4, num_ppus): {params.num_qps} here). QP "
+        "`q < num_ppus` is PPU `q`'s own: its CALL requests go out on it. Every QP has its own "
+        "peer, PSNs, open message, counters and R_Keys: a region of its PPU is writable "
+        "through the QP once the QP's R_Key register for it has been written (its map).",
         "",
         _table([(f"`+{r.offset:#04x}`", r.name, r.access.value,
-                 "qpn_base + n" if r.name == "QSC_QPN" else f"`{r.reset:#x}`", r.doc)
+                 {"QSC_QPN": "qpn_base + q", "PPU": "q (own QP), 0"}.get(
+                     r.name, f"`{r.reset:#x}`"), r.doc)
                 for r in QP_REGISTERS], ("offset", "name", "access", "reset", "")),
         "",
-        f"PPU n's QPN is QSC_QPN, `qpn_base + n` from reset (default qpn_base "
+        "Counters of QP q (RO, 32-bit, wrapping):",
+        "",
+        _table([(f"`+{QP_COUNTERS_OFFSET + 4 * i:#04x}`", n, d)
+                for i, (n, d) in enumerate(QP_COUNTERS)], ("offset", "name", "counts")),
+        "",
+        f"QP q's QPN is QSC_QPN, `qpn_base + q` from reset (default qpn_base "
         f"{params.qpn_base:#x}). Requests go "
         "to HOST_QPN as UC RDMA_WRITE_ONLY_WITH_IMMEDIATE into slot `s` at VA "
         "`RING_VA + s*SLOT_SIZE` with ImmDt `{PSN[19:0], s[11:0]}`, slots round-robin from 0 "

@@ -44,6 +44,7 @@ from .memory_map import (
     IMEM_OFFSET,
     MAILBOX_BYTES,
     PPU_REGISTERS,
+    QP_COUNTERS,
     QP_REGISTERS,
     REGS_OFFSET,
     REGS_RDMA_BYTES,
@@ -183,8 +184,8 @@ class QSC:
     Attributes
     ----------
     control : ControlClient
-    num_ppus : int
-        Known after :meth:`connect`.
+    num_ppus, num_qps : int
+        Known after :meth:`connect` (from ``params`` before it).
     rx_counts : dict[str, int]
         Received frames by :data:`RX_COUNT_NAMES`; the host QPs count their own drops in
         ``qsc.qp(ppu).counters``.
@@ -214,6 +215,7 @@ class QSC:
                                   f"a path MTU is one of {PMTU_VALUES} bytes")
         self.pmtu_bytes = pmtu_bytes
         self.num_ppus = self.params.num_ppus
+        self.num_qps: int = self.params.num_qps
         self.control = ControlClient(transport, local_mac=self.host_mac, local_ip=self.host_ip,
                                      local_port=control_port, qsc_mac=self.qsc_mac,
                                      qsc_ip=self.qsc_ip, timeout_s=timeout_s, retries=retries,
@@ -221,6 +223,8 @@ class QSC:
         self.rx_counts: dict[str, int] = dict.fromkeys(RX_COUNT_NAMES, 0)
         self.version = 0
         self._ppus: dict[int, _PPUState] = {}
+        #: QPs beyond the PPUs' own, configured by :meth:`configure_qp`: QP -> (host QP, PPU)
+        self._extra_qps: dict[int, tuple[UCQueuePair, int]] = {}
         self._by_qpn: dict[int, UCQueuePair] = {}
         self._tx_lock = threading.Lock()
 
@@ -232,7 +236,7 @@ class QSC:
         Reads VERSION (``{major, minor, isa, 0x51}``, see
         :func:`openqlink.memory_map.version_word`): the tag byte, the major version and the ISA
         version must equal ours (minor may differ), then NUM_PPUS (1..16, equal to
-        ``params.num_ppus`` when params were given).
+        ``params.num_ppus`` when params were given) and NUM_QPS (NUM_PPUS..16, likewise).
 
         Raises :class:`~openqlink.errors.VersionMismatchError` naming the field that differs, and
         :class:`~openqlink.errors.ControlPlaneError` when the QSC does not answer.
@@ -254,7 +258,14 @@ class QSC:
         if self._params_given and num != self.params.num_ppus:
             raise VersionMismatchError(f"NUM_PPUS: QSC reports {num}, params.num_ppus is "
                                        f"{self.params.num_ppus}")
+        num_qps = self.control.read(global_reg("NUM_QPS"))
+        if not num <= num_qps <= 16:
+            raise VersionMismatchError(f"NUM_QPS: QSC reports {num_qps}, not {num}..16")
+        if self._params_given and num_qps != self.params.num_qps:
+            raise VersionMismatchError(f"NUM_QPS: QSC reports {num_qps}, params.num_qps is "
+                                       f"{self.params.num_qps}")
         self.num_ppus = num
+        self.num_qps = num_qps
         self.version = got
         return got
 
@@ -326,18 +337,11 @@ class QSC:
                                      and 0 < ring.slot_size < 1 << 16):
             raise FieldRangeError("QPContext", "num_slots", (ring.num_slots, ring.slot_size),
                                   "the ring needs 1..4096 slots of 1..65535 bytes")
-        writes: list[tuple[int, int]] = []
+        writes = self._qp_writes(ppu, qpn, qsc_qpn, self.host_mac, self.host_ip)
 
         def w(addr: int, value: int) -> None:
             writes.append((addr, value))
 
-        if qsc_qpn is not None:
-            w(qp_reg(ppu, "QSC_QPN"), qsc_qpn)
-        w(qp_reg(ppu, "HOST_QPN"), qpn)
-        w(qp_reg(ppu, "PMTU"), path_mtu_code(self.pmtu_bytes))
-        w(qp_reg(ppu, "PEER_MAC_HI"), self.host_mac >> 32)
-        w(qp_reg(ppu, "PEER_MAC_LO"), self.host_mac & 0xFFFF_FFFF)
-        w(qp_reg(ppu, "PEER_IP"), self.host_ip)
         if response_bytes is not None:
             w(qp_reg(ppu, "RESPONSE_BYTES"), response_bytes)
         w(qp_reg(ppu, "HOST_RKEY"), keys.ring)
@@ -350,12 +354,7 @@ class QSC:
         w(qp_reg(ppu, "IMEM_RKEY"), keys.imem)
         w(qp_reg(ppu, "ENV_RKEY"), keys.env)
         w(qp_reg(ppu, "REGS_RKEY"), keys.regs)
-        w(global_reg("RX_ENABLE"), 1)
-        # one WR_BLOCK, executed in order (a failing write stops the rest: RX_ENABLE last)
-        self.control.write_block(writes)
-        qsc_qpn = self.control.read(qp_reg(ppu, "QSC_QPN")) & 0xFF_FFFF
-        qp = UCQueuePair(self.host_mac, self.host_ip, qpn, self.qsc_mac, self.qsc_ip, qsc_qpn,
-                         udp_src_port=self.roce_src_port, pmtu_bytes=self.pmtu_bytes)
+        qp, qsc_qpn = self._open_qp(ppu, writes, qpn, self.host_mac, self.host_ip)
         if ring is not None:
             qp.register_ring(ring, keys.ring, va=0)
         old = self._ppus.get(ppu)
@@ -364,6 +363,107 @@ class QSC:
         self._ppus[ppu] = _PPUState(qp, qsc_qpn, keys, ring)
         self._by_qpn[qpn] = qp
         return qp
+
+    def _qp_writes(self, qp: int, host_qpn: int, qsc_qpn: int | None, peer_mac: int,
+                   peer_ip: int) -> list[tuple[int, int]]:
+        """The first writes of configuring QP ``qp``: QSC_QPN (when given), HOST_QPN (the
+        restart), PMTU, the peer's addresses."""
+        writes = [] if qsc_qpn is None else [(qp_reg(qp, "QSC_QPN"), qsc_qpn)]
+        return writes + [
+            (qp_reg(qp, "HOST_QPN"), host_qpn),
+            (qp_reg(qp, "PMTU"), path_mtu_code(self.pmtu_bytes)),
+            (qp_reg(qp, "PEER_MAC_HI"), peer_mac >> 32),
+            (qp_reg(qp, "PEER_MAC_LO"), peer_mac & 0xFFFF_FFFF),
+            (qp_reg(qp, "PEER_IP"), peer_ip),
+        ]
+
+    def _open_qp(self, qp: int, writes: list[tuple[int, int]], host_qpn: int, peer_mac: int,
+                 peer_ip: int) -> tuple[UCQueuePair, int]:
+        """Write ``writes`` and RX_ENABLE in one WR_BLOCK (in order: a failing write stops the
+        rest, RX_ENABLE last), read QP ``qp``'s QSC_QPN; return the peer's UC QP and it."""
+        self.control.write_block([*writes, (global_reg("RX_ENABLE"), 1)])
+        qsc_qpn = self.control.read(qp_reg(qp, "QSC_QPN")) & 0xFF_FFFF
+        return UCQueuePair(peer_mac, peer_ip, host_qpn, self.qsc_mac, self.qsc_ip, qsc_qpn,
+                           udp_src_port=self.roce_src_port,
+                           pmtu_bytes=self.pmtu_bytes), qsc_qpn
+
+    def configure_qp(self, qp: int, ppu: int, *, host_qpn: int | None = None,
+                     qsc_qpn: int | None = None, rkeys: dict[str, int] | None = None,
+                     peer_mac: str | bytes | int | None = None,
+                     peer_ip: str | int | None = None) -> UCQueuePair:
+        """Set up QP ``qp``, one beyond the PPUs' own (``num_ppus <= qp < num_qps``), to reach
+        PPU ``ppu``'s regions: e.g. a second connection that uploads programs while the PPU's
+        own QP carries its CALLs, or a QP of another host.
+
+        Writes the QP's context in one WR_BLOCK: QSC_QPN (when given), HOST_QPN (the restart:
+        ePSN 0, no message open, every R_Key invalid), PMTU, PEER_MAC_HI/LO and PEER_IP (the
+        peer: this host unless ``peer_mac``/``peer_ip`` name another), PPU, then the R_Key of
+        each region named in ``rkeys`` (``{"IMEM": key, "ENV": key, "REGS": key}``, any
+        subset: the QP's map; a region left out stays closed to it; ``None``: the three
+        :meth:`RKeys.default` keys of index ``qp``), and sets RX_ENABLE. Returns the peer's
+        UC QP (``host_qpn``, default ``DEFAULT_HOST_QPN_BASE + qp``, to the QSC_QPN read
+        back); when the peer is this host, frames for it are routed to it, and
+        :meth:`rdma_write` sends through it. The QP sends nothing: RPC responses it SENDs land
+        in the PPU's mailbox like those of the PPU's own QP.
+
+        Raises :class:`~openqlink.errors.FieldRangeError` (``qp`` not an extra QP of this QSC,
+        ``ppu`` not a PPU, an unknown region or a key, QPN out of range),
+        :class:`~openqlink.errors.ClaimedError` and
+        :class:`~openqlink.errors.ControlPlaneError`.
+        """
+        if not self.num_ppus <= qp < self.num_qps:
+            raise FieldRangeError("QSC", "qp", qp,
+                                  f"QP {qp} is not one of this QSC's extra QPs "
+                                  f"({self.num_ppus}..{self.num_qps - 1}); a PPU's own QP is "
+                                  "set up by configure()")
+        self._check_ppu(ppu)
+        d = RKeys.default(qp)
+        keys = {"IMEM": d.imem, "ENV": d.env, "REGS": d.regs} if rkeys is None else rkeys
+        for name, key in keys.items():
+            if name not in ("IMEM", "ENV", "REGS"):
+                raise FieldRangeError("QSC", "rkeys", name,
+                                      f"{name!r} is not a region (IMEM, ENV, REGS)")
+            if not 0 <= key < 1 << 32:
+                raise FieldRangeError("RETH", "r_key", key, f"{name} R_Key {key:#x} is not "
+                                      "32 bits")
+        qpn = DEFAULT_HOST_QPN_BASE + qp if host_qpn is None else host_qpn
+        for what, v in (("host", qpn), ("QSC", qsc_qpn)):
+            if v is not None and not 0 <= v < 1 << 24:
+                raise FieldRangeError("BTH", "dest_qp", v, f"{what} QPN {v:#x} is not 24 bits")
+        mac = self.host_mac if peer_mac is None else mac_to_int(peer_mac)
+        ip = self.host_ip if peer_ip is None else ip_to_int(peer_ip)
+        writes = self._qp_writes(qp, qpn, qsc_qpn, mac, ip)
+        writes.append((qp_reg(qp, "PPU"), ppu))
+        writes += [(qp_reg(qp, f"{name}_RKEY"), key) for name, key in keys.items()]
+        uc, _ = self._open_qp(qp, writes, qpn, mac, ip)
+        old = self._extra_qps.pop(qp, None)
+        if old is not None:
+            self._by_qpn.pop(old[0].qpn, None)
+        self._extra_qps[qp] = (uc, ppu)
+        if (mac, ip) == (self.host_mac, self.host_ip):
+            self._by_qpn[qpn] = uc
+        return uc
+
+    def rdma_write(self, qp: int, va: int, data: bytes, r_key: int,
+                   imm: int | None = None) -> None:
+        """Send ``data`` to ``va`` as one UC RDMA WRITE message (ONLY, or FIRST/MIDDLE.../LAST
+        at the path MTU; ``imm``: WITH_IMMEDIATE) on QP ``qp``, a PPU's own QP or one that
+        :meth:`configure_qp` set up with this host as its peer. The QSC checks ``r_key`` and
+        the range; what it drops it counts (:meth:`read_qp_counters`): nothing comes back.
+
+        Raises :class:`~openqlink.errors.QlinkError` for a QP not configured from this host.
+        """
+        if qp < self.num_ppus:
+            uc = self._state(qp).qp
+        elif qp in self._extra_qps and self._extra_qps[qp][0].qpn in self._by_qpn:
+            uc = self._extra_qps[qp][0]
+        else:
+            raise QlinkError(f"QP {qp} is not configured with this host as its peer: call "
+                             f"QSC.configure_qp({qp}, ...) first")
+        frames = uc.write_frames(va, r_key, bytes(data), imm)
+        with self._tx_lock:
+            for frame in frames:
+                self.transport.send_frame(frame)
 
     def claim_owner(self) -> str | None:
         """The IPv4 address of the host that claimed the QSC's control plane (the global CLAIM
@@ -691,11 +791,24 @@ class QSC:
         out = np.array(words, dtype="<u4").view("<i2")[:n]
         return out.astype(np.int16)
 
-    def read_qp_context(self, ppu: int) -> dict[str, int]:
-        """Every register of PPU ``ppu``'s QP context, by name (one RD_BLOCK)."""
-        self._check_ppu(ppu)
+    def _check_qp(self, qp: int) -> None:
+        if not 0 <= qp < self.num_qps:
+            raise FieldRangeError("QSC", "qp", qp, f"QP {qp} is not in 0..{self.num_qps - 1}")
+
+    def read_qp_context(self, qp: int) -> dict[str, int]:
+        """Every register of QP ``qp``'s context, by name (one RD_BLOCK; PPU ``n``'s own QP is
+        QP ``n``). Raises :class:`~openqlink.errors.FieldRangeError` for a QP the QSC lacks."""
+        self._check_qp(qp)
         names = [r.name for r in QP_REGISTERS]
-        return dict(zip(names, self.control.read_block([qp_reg(ppu, n) for n in names]),
+        return dict(zip(names, self.control.read_block([qp_reg(qp, n) for n in names]),
+                        strict=True))
+
+    def read_qp_counters(self, qp: int) -> dict[str, int]:
+        """QP ``qp``'s counters (:data:`~openqlink.memory_map.QP_COUNTERS`), by name, in one
+        RD_BLOCK. Raises :class:`~openqlink.errors.FieldRangeError` for a QP the QSC lacks."""
+        self._check_qp(qp)
+        names = [name for name, _ in QP_COUNTERS]
+        return dict(zip(names, self.control.read_block([qp_reg(qp, n) for n in names]),
                         strict=True))
 
     # --- receive path and RPC responses -------------------------------------------------------

@@ -25,7 +25,7 @@ class NetConfig(data.Struct):
 
 
 class QPContext(data.Struct):
-    """One PPU's QP context, from its QP registers."""
+    """One QP's context, from its QP registers."""
 
     qsc_qpn: unsigned(24)           #: the DestQP of this QP's packets
     host_qpn: unsigned(24)
@@ -43,6 +43,7 @@ class QPContext(data.Struct):
     pmtu_bytes: unsigned(13)        #: path MTU in bytes, 256..4096 (decoded PMTU register)
     peer_mac: unsigned(48)          #: the peer's MAC and IP: packets from them only, requests
     peer_ip: unsigned(32)           #: to them
+    ppu: unsigned(4)                #: the PPU whose regions and mailbox the QP reaches
 
 
 class ControlReply(data.Struct):

@@ -10,13 +10,13 @@ from amaranth.hdl import Module, Mux, Signal
 from amaranth.lib import stream, wiring
 from amaranth.lib.wiring import In, Out
 
-from ...memory_map import QSCParams
+from ...memory_map import QP_COUNTERS, QSCParams
 from ..bus import BusCommand, BusReadData, CallRequest
 from ..packet import packet_signature
 from .announce import BootpAnnouncer
-from .common import COUNTER_INDEX
+from .common import COUNTER_INDEX, QPContext
 from .control import ControlPlane, ControlReplyBuilder
-from .regs import NUM_COUNTERS, NetRegisters
+from .regs import NUM_COUNTERS, NUM_QP_COUNTERS, NetRegisters
 from .responder import Responder
 from .rx import RoCEReceiver
 from .timebase import Timebase
@@ -187,6 +187,13 @@ class NetworkCore(wiring.Component):
         wiring.connect(m, arbiter.bus_cmd, wiring.flipped(self.bus_cmd))
 
         tx_count = Signal(NUM_COUNTERS)
+        # the QP counters: the receiver's, and TX_PACKETS of each PPU's own QP
+        k_tx = [name for name, _ in QP_COUNTERS].index("TX_PACKETS")
+        qp_count = Signal.like(regs.qp_inc)
+        m.d.comb += qp_count.eq(rx.qp_count)
+        for n in range(params.num_ppus):
+            m.d.comb += qp_count[NUM_QP_COUNTERS * n + k_tx].eq(tx.sent_rpc & (tx.sent_ppu == n))
+        own = params.num_ppus
         m.d.comb += [
             arbiter.rx_busy.eq(rx.busy),
             arbiter.ctrl_busy.eq(ctrl.busy),
@@ -195,13 +202,14 @@ class NetworkCore(wiring.Component):
             rx.qp.eq(regs.qp),
             tx.config.eq(regs.config),
             ctrl_tx.config.eq(regs.config),
-            tx.qp.eq(regs.qp),
+            tx.qp.eq(regs.qp.as_value()[:own * QPContext.as_shape().size]),
             timebase.format.eq(regs.config.timestamp_format),
             tx.timestamp.eq(timebase.timestamp),
             regs.rx_epsn.eq(rx.epsn),
             regs.tx_psn.eq(tx.tx_psn),
             rx.qp_reset.eq(regs.qp_reset),
-            tx.qp_reset.eq(regs.qp_reset),
+            tx.qp_reset.eq(regs.qp_reset[:own]),
+            regs.qp_inc.eq(qp_count),
             # one frame's last beat at most per cycle passes the arbiters
             tx_count[COUNTER_INDEX["TX_FRAMES"]].eq(tx.sent_frame | ctrl_tx.sent),
             tx_count[COUNTER_INDEX["TX_RPC_REQUESTS"]].eq(tx.sent_rpc),

@@ -53,8 +53,9 @@ input sequences the solver has to rule out (``benchmarks/rx_bmc.py`` measures bo
 
 Reduced parameters (:data:`FORMAL_PARAMS` and the ``FORMAL_*`` sizes): ``imem_depth`` 2 and
 ``env_depth`` 4 (regions of 32 and 8 bytes: only constants of the region compares change, and
-the IMMDT check keeps a non-empty compare), two PPUs (a packet for one QP that writes into the
-other's regions is then a violation the check can see), the smallest receive buffer the receiver
+the IMMDT check keeps a non-empty compare), two PPUs and three QPs (a packet for one QP that
+writes into another PPU's regions is then a violation the check can see; the third QP reaches
+either PPU, as its free PPU input says), the smallest receive buffer the receiver
 takes (2 KiB) and queues of depth 2 (the HeadFIFO keeps its store). The logic of every check is
 the one of a build; the regions of a build all end on a 64-bit word, as these do.
 
@@ -113,7 +114,7 @@ __all__ = ["FORMAL_PARAMS", "FORMAL_BUFFER_BYTES", "FORMAL_DESC_DEPTH", "FORMAL_
            "RxFormalHarness", "BMCResult", "ENGINE", "sby_tools", "run_bmc"]
 
 #: The reduced parameters of the check (see the module's docstring).
-FORMAL_PARAMS = QSCParams(num_ppus=2, imem_depth=2, env_depth=4)
+FORMAL_PARAMS = QSCParams(num_ppus=2, num_qps=3, imem_depth=2, env_depth=4)
 #: Receive buffer (bytes), descriptor queue and control queue of the receiver under check.
 FORMAL_BUFFER_BYTES = 2048
 FORMAL_DESC_DEPTH = 2
@@ -158,7 +159,7 @@ class RxFormalHarness(wiring.Component):
     Members
     -------
     rx, config, qp, qp_reset
-        The receiver's inputs, free.
+        The receiver's inputs, free (each QP's QSC_QPN and PPU held from the first cycle on).
     bus_cmd, ctrl_req : Out(stream)
         The receiver's outputs; their ``ready`` is free.
     """
@@ -181,7 +182,7 @@ class RxFormalHarness(wiring.Component):
         self.queue_depth = desc_depth + 3
         self.dut = RoCEReceiver(params, buffer_bytes=buffer_bytes, desc_depth=desc_depth,
                                 ctrl_depth=ctrl_depth)
-        n = params.num_ppus
+        n = params.num_qps
         super().__init__({
             "rx": In(packet_signature()),
             "config": In(NetConfig),
@@ -191,8 +192,16 @@ class RxFormalHarness(wiring.Component):
             "ctrl_req": Out(stream.Signature(ControlRequest)),
         })
 
-    def _allowed(self, qp: Value, send: Value, byte_addr: Value) -> Value:
-        """``byte_addr`` lies in an RDMA region of PPU ``qp`` (in its mailbox for a SEND)."""
+    def _ppu_of(self, qp: Value) -> Value:
+        """The PPU that QP ``qp`` reaches (``num_ppus`` for no QP): PPU ``qp`` for a PPU's own
+        QP, the context's ``ppu`` for the others."""
+        params = self.params
+        return Array([Const(n, 4) for n in range(params.num_ppus)] +
+                     [self.qp[n].ppu for n in range(params.num_ppus, params.num_qps)] +
+                     [Const(params.num_ppus, 4)])[qp]
+
+    def _allowed(self, ppu: Value, send: Value, byte_addr: Value) -> Value:
+        """``byte_addr`` lies in an RDMA region of PPU ``ppu`` (in its mailbox for a SEND)."""
         hits = []
         for n in range(self.params.num_ppus):
             mailbox = ppu_base(n) + MAILBOX_OFFSET
@@ -200,7 +209,7 @@ class RxFormalHarness(wiring.Component):
                           ("MAILBOX" not in self.forbid))
             in_region = Cat(*((byte_addr >= r.va) & (byte_addr < r.va + r.length_bytes)
                               for r in regions(self.params, n) if r.name not in self.forbid))
-            hits.append((qp == n) & Mux(send, in_mailbox, in_region.any()))
+            hits.append((ppu == n) & Mux(send, in_mailbox, in_region.any()))
         return Cat(*hits).any()
 
     def _assert(self, test: Value, message: str) -> Assert:
@@ -279,25 +288,29 @@ class RxFormalHarness(wiring.Component):
         end = any_of("ends_message")
         with_reth = any_of("has_reth")
         with_imm = any_of("has_immdt")
-        # Every QP's path MTU is one the PMTU register decodes to.
-        for n in range(params.num_ppus):
+        # Every QP's path MTU is one the PMTU register decodes to, and the PPU of a QP that is
+        # not a PPU's own is one the build has (the register takes no other).
+        for n in range(params.num_qps):
             m.d.comb += Assume(Cat(*(self.qp[n].pmtu_bytes == size
                                      for size in PATH_MTU_BYTES.values())).any())
-        # The QP: the lowest PPU whose QSC_QPN is the DestQP. Each QP's QSC_QPN is any value,
-        # the same in every cycle (a host sets it before it opens the QP); two QPs may share
-        # one.
+            if n >= params.num_ppus:
+                m.d.comb += Assume(self.qp[n].ppu < params.num_ppus)
+        # The QP: the lowest whose QSC_QPN is the DestQP. Each QP's QSC_QPN and PPU are any
+        # values, the same in every cycle (a host sets them before it opens the QP); two QPs
+        # may share a QPN, and several QPs a PPU.
         started = Signal()
         m.d.sync += started.eq(1)
-        for n in range(params.num_ppus):
-            held = Signal(24, name=f"qsc_qpn_held{n}")
-            m.d.sync += held.eq(self.qp[n].qsc_qpn)
+        for n in range(params.num_qps):
+            held = Signal(24 + 4, name=f"qp_held{n}")
+            m.d.sync += held.eq(Cat(self.qp[n].qsc_qpn, self.qp[n].ppu))
             with m.If(started):
-                m.d.comb += Assume(self.qp[n].qsc_qpn == held)
+                m.d.comb += Assume(Cat(self.qp[n].qsc_qpn, self.qp[n].ppu) == held)
         qp = Signal(24)
-        m.d.comb += qp.eq(params.num_ppus)      # no QP: such a packet is never accepted
-        for n in reversed(range(params.num_ppus)):
+        m.d.comb += qp.eq(params.num_qps)       # no QP: such a packet is never accepted
+        for n in reversed(range(params.num_qps)):
             with m.If(bth["dest_qp"] == self.qp[n].qsc_qpn):
                 m.d.comb += qp.eq(n)
+        ppu = self._ppu_of(qp[:4])
         va = reth["va"][:32]
         payload = Signal(17)
         m.d.comb += payload.eq(udp["length"] - _ROCE_FIXED - bth["pad_cnt"] -
@@ -306,9 +319,9 @@ class RxFormalHarness(wiring.Component):
         # The FIRST of each QP's message, as the monitor saw it accepted: the alignment of its
         # VA (a FIRST and each MIDDLE carry a PMTU, a multiple of 8 bytes: every packet of the
         # message starts at that alignment) and whether it went to the instruction ring.
-        msg_align = Array(Signal(3, name=f"msg_align{n}") for n in range(params.num_ppus))
-        msg_imem = Array(Signal(name=f"msg_imem{n}") for n in range(params.num_ppus))
-        into_imem = Cat(*((qp == n) & (va >= r.va) & (va < r.va + r.length_bytes)
+        msg_align = Array(Signal(3, name=f"msg_align{n}") for n in range(params.num_qps))
+        msg_imem = Array(Signal(name=f"msg_imem{n}") for n in range(params.num_qps))
+        into_imem = Cat(*((ppu == n) & (va >= r.va) & (va < r.va + r.length_bytes)
                           for n in range(params.num_ppus)
                           for r in regions(params, n) if r.name == "IMEM")).any()
         # a SEND ONLY or FIRST longer than the mailbox (up to the QP's RESPONSE_BYTES) commits
@@ -348,7 +361,7 @@ class RxFormalHarness(wiring.Component):
         ]
         strobes = dut.count
         accepted = strobes[COUNTER_INDEX["RX_ROCE_ACCEPTED"]]
-        with m.If(accepted & s4.first & (s4.qp < params.num_ppus)):
+        with m.If(accepted & s4.first & (s4.qp < params.num_qps)):
             m.d.sync += [msg_align[s4.qp[:4]].eq(s4.align), msg_imem[s4.qp[:4]].eq(s4.imem)]
         m.d.comb += [
             self._assert(strobes[COUNTER_INDEX["RX_FRAMES"]] == s4.valid,
@@ -393,12 +406,13 @@ class RxFormalHarness(wiring.Component):
                                  "the monitor's queue overflowed")
 
         cmd = self.bus_cmd.payload
-        lanes_ok = Cat(*(~cmd.be[i] | self._allowed(head.qp, head.send,
+        head_ppu = self._ppu_of(head.qp[:4])
+        lanes_ok = Cat(*(~cmd.be[i] | self._allowed(head_ppu, head.send,
                                                     Cat(Const(i, 3), cmd.word_addr))
                          for i in range(8))).all()
         mailbox = Signal(29)
         m.d.comb += mailbox.eq(Array(Const((ppu_base(n) + MAILBOX_OFFSET) >> 3, 29)
-                                     for n in range(params.num_ppus))[head.qp[:4]])
+                                     for n in range(params.num_ppus))[head_ppu])
         with m.If(transfer):
             m.d.comb += [
                 self._assert(q_level != 0, "a bus command of no accepted packet"),
@@ -409,7 +423,7 @@ class RxFormalHarness(wiring.Component):
                 m.d.comb += self._assert(lanes_ok, "a WRITE outside the regions of its packet's QP")
             with m.If(cmd.op == BusOp.MAILBOX_COMMIT):
                 m.d.comb += self._assert(
-                    head.send & (head.left == 1) & (head.qp < params.num_ppus) &
+                    head.send & (head.left == 1) & (head.qp < params.num_qps) &
                     (cmd.word_addr == mailbox),
                     "a MAILBOX_COMMIT that does not end a SEND to its mailbox")
 

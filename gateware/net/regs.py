@@ -22,6 +22,8 @@ from ...memory_map import (
     GLOBAL_BASE,
     GLOBAL_REGISTERS,
     QP_BASE,
+    QP_COUNTERS,
+    QP_COUNTERS_OFFSET,
     QP_REGISTERS,
     QP_STRIDE,
     Access,
@@ -35,8 +37,8 @@ from ...wire.roce import PATH_MTU_BYTES
 from .common import NetConfig, QPContext
 
 __all__ = ["RegisterPortSignature", "NetRegisters", "REGISTER_WIDTHS", "NUM_COUNTERS",
-           "CONTROL_PLANE_REGISTERS",
-           "READ_LATENCY_CYCLES", "COUNTER_LAG_CYCLES"]
+           "NUM_QP_COUNTERS", "CONTROL_PLANE_REGISTERS",
+           "READ_LATENCY_CYCLES", "COUNTER_LAG_CYCLES", "qp_counter_lag_cycles"]
 
 #: Number of 32-bit counters (one increment strobe bit each).
 NUM_COUNTERS = len(COUNTERS)
@@ -48,6 +50,15 @@ NUM_COUNTERS = len(COUNTERS)
 #: registered with the stored value in the cycle after (1 cycle) and their sum written back in
 #: the next (1 cycle).
 COUNTER_LAG_CYCLES = NUM_COUNTERS + 4
+
+#: Number of counters of each QP (:data:`openqlink.memory_map.QP_COUNTERS`).
+NUM_QP_COUNTERS = len(QP_COUNTERS)
+
+
+def qp_counter_lag_cycles(num_qps: int) -> int:
+    """:data:`COUNTER_LAG_CYCLES` of the QP counters of a build with ``num_qps`` QPs: they are
+    a bank of their own, of NUM_QP_COUNTERS counters per QP."""
+    return NUM_QP_COUNTERS * num_qps + 4
 
 #: Cycles from ``port.addr`` to its ``port.r_data`` and ``port.hit``: the address is decoded
 #: into one register per 64-byte window (a 16-way choice inside it and the window match), and
@@ -88,6 +99,7 @@ REGISTER_WIDTHS: dict[str, int] = {
     "PEER_MAC_HI": 16,
     "PEER_MAC_LO": 32,
     "PEER_IP": 32,
+    "PPU": 4,
 }
 
 
@@ -140,13 +152,13 @@ class RegisterPortSignature(wiring.Signature):
 
 
 class NetRegisters(wiring.Component):
-    """The rti register block: global registers, counters and the QP context of every PPU.
+    """The rti register block: global registers, counters, and every QP's context and counters.
 
     Parameters
     ----------
     params : QSCParams
-        ``num_ppus``, ``qpn_base`` (QSC_QPN's reset value: qpn_base + n) and the reset MAC/IP
-        address.
+        ``num_ppus``, ``num_qps``, ``qpn_base`` (QSC_QPN's reset value: qpn_base + q) and the
+        reset MAC/IP address.
     num_inc_sources : int
         Number of counter increment vectors (one per block that counts).
 
@@ -157,17 +169,19 @@ class NetRegisters(wiring.Component):
         at the clock edge (the address applied at least one cycle before ``w_en``).
     config : Out(NetConfig)
         The network configuration held in the global registers (registered outputs).
-    qp : Out(ArrayLayout(QPContext, num_ppus))
-        Each PPU's QP context (registered outputs). A region's R_Key is valid
+    qp : Out(ArrayLayout(QPContext, num_qps))
+        Each QP's context (registered outputs). A region's R_Key is valid
         (``<name>_rkey_valid``) once its register has been written since the last reset or
         restart of the QP (a write of HOST_QPN): until the host configures it, no R_Key opens
-        a region, whatever its value (zero included).
+        a region, whatever its value (zero included). ``ppu`` is ``q`` for a PPU's own QP
+        (``q < num_ppus``), the PPU register (always < num_ppus) for the others.
     tx_psn : In(ArrayLayout(24, num_ppus))
-        Next PSN the TX builder sends on each QP, read back as TX_PSN.
-    rx_epsn : In(ArrayLayout(24, num_ppus))
+        Next PSN the TX builder sends on each PPU's own QP, read back as TX_PSN (0 for the
+        other QPs: they send nothing).
+    rx_epsn : In(ArrayLayout(24, num_qps))
         Next PSN the receiver expects on each QP, read back as RX_EPSN.
-    qp_reset : Out(num_ppus)
-        Bit ``n`` is high for one cycle, the cycle after a write of QP ``n``'s HOST_QPN (a
+    qp_reset : Out(num_qps)
+        Bit ``q`` is high for one cycle, the cycle after a write of QP ``q``'s HOST_QPN (a
         host configuring the QP): the TX builder and the receiver restart the QP (PSNs and
         ring slot at 0).
     inc : In(ArrayLayout(NUM_COUNTERS, num_inc_sources))
@@ -177,19 +191,26 @@ class NetRegisters(wiring.Component):
         many cycles: a strobe shows in the counter's value at most
         :data:`COUNTER_LAG_CYCLES` (NUM_COUNTERS + 4) cycles later (at least 5), i.e. in a
         read whose address is applied that many cycles after the strobe's cycle.
+    qp_inc : In(NUM_QP_COUNTERS * num_qps)
+        QP counter strobes: bit ``NUM_QP_COUNTERS * q + k`` adds one to counter ``k``
+        (:data:`openqlink.memory_map.QP_COUNTERS` order) of QP ``q``; it shows within
+        :func:`qp_counter_lag_cycles` cycles.
 
-    The counters are a bank, not one register and adder each: their values live in a small
-    memory (distributed RAM; a second copy serves the control-plane read), each counter has a
-    few-bit pending count that its strobes add to, and an update engine visits the counters
-    round robin, one a cycle, adding the pending count it takes (and clears) to the stored
-    value. After a reset the engine's first pass writes zeros; until it ends the counters read
-    zero (a strobe of those cycles still shows within the bound above).
+    The counters are two banks (the global ones, the QPs'), not one register and adder each:
+    their values live in a small memory (distributed RAM; a second copy serves the
+    control-plane read), each counter has a few-bit pending count that its strobes add to, and
+    an update engine visits the counters round robin, one a cycle, adding the pending count it
+    takes (and clears) to the stored value. After a reset the engine's first pass writes zeros;
+    until it ends the counters read zero (a strobe of those cycles still shows within the bound
+    above).
 
     Attributes
     ----------
     counter_values : MemoryData
         The counters' stored values, by :data:`openqlink.memory_map.COUNTERS` index (a
         simulation may preset or inspect them; the hardware writes them only by counting).
+    qp_counter_values : MemoryData
+        The QP counters' stored values, QP ``q``'s counter ``k`` at ``NUM_QP_COUNTERS * q + k``.
     """
 
     def __init__(self, params: QSCParams, *, num_inc_sources: int = 3):
@@ -202,15 +223,19 @@ class NetRegisters(wiring.Component):
         self.params = params
         self.num_inc_sources = num_inc_sources
         self.counter_values = MemoryData(shape=32, depth=NUM_COUNTERS, init=[])
+        self.qp_counter_values = MemoryData(shape=32, depth=NUM_QP_COUNTERS * params.num_qps,
+                                            init=[])
         n = params.num_ppus
+        q = params.num_qps
         super().__init__({
             "port": In(RegisterPortSignature()),
             "config": Out(NetConfig),
-            "qp": Out(data.ArrayLayout(QPContext, n)),
+            "qp": Out(data.ArrayLayout(QPContext, q)),
             "tx_psn": In(data.ArrayLayout(24, n)),
-            "rx_epsn": In(data.ArrayLayout(24, n)),
-            "qp_reset": Out(n),
+            "rx_epsn": In(data.ArrayLayout(24, q)),
+            "qp_reset": Out(q),
             "inc": In(data.ArrayLayout(NUM_COUNTERS, num_inc_sources)),
+            "qp_inc": In(NUM_QP_COUNTERS * q),
         })
 
     def _reset_value(self, name: str, default: int) -> int:
@@ -244,6 +269,8 @@ class NetRegisters(wiring.Component):
                 entries[addr] = (Const(version_word(ISA_VERSION), 32), None)
             elif reg.name == "NUM_PPUS":
                 entries[addr] = (Const(params.num_ppus, 32), None)
+            elif reg.name == "NUM_QPS":
+                entries[addr] = (Const(params.num_qps, 32), None)
             else:
                 sig = Signal(REGISTER_WIDTHS[reg.name], name=f"reg_{reg.name.lower()}",
                              init=self._reset_value(reg.name, reg.reset))
@@ -252,21 +279,33 @@ class NetRegisters(wiring.Component):
 
         cnt_data, cnt_data_ok, cnt_hit = self._counter_bank(m)
 
-        qpregs: list[dict[str, Signal]] = []
-        for n in range(params.num_ppus):
-            regs: dict[str, Signal] = {}
+        qpc_data, qpc_ok, qpc_hit = self._qp_counter_bank(m)
+
+        # storage signal -> the condition its write needs besides the address (the PPU
+        # register of a QP takes only a PPU the build has)
+        guards: dict[int, Value] = {}
+        qpregs: list[dict[str, Value]] = []
+        for n in range(params.num_qps):
+            regs: dict[str, Value] = {}
             for reg in QP_REGISTERS:
                 addr = QP_BASE + QP_STRIDE * n + reg.offset
                 if reg.name == "TX_PSN":
-                    entries[addr] = (self.tx_psn[n], None)
+                    entries[addr] = (self.tx_psn[n] if n < params.num_ppus else Const(0, 24),
+                                     None)
                 elif reg.name == "RX_EPSN":
                     entries[addr] = (self.rx_epsn[n], None)
+                elif reg.name == "PPU" and n < params.num_ppus:
+                    # a PPU's own QP: fixed
+                    regs[reg.name] = Const(n, REGISTER_WIDTHS[reg.name])
+                    entries[addr] = (regs[reg.name], None)
                 else:
                     init = params.qpn_base + n if reg.name == "QSC_QPN" else reg.reset
                     sig = Signal(REGISTER_WIDTHS[reg.name], init=init,
                                  name=f"qp{n}_{reg.name.lower()}")
                     regs[reg.name] = sig
                     entries[addr] = (sig, sig if reg.access is Access.RW else None)
+                    if reg.name == "PPU":
+                        guards[id(sig)] = port.w_data < params.num_ppus
                     if reg.name == "HOST_QPN":
                         strobes[id(sig)] = self.qp_reset[n]
                     if reg.name in region_keys:
@@ -286,8 +325,10 @@ class NetRegisters(wiring.Component):
             windows.setdefault(addr >> _WINDOW_BITS, {})[slot] = entry
         cnt_lo, cnt_hi = self._counter_region()
         for addr in entries:
-            if cnt_lo <= addr < cnt_hi:
-                raise ValueError(f"register at {addr:#x} lies in the counters' address region")
+            if cnt_lo <= addr < cnt_hi or (
+                    addr >= QP_BASE and QP_COUNTERS_OFFSET <= (addr - QP_BASE) % QP_STRIDE
+                    < QP_COUNTERS_OFFSET + 4 * NUM_QP_COUNTERS):
+                raise ValueError(f"register at {addr:#x} lies in a counters' address region")
         low_q = Signal(_WINDOW_BITS - 2)      # addr[7:2], registered
         m.d.sync += low_q.eq(port.addr[2:_WINDOW_BITS])
         r_data = Const(0, 32)
@@ -311,7 +352,7 @@ class NetRegisters(wiring.Component):
                 with m.Switch(low_q):
                     for slot, (_value, storage) in sorted(slots.items()):
                         if storage is not None:
-                            with m.Case(slot):
+                            with m.Case(slot), m.If(guards.get(id(storage), 1)):
                                 m.d.sync += storage.eq(port.w_data)
                                 if id(storage) in strobes:
                                     m.d.sync += strobes[id(storage)].eq(1)
@@ -320,8 +361,8 @@ class NetRegisters(wiring.Component):
             r_data = r_data | Mux(in_w, w_data, 0)
             hit = hit | (in_w & w_hit)
         # the counters: stage 1 is the bank's registered read, the region match and its gate
-        r_data = r_data | Mux(cnt_data_ok, cnt_data, 0)
-        hit = hit | cnt_hit
+        r_data = r_data | Mux(cnt_data_ok, cnt_data, 0) | Mux(qpc_ok, qpc_data, 0)
+        hit = hit | cnt_hit | qpc_hit
         m.d.sync += [port.r_data.eq(r_data), port.hit.eq(hit)]
 
         m.d.comb += [
@@ -352,6 +393,7 @@ class NetRegisters(wiring.Component):
                 qp.pmtu_bytes.eq(pmtu_bytes(regs["PMTU"])),
                 qp.peer_mac.eq(Cat(regs["PEER_MAC_LO"], regs["PEER_MAC_HI"])),
                 qp.peer_ip.eq(regs["PEER_IP"]),
+                qp.ppu.eq(regs["PPU"]),
             ]
         return m
 
@@ -365,90 +407,122 @@ class NetRegisters(wiring.Component):
         return lo, lo + size
 
     def _counter_bank(self, m: Module) -> tuple[Value, Value, Value]:
-        """The counters: a memory of their values, a pending count each, an update engine.
-
-        Returns the control-plane read of ``port.addr`` after stage 1 of the read: the stored
-        value, whether it may be shown (a counter, not during the pass that clears after a
-        reset) and whether ``addr`` names a counter.
-        """
+        """The global counters. Returns the control-plane read of ``port.addr`` after stage 1
+        of the read: the stored value, whether it may be shown (a counter, not during the
+        pass that clears after a reset) and whether ``addr`` names a counter."""
         port = self.port
-        n, s = NUM_COUNTERS, self.num_inc_sources
-        m.submodules.counter_values = mem = Memory(data=self.counter_values)
-
-        # Update engine, stage A (cycle v): ``ptr`` names the counter visited, ``visit`` is the
-        # same as a one-hot ring; its pending count is taken into ``take`` and restarts from
-        # this cycle's strobes. Stage B (cycle v + 1): the stored value is read and registered
-        # beside ``take``. Stage C (cycle v + 2): their sum is written back (a carry chain
-        # between flip-flops and the memory, no read in front of it). A counter's stage C
-        # write lands before its next stage B, n cycles on (n >= 2).
-        ptr = Signal(range(n), name="cnt_ptr")
-        visit = Signal(n, init=1, name="cnt_visit")
-        take = Signal(range(n * s + 1), name="cnt_take")
-        idx = Signal(range(n), name="cnt_idx")
-        # A reset clears the values: the first pass after it writes ``take`` alone.
-        clearing = Signal(init=1, name="cnt_clearing")
-        clear_b = Signal(init=1, name="cnt_clear_b")
-        m.d.sync += [
-            ptr.eq(Mux(ptr == n - 1, 0, ptr + 1)),
-            visit.eq(visit.rotate_left(1)),
-            idx.eq(ptr),
-            clear_b.eq(clearing),
-        ]
-        with m.If(ptr == n - 1):
-            m.d.sync += clearing.eq(0)
-
-        # Pending counts. inc_q is the sum of one cycle's strobes, registered so that no strobe
-        # logic sits in front of the pending adder: at most s. A pending count restarts from
-        # inc_q in the cycle its counter is visited (stage A takes the old count, so nothing is
-        # lost) and adds inc_q in every other cycle. Visits of one counter are exactly n cycles
-        # apart (ptr steps by one modulo n every cycle), so the count taken at a visit is the
-        # sum of the n inc_q values of the cycles since the previous visit: at most n * s
-        # (the first visit after a reset takes fewer: the cycles before it), which
-        # ``range(n * s + 1)`` holds: the pending counts never overflow.
-        pend = []
-        for i, (name, _) in enumerate(COUNTERS):
-            inc_q = Signal(range(s + 1), name=f"inc_{name.lower()}")
-            p = Signal(range(n * s + 1), name=f"pend_{name.lower()}")
-            pend.append(p)
-            m.d.sync += [
-                inc_q.eq(sum(self.inc[k][i] for k in range(s))),
-                p.eq(Mux(visit[i], 0, p) + inc_q),
-            ]
-        # the visited count, picked by the one-hot ring (an AND-OR: fewer LUT levels than a
-        # multiplexer on ptr)
-        m.d.sync += take.eq(
-            _or_tree([Mux(visit[i], p, 0) for i, p in enumerate(pend)]))
-
-        rd = mem.read_port(domain="comb")
-        wr = mem.write_port()
-        value = Signal(32, name="cnt_value")
-        take_c = Signal.like(take, name="cnt_take_c")
-        idx_c = Signal.like(idx, name="cnt_idx_c")
-        clear_c = Signal(init=1, name="cnt_clear_c")
-        m.d.sync += [
-            value.eq(Mux(clear_b, 0, rd.data)),
-            take_c.eq(take),
-            idx_c.eq(idx),
-            clear_c.eq(clear_b),
-        ]
-        m.d.comb += [
-            rd.addr.eq(idx),
-            wr.addr.eq(idx_c),
-            wr.en.eq(1),
-            wr.data.eq(value + take_c),                       # wraps at 32 bits
-        ]
-
-        # Control-plane read: the stored value of the cycle ``addr`` is applied in (the read
-        # port is not transparent: it does not see stage C's write of the same edge).
         lo, hi = self._counter_region()
         bits = (hi - lo).bit_length() - 1        # byte address bits inside the region
-        cp = mem.read_port(transparent_for=())
-        in_region = port.addr[bits:] == lo >> bits
-        is_counter = port.addr[2:bits] < n
+        value, ready = _counter_bank(
+            m, "cnt", self.counter_values, [name for name, _ in COUNTERS],
+            [self.inc[k] for k in range(self.num_inc_sources)], port.addr[2:bits])
         hit = Signal(name="cnt_hit")
-        # the values are stale until the clearing pass has written its last (stage C of
-        # counter n - 1, in the last cycle of clear_c)
-        ready = Signal(name="cnt_ready")
-        m.d.comb += cp.addr.eq(port.addr[2:bits])
-        m.d.sync += [hit.eq(in_region & is_counter), ready.eq(~clear_c)]
-        return cp.data, hit & ready, hit
+        m.d.sync += hit.eq((port.addr[bits:] == lo >> bits) & (port.addr[2:bits] < NUM_COUNTERS))
+        return value, hit & ready, hit
+
+    def _qp_counter_bank(self, m: Module) -> tuple[Value, Value, Value]:
+        """The QP counters, read at ``QP_COUNTERS_OFFSET`` of each QP's context: as
+        :meth:`_counter_bank`."""
+        params, port = self.params, self.port
+        k_bits = max(1, (NUM_QP_COUNTERS - 1).bit_length())
+        q_bits = (QP_STRIDE - 1).bit_length()           # byte address bits inside a context
+        if QP_COUNTERS_OFFSET % (4 << k_bits) or QP_BASE % (QP_STRIDE * 16):
+            raise ValueError("the QP counters must be aligned to their block")
+        names = [f"qp{q}_{name}" for q in range(params.num_qps) for name, _ in QP_COUNTERS]
+        # counter k of QP q at index NUM_QP_COUNTERS * q + k: the QP's index and the counter's
+        # address bits side by side when NUM_QP_COUNTERS is a power of two
+        assert NUM_QP_COUNTERS == 1 << k_bits
+        index = Cat(port.addr[2:2 + k_bits], port.addr[q_bits:q_bits + 4])
+        value, ready = _counter_bank(m, "qpcnt", self.qp_counter_values, names,
+                                     [self.qp_inc], index)
+        hit = Signal(name="qpcnt_hit")
+        m.d.sync += hit.eq(
+            (port.addr[q_bits + 4:] == QP_BASE >> (q_bits + 4)) &
+            (port.addr[q_bits:q_bits + 4] < params.num_qps) &
+            (port.addr[2 + k_bits:q_bits] == QP_COUNTERS_OFFSET >> (2 + k_bits)))
+        return value, hit & ready, hit
+
+
+def _counter_bank(m: Module, prefix: str, values: MemoryData, names: list[str],
+                  inc: list[Value], read_index: Value) -> tuple[Value, Value]:
+    """A bank of ``len(names)`` 32-bit counters whose values live in the memory ``values``;
+    ``inc`` holds one strobe vector per source (bit ``i``: one more for counter ``i``).
+
+    Returns the read of counter ``read_index`` a cycle later (registered) and whether the
+    values may be shown (not during the pass that clears after a reset), registered likewise.
+    """
+    n, s = len(names), len(inc)
+    m.submodules[f"{prefix}_values"] = mem = Memory(data=values)
+
+    # Update engine, stage A (cycle v): ``ptr`` names the counter visited, ``visit`` is the
+    # same as a one-hot ring; its pending count is taken into ``take`` and restarts from
+    # this cycle's strobes. Stage B (cycle v + 1): the stored value is read and registered
+    # beside ``take``. Stage C (cycle v + 2): their sum is written back (a carry chain
+    # between flip-flops and the memory, no read in front of it). A counter's stage C
+    # write lands before its next stage B, n cycles on (n >= 2).
+    assert n >= 2
+    ptr = Signal(range(n), name=f"{prefix}_ptr")
+    visit = Signal(n, init=1, name=f"{prefix}_visit")
+    take = Signal(range(n * s + 1), name=f"{prefix}_take")
+    idx = Signal(range(n), name=f"{prefix}_idx")
+    # A reset clears the values: the first pass after it writes ``take`` alone.
+    clearing = Signal(init=1, name=f"{prefix}_clearing")
+    clear_b = Signal(init=1, name=f"{prefix}_clear_b")
+    m.d.sync += [
+        ptr.eq(Mux(ptr == n - 1, 0, ptr + 1)),
+        visit.eq(visit.rotate_left(1)),
+        idx.eq(ptr),
+        clear_b.eq(clearing),
+    ]
+    with m.If(ptr == n - 1):
+        m.d.sync += clearing.eq(0)
+
+    # Pending counts. inc_q is the sum of one cycle's strobes, registered so that no strobe
+    # logic sits in front of the pending adder: at most s. A pending count restarts from
+    # inc_q in the cycle its counter is visited (stage A takes the old count, so nothing is
+    # lost) and adds inc_q in every other cycle. Visits of one counter are exactly n cycles
+    # apart (ptr steps by one modulo n every cycle), so the count taken at a visit is the
+    # sum of the n inc_q values of the cycles since the previous visit: at most n * s
+    # (the first visit after a reset takes fewer: the cycles before it), which
+    # ``range(n * s + 1)`` holds: the pending counts never overflow.
+    pend = []
+    for i, name in enumerate(names):
+        inc_q = Signal(range(s + 1), name=f"inc_{name.lower()}")
+        p = Signal(range(n * s + 1), name=f"pend_{name.lower()}")
+        pend.append(p)
+        m.d.sync += [
+            inc_q.eq(sum(inc[k][i] for k in range(s))),
+            p.eq(Mux(visit[i], 0, p) + inc_q),
+        ]
+    # the visited count, picked by the one-hot ring (an AND-OR: fewer LUT levels than a
+    # multiplexer on ptr)
+    m.d.sync += take.eq(_or_tree([Mux(visit[i], p, 0) for i, p in enumerate(pend)]))
+
+    rd = mem.read_port(domain="comb")
+    wr = mem.write_port()
+    value = Signal(32, name=f"{prefix}_value")
+    take_c = Signal.like(take, name=f"{prefix}_take_c")
+    idx_c = Signal.like(idx, name=f"{prefix}_idx_c")
+    clear_c = Signal(init=1, name=f"{prefix}_clear_c")
+    m.d.sync += [
+        value.eq(Mux(clear_b, 0, rd.data)),
+        take_c.eq(take),
+        idx_c.eq(idx),
+        clear_c.eq(clear_b),
+    ]
+    m.d.comb += [
+        rd.addr.eq(idx),
+        wr.addr.eq(idx_c),
+        wr.en.eq(1),
+        wr.data.eq(value + take_c),                       # wraps at 32 bits
+    ]
+
+    # Control-plane read: the stored value of the cycle ``read_index`` is applied in (the read
+    # port is not transparent: it does not see stage C's write of the same edge).
+    cp = mem.read_port(transparent_for=())
+    # the values are stale until the clearing pass has written its last (stage C of
+    # counter n - 1, in the last cycle of clear_c)
+    ready = Signal(name=f"{prefix}_ready")
+    m.d.comb += cp.addr.eq(read_index)
+    m.d.sync += ready.eq(~clear_c)
+    return cp.data, ready

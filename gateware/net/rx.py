@@ -34,8 +34,9 @@ order (the first failing check names the reason); the counter strobes show one c
 5. ICRC (RoCEv2 from here on): the received ICRC differs from the computed one.
 6. OPCODE: not a UC SEND or RDMA WRITE (0x20-0x2B, IBTA Vol 1 table 38), or TVer != 0.
 7. PKEY: P_Key low 15 bits differ from the configured P_Key, or neither has the full-member bit.
-8. QPN: DestQP is no PPU's QSC_QPN (``qpn_base + n`` for PPU ``n`` from reset; the lowest PPU
-   whose QSC_QPN matches takes the packet).
+8. QPN: DestQP is no QP's QSC_QPN (``qpn_base + q`` for QP ``q`` from reset; the lowest QP
+   whose QSC_QPN matches takes the packet). The QP reaches one PPU, ``n`` below: PPU ``q`` for
+   a PPU's own QP, the one its PPU register names for the others.
 9. PEER: the source MAC or IP is not the QP's peer (its PEER_MAC, PEER_IP), as rxe checks a
    connected QP's addresses.
 10. PSN: a MIDDLE or LAST while the QP has no message open, or of the other kind (a SEND inside
@@ -100,6 +101,7 @@ from ...memory_map import (
     MAILBOX_OFFSET,
     PPU_BASE,
     PPU_STRIDE,
+    QP_COUNTERS,
     QSCParams,
     ppu_base,
     ppu_reg,
@@ -127,7 +129,7 @@ from ..packet import PingPongSlice, packet_signature
 from .common import COUNTER_INDEX, DropReason, NetConfig, QPContext
 from .control import PAIR_RING_DEPTH, ControlRequest, PairPortSignature
 from .icrc import ICRC_WORD_MASKS, ICRCEngine, icrc_terms
-from .regs import NUM_COUNTERS
+from .regs import NUM_COUNTERS, NUM_QP_COUNTERS
 
 __all__ = ["RoCEReceiver", "CommitEngine", "commit_descriptor_layout", "HEADER_BYTES",
            "COMMIT_LATENCY_CYCLES", "REPLY_LAYOUT", "REPLY_LATENCY_CYCLES",
@@ -510,7 +512,7 @@ class RoCEReceiver(wiring.Component):
     Parameters
     ----------
     params : QSCParams
-        ``num_ppus`` (each QP's DestQP comes from its context, ``qp[n].qsc_qpn``), the region
+        ``num_qps`` (each QP's DestQP comes from its context, ``qp[q].qsc_qpn``), the region
         sizes (``imem_depth``, ``env_depth``).
     buffer_bytes : int
         Receive buffer size in bytes (a power of two, at least 2 KiB): a ring of 64-bit words.
@@ -528,8 +530,9 @@ class RoCEReceiver(wiring.Component):
         Frames from the MAC, FCS stripped. ``ready`` is always 1.
     config : In(NetConfig)
         QSC MAC and IP, P_Key, RX_ENABLE.
-    qp : In(ArrayLayout(QPContext, num_ppus))
-        Each PPU's QP: its QSC_QPN, R_Keys of its regions, RESPONSE_BYTES, path MTU.
+    qp : In(ArrayLayout(QPContext, num_qps))
+        Each QP's context: its QSC_QPN, peer, PPU, R_Keys of the PPU's regions,
+        RESPONSE_BYTES, path MTU.
     bus_cmd : Out(stream.Signature(BusCommand))
         The commands of accepted packets, one packet at a time (see :class:`CommitEngine`).
     busy : Out(1)
@@ -540,16 +543,20 @@ class RoCEReceiver(wiring.Component):
         The pair ring (:data:`~.control.PAIR_RING_DEPTH` entries): an accepted block request's
         pairs after its first, in order, for the control plane, which reads them and frees them
         (``rp``). A block whose pairs do not fit the free entries is dropped (OVERFLOW).
-    epsn : Out(ArrayLayout(24, num_ppus))
-        Next PSN expected on each PPU's QP (RX_EPSN), updated 1 cycle after an accepted
+    epsn : Out(ArrayLayout(24, num_qps))
+        Next PSN expected on each QP (RX_EPSN), updated 1 cycle after an accepted
         packet's decision.
-    qp_reset : In(num_ppus)
-        Bit ``n`` restarts PPU ``n``'s QP (a host configured it): its ``epsn`` returns to 0 and
+    qp_reset : In(num_qps)
+        Bit ``q`` restarts QP ``q`` (a host configured it): its ``epsn`` returns to 0 and
         its open message closes, over an update in the same cycle.
     count : Out(NUM_COUNTERS)
         Counter increment strobes (RX_FRAMES, RX_ROCE_ACCEPTED, RX_RPC_RESPONSES, PSN_GAP,
         RX_ARP_REQUESTS, RX_ECHO_REQUESTS and the DROP_* counters), at most one frame decided
         per cycle.
+    qp_count : Out(NUM_QP_COUNTERS * num_qps)
+        QP counter strobes (bit ``NUM_QP_COUNTERS * q + k``: QP ``q``'s counter ``k`` of
+        :data:`~openqlink.memory_map.QP_COUNTERS`; RX_PACKETS, RX_DROPS, RX_DROPS_PSN), in the
+        cycle ``count``'s show.
     reply : Out(REPLY_LAYOUT)
         A frame the responder should answer (an ARP request for our IP, an ICMP echo request
         that passed every check, its checksum included): ``valid`` for one cycle,
@@ -579,7 +586,7 @@ class RoCEReceiver(wiring.Component):
         #: The pair ring's block RAM (a simulation bench may read its entries).
         self.pair_ring = Memory(shape=64, depth=PAIR_RING_DEPTH, init=[],
                                 attrs={"no_rw_check": True})
-        n = params.num_ppus
+        n = params.num_qps
         super().__init__({
             "rx": In(packet_signature()),
             "config": In(NetConfig),
@@ -591,6 +598,7 @@ class RoCEReceiver(wiring.Component):
             "epsn": Out(data.ArrayLayout(24, n)),
             "qp_reset": In(n),
             "count": Out(NUM_COUNTERS),
+            "qp_count": Out(NUM_QP_COUNTERS * n),
             "reply": Out(REPLY_LAYOUT),
         })
 
@@ -598,6 +606,7 @@ class RoCEReceiver(wiring.Component):
         m = Module()
         params = self.params
         num_ppus = params.num_ppus
+        num_qps = params.num_qps
         ptr_bits = self.ptr_bits
         depth = self.buffer_words
         cfg = self.config
@@ -919,6 +928,7 @@ class RoCEReceiver(wiring.Component):
 
         # ---- hdr_chk: the header checks' parts, registered 1 cycle after the last beat -------
         n_bits = max(1, (num_ppus - 1).bit_length())
+        q_bits = max(1, (num_qps - 1).bit_length())
         # The opcode's decode and the header bytes it implies, registered from ``hdr`` every
         # cycle like ``tl_p14`` below: exact for a frame whose last beat comes after beat 5
         # (the BTH's first bytes); shorter frames fail the IP or UDP checks (a RoCEv2 datagram
@@ -934,14 +944,18 @@ class RoCEReceiver(wiring.Component):
 
         # DestQP against each QP's QSC_QPN, registered from ``hdr`` every cycle like
         # ``src_mac_peer`` below: DestQP ends in beat 6, and a frame that reaches the QPN check
-        # has at least 8 beats. The packet goes to the lowest PPU whose QPN matches.
-        qpn_hit = Signal(num_ppus)
+        # has at least 8 beats. The packet goes to the lowest QP whose QPN matches.
+        qpn_hit = Signal(num_qps)
         m.d.sync += qpn_hit.eq(Cat(*(bth["dest_qp"] == self.qp[n].qsc_qpn
-                                     for n in range(num_ppus))))
-        ppu_now = Signal(n_bits)
-        for n in reversed(range(num_ppus)):
+                                     for n in range(num_qps))))
+        qp_now = Signal(q_bits)
+        for n in reversed(range(num_qps)):
             with m.If(qpn_hit[n]):
-                m.d.comb += ppu_now.eq(n)
+                m.d.comb += qp_now.eq(n)
+        qpc_now = self.qp[qp_now]
+        # the PPU the QP reaches (its regions, mailbox and TAIL)
+        ppu_now = Signal(n_bits)
+        m.d.comb += ppu_now.eq(qpc_now.ppu)
         ext_bytes = Signal(5)
         m.d.sync += ext_bytes.eq(Mux(op_now["has_reth"], RETH.length_bytes, 0) +
                                  Mux(op_now["has_immdt"], IMMDT.length_bytes, 0))
@@ -955,19 +969,18 @@ class RoCEReceiver(wiring.Component):
         # next byte, the bytes it may still bring (a WRITE's DMALen left, a SEND's
         # RESPONSE_BYTES left: a FIRST's range check covered the whole DMALen). Written a cycle
         # after a decision, like ``epsn``; read at c1, a frame later.
-        msg_open = Signal(num_ppus)
-        msg_send = Signal(num_ppus)
-        msg_imem = Signal(num_ppus)
-        msg_addr = Array(Signal(32, name=f"msg_addr_{n}") for n in range(num_ppus))
-        msg_left = Array(Signal(_LEFT_BITS, name=f"msg_left_{n}") for n in range(num_ppus))
+        msg_open = Signal(num_qps)
+        msg_send = Signal(num_qps)
+        msg_imem = Signal(num_qps)
+        msg_addr = Array(Signal(32, name=f"msg_addr_{n}") for n in range(num_qps))
+        msg_left = Array(Signal(_LEFT_BITS, name=f"msg_left_{n}") for n in range(num_qps))
         mailbox_addr = Signal(32)
         m.d.comb += mailbox_addr.eq(PPU_BASE + MAILBOX_OFFSET + (ppu_now << win_bits))
         # A SEND's bytes go to the mailbox, a WRITE's to its VA (ONLY, FIRST) or behind the
         # message's bytes so far (MIDDLE, LAST).
         dst_addr = Signal(32)
         m.d.comb += dst_addr.eq(Mux(op["has_reth"], va[:32],
-                                    Mux(op["send"], mailbox_addr, msg_addr[ppu_now])))
-        qpc_now = self.qp[ppu_now]
+                                    Mux(op["send"], mailbox_addr, msg_addr[qp_now])))
 
         c1_layout = data.StructLayout({
             "valid": 1,
@@ -1003,6 +1016,7 @@ class RoCEReceiver(wiring.Component):
             "msg_open": 1,                    # the QP's message state
             "msg_send": 1,
             "msg_imem": 1,
+            "qp": q_bits,
             "ppu": n_bits,
             "psn": 24,
             "payload_bytes": 17,              # udp_len - overhead; bit 16: the header is short
@@ -1034,10 +1048,10 @@ class RoCEReceiver(wiring.Component):
         udp_p20 = Signal(17)                  # udp length + 20 (beat 4)
         # The source MAC (beat 1) and IP (beat 3) against each QP's peer, the QP's taken below
         # like ``qpn_hit``'s.
-        src_is_peer = Signal(num_ppus)
+        src_is_peer = Signal(num_qps)
         m.d.sync += src_is_peer.eq(Cat(*((eth["src"] == self.qp[n].peer_mac) &
                                          (ip["src"] == self.qp[n].peer_ip)
-                                         for n in range(num_ppus))))
+                                         for n in range(num_qps))))
         m.d.sync += [tl_p14.eq(total_length + _IP_AT),
                      udp_p20.eq(udp_len + IPV4.length_bytes)]
         is_arp = eth["ethertype"] == EtherType.ARP
@@ -1101,7 +1115,7 @@ class RoCEReceiver(wiring.Component):
             c1.pkey_fail.eq((rx_pkey[:15] != cfg.p_key[:15]) | ~(rx_pkey[15] | cfg.p_key[15])),
             c1.qpn_fail.eq(qpn_hit == 0),
             c1.response_bytes.eq(qpc_now.response_bytes),
-            c1.peer_fail.eq(~src_is_peer.bit_select(ppu_now, 1)),
+            c1.peer_fail.eq(~src_is_peer.bit_select(qp_now, 1)),
             c1.udp_sum_on.eq(udp["checksum"] != 0),
             c1.has_reth.eq(op["has_reth"]),
             c1.has_immdt.eq(op["has_immdt"]),
@@ -1113,11 +1127,12 @@ class RoCEReceiver(wiring.Component):
             # RESPONSE_BYTES, a MIDDLE or LAST what its message has left.
             c1.room.eq(Mux(op["has_reth"], reth["dma_len"],
                            Mux(op["send"] & op["start"], qpc_now.response_bytes,
-                               msg_left[ppu_now]))),
+                               msg_left[qp_now]))),
             c1.dma_zero.eq(reth["dma_len"] == 0),
-            c1.msg_open.eq(msg_open.bit_select(ppu_now, 1)),
-            c1.msg_send.eq(msg_send.bit_select(ppu_now, 1)),
-            c1.msg_imem.eq(msg_imem.bit_select(ppu_now, 1)),
+            c1.msg_open.eq(msg_open.bit_select(qp_now, 1)),
+            c1.msg_send.eq(msg_send.bit_select(qp_now, 1)),
+            c1.msg_imem.eq(msg_imem.bit_select(qp_now, 1)),
+            c1.qp.eq(qp_now),
             c1.ppu.eq(ppu_now),
             c1.psn.eq(bth["psn"]),
             c1.payload_bytes.eq(udp_len - overhead),
@@ -1194,7 +1209,7 @@ class RoCEReceiver(wiring.Component):
         epsn = self.epsn
         psn_fail = Signal()
         m.d.comb += psn_fail.eq(~c1.start & (~c1.msg_open | (c1.msg_send != c1.send) |
-                                             (c1.psn != epsn[c1.ppu])))
+                                             (c1.psn != epsn[c1.qp])))
         # The bytes committed: a WRITE's payload; of a SEND ONLY or FIRST, the first
         # MAILBOX_BYTES (a longer SEND, up to the QP's RESPONSE_BYTES, carries a response in its
         # first bytes); of a SEND MIDDLE or LAST, none (a FIRST brought a PMTU, more than that).
@@ -1280,7 +1295,7 @@ class RoCEReceiver(wiring.Component):
             "send": 1,
             "end": 1,
             "msg": _MSG_LAYOUT,               # the QP's message state if the packet is taken
-            "ppu": n_bits,
+            "qp": q_bits,
             "psn": 24,
             "psn_next": 24,
             "psn_gap": 1,
@@ -1309,10 +1324,10 @@ class RoCEReceiver(wiring.Component):
             s2.msg.imem.eq(Mux(c1.start, is_imem, c1.msg_imem)),
             s2.msg.addr.eq(c1.dst_addr + payload_bytes),
             s2.msg.left.eq(c1.room - payload_bytes),
-            s2.ppu.eq(c1.ppu),
+            s2.qp.eq(c1.qp),
             s2.psn.eq(c1.psn),
             s2.psn_next.eq(c1.psn + 1),
-            s2.psn_gap.eq(c1.psn != epsn[c1.ppu]),
+            s2.psn_gap.eq(c1.psn != epsn[c1.qp]),
             s2.beats.eq(c1.beats),
             s2.src_off.eq(c1.src_delta[3:]),
             s2.desc.shift.eq(c1.src_delta[:3]),
@@ -1357,9 +1372,9 @@ class RoCEReceiver(wiring.Component):
             m.d.sync += wr_base.eq(desc.end)
         # The expected PSN is written a cycle after the decision, from registers (the QP's
         # one-hot strobe and the PSN): the next decision that reads it is a frame away.
-        epsn_we = Signal(num_ppus)
+        epsn_we = Signal(num_qps)
         epsn_next = Signal(24)
-        m.d.sync += [epsn_we.eq(Mux(roce_write, 1 << s2.ppu, 0)), epsn_next.eq(s2.psn_next)]
+        m.d.sync += [epsn_we.eq(Mux(roce_write, 1 << s2.qp, 0)), epsn_next.eq(s2.psn_next)]
         # The message state likewise, for a packet of the QP (it passed the checks up to PEER):
         # taken, the packet opens, advances or closes its message; dropped (overflow included),
         # it closes it (IBTA Vol 1 9.8.3: the rest of the message is dropped up to a FIRST or
@@ -1367,11 +1382,11 @@ class RoCEReceiver(wiring.Component):
         peer_rank = next(i for i, (_, why) in enumerate(checks) if why is DropReason.PEER)
         owned = Signal()
         m.d.comb += owned.eq(s2.valid & s2.roce & ~s2.fail[:peer_rank + 1].any())
-        msg_we = Signal(num_ppus)
+        msg_we = Signal(num_qps)
         msg_next = Signal(_MSG_LAYOUT)
-        m.d.sync += [msg_we.eq(Mux(owned, 1 << s2.ppu, 0)), msg_next.eq(s2.msg),
+        m.d.sync += [msg_we.eq(Mux(owned, 1 << s2.qp, 0)), msg_next.eq(s2.msg),
                      msg_next.open.eq(roce_write & s2.msg.open)]
-        for n in range(num_ppus):
+        for n in range(num_qps):
             with m.If(epsn_we[n]):
                 m.d.sync += epsn[n].eq(epsn_next)
             with m.If(msg_we[n]):
@@ -1417,8 +1432,26 @@ class RoCEReceiver(wiring.Component):
             count_next[COUNTER_INDEX["RX_ARP_REQUESTS"]].eq(s2.valid & s2.arp & ~dropped),
             count_next[COUNTER_INDEX["RX_ECHO_REQUESTS"]].eq(s2.valid & s2.icmp & ~dropped),
         ]
+        # The QP counters: a packet is its QP's once it passed the QPN check.
+        qpn_rank = next(i for i, (_, why) in enumerate(checks) if why is DropReason.QPN)
+        psn_rank = next(i for i, (_, why) in enumerate(checks) if why is DropReason.PSN)
+        of_qp = Signal()
+        m.d.comb += of_qp.eq(s2.valid & s2.roce & ~fail[:qpn_rank + 1].any())
+        qp_count_next = Signal.like(self.qp_count)
+        k_packets, k_drops, k_drops_psn = (
+            [name for name, _ in QP_COUNTERS].index(name)
+            for name in ("RX_PACKETS", "RX_DROPS", "RX_DROPS_PSN"))
+        for n in range(num_qps):
+            this = of_qp & (s2.qp == n)
+            m.d.comb += [
+                qp_count_next[NUM_QP_COUNTERS * n + k_packets].eq(this & accept),
+                qp_count_next[NUM_QP_COUNTERS * n + k_drops].eq(this & ~accept),
+                qp_count_next[NUM_QP_COUNTERS * n + k_drops_psn].eq(
+                    this & fail[psn_rank] & ~fail[:psn_rank].any()),
+            ]
         m.d.sync += [
             count.eq(count_next),
+            self.qp_count.eq(qp_count_next),
             self.reply.valid.eq(s2.valid & (s2.arp | s2.icmp) & ~dropped),
             self.reply.arp.eq(s2.arp),
         ]

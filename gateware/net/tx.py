@@ -132,7 +132,8 @@ class TxBuilder(wiring.Component):
     config : In(NetConfig)
         Global network configuration; sampled when a request is taken.
     qp : In(ArrayLayout(QPContext, num_ppus))
-        Per-PPU QP contexts (host QPN, ring VA, R_Key, num_slots, slot_size); sampled likewise.
+        The contexts of the PPUs' own QPs (QP n of PPU n: host QPN, ring VA, R_Key,
+        num_slots, slot_size); sampled likewise.
     timestamp : In(64)
         From :class:`~openqlink.gateware.net.timebase.Timebase`, already in the configured
         format; sampled into ``ptp_timestamp`` in the cycle the request is taken.
@@ -155,6 +156,8 @@ class TxBuilder(wiring.Component):
         One-cycle strobe when the last beat of a frame is taken (TX_FRAMES).
     sent_rpc : Out(1)
         The same strobe (TX_RPC_REQUESTS): every frame of this builder is an RPC request.
+    sent_ppu : Out(range(num_ppus))
+        The PPU (the index of its own QP) of the frame ``sent_rpc`` strobes for.
     call_dropped : Out(1)
         One-cycle strobe when a malformed CallRequest is taken and discarded.
 
@@ -194,6 +197,7 @@ class TxBuilder(wiring.Component):
             "tx_psn": Out(data.ArrayLayout(24, num_ppus)),
             "sent_frame": Out(1),
             "sent_rpc": Out(1),
+            "sent_ppu": Out(range(num_ppus)),
             "call_dropped": Out(1),
         })
 
@@ -546,5 +550,6 @@ class TxBuilder(wiring.Component):
             with m.If(last):
                 m.d.comb += [self.sent_frame.eq(1), self.sent_rpc.eq(1)]
                 m.d.sync += [*(r.eq(1) for r in idle_reps), sending.eq(0), icrc_ready.eq(0)]
+        m.d.comb += self.sent_ppu.eq(ppu)
 
         return m

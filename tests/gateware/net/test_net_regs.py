@@ -13,14 +13,17 @@ from openqlink.gateware.net.regs import (
     CONTROL_PLANE_REGISTERS,
     COUNTER_LAG_CYCLES,
     NUM_COUNTERS,
+    NUM_QP_COUNTERS,
     READ_LATENCY_CYCLES,
     REGISTER_WIDTHS,
     NetRegisters,
+    qp_counter_lag_cycles,
 )
 from openqlink.isa.layout import ISA_VERSION
 from openqlink.memory_map import (
     COUNTERS,
     GLOBAL_REGISTERS,
+    QP_COUNTERS,
     QP_REGISTERS,
     Access,
     QSCParams,
@@ -68,20 +71,25 @@ def test_reset_values_and_config():
     async def tb(ctx, dut):
         assert await read(ctx, dut, global_reg("VERSION")) == (1, version_word(ISA_VERSION))
         assert await read(ctx, dut, global_reg("NUM_PPUS")) == (1, 3)
+        assert await read(ctx, dut, global_reg("NUM_QPS")) == (1, 4)       # max(4, num_ppus)
         assert await read(ctx, dut, global_reg("QSC_MAC_HI")) == (1, 0x0211)
         assert await read(ctx, dut, global_reg("QSC_MAC_LO")) == (1, 0x22334455)
         assert await read(ctx, dut, global_reg("QSC_IP")) == (1, ip_to_int("10.1.2.3"))
         for reg in GLOBAL_REGISTERS:
             if reg.name in CONTROL_PLANE_REGISTERS:        # not decoded here
                 assert (await read(ctx, dut, global_reg(reg.name)))[0] == 0, reg.name
-            elif reg.name not in ("VERSION", "NUM_PPUS", "QSC_MAC_HI", "QSC_MAC_LO",
-                                  "QSC_IP"):
+            elif reg.name not in ("VERSION", "NUM_PPUS", "NUM_QPS", "QSC_MAC_HI",
+                                  "QSC_MAC_LO", "QSC_IP"):
                 assert await read(ctx, dut, global_reg(reg.name)) == (1, reg.reset), reg.name
-        for n in range(3):
+        for n in range(4):
             assert await read(ctx, dut, qp_reg(n, "QSC_QPN")) == (1, 0x200 + n)
+            # PPU n's own QP reaches PPU n, the extra QP PPU 0
+            assert await read(ctx, dut, qp_reg(n, "PPU")) == (1, n if n < 3 else 0)
             for reg in QP_REGISTERS:
-                if reg.name != "QSC_QPN":
+                if reg.name not in ("QSC_QPN", "PPU"):
                     assert await read(ctx, dut, qp_reg(n, reg.name)) == (1, reg.reset), reg.name
+            for name, _ in QP_COUNTERS:
+                assert await read(ctx, dut, qp_reg(n, name)) == (1, 0), name
         cfg = ctx.get(dut.config)
         assert cfg.qsc_mac == mac_to_int("02:11:22:33:44:55")
         assert cfg.qsc_ip == ip_to_int("10.1.2.3")
@@ -89,10 +97,11 @@ def test_reset_values_and_config():
         assert cfg.p_key == 0xFFFF and cfg.udp_src_port == 0xC000 and cfg.rx_enable == 0
         qp = ctx.get(dut.qp)
         assert qp[2].num_slots == 8 and qp[2].slot_size == 256
-        for n in range(3):
+        for n in range(4):
             assert (qp[n].imem_rkey_valid, qp[n].env_rkey_valid, qp[n].regs_rkey_valid) == \
                 (0, 0, 0)
             assert (qp[n].qsc_qpn, qp[n].response_bytes) == (0x200 + n, 64)
+            assert qp[n].ppu == (n if n < 3 else 0)
 
     simulate(tb)
 
@@ -107,8 +116,8 @@ def test_the_qsc_qpn_and_response_size_are_the_hosts_to_set():
         assert await read(ctx, dut, qp_reg(1, "RESPONSE_BYTES")) == (1, (24 + 256) & 0x1FFF)
         await ctx.tick()
         qp = ctx.get(dut.qp)
-        assert [q.qsc_qpn for q in qp] == [0x200, 0x2, 0x202]
-        assert [q.response_bytes for q in qp] == [64, 280, 64]
+        assert [q.qsc_qpn for q in qp] == [0x200, 0x2, 0x202, 0x203]
+        assert [q.response_bytes for q in qp] == [64, 280, 64, 64]
 
     simulate(tb)
 
@@ -175,11 +184,13 @@ def test_read_only_registers_ignore_writes():
 def test_psn_readback():
     async def tb(ctx, dut):
         ctx.set(dut.tx_psn, [0x000001, 0xABCDEF, 0xFFFFFF])
-        ctx.set(dut.rx_epsn, [0x123456, 0, 7])
+        ctx.set(dut.rx_epsn, [0x123456, 0, 7, 0x654321])
         assert await read(ctx, dut, qp_reg(1, "TX_PSN")) == (1, 0xABCDEF)
         assert await read(ctx, dut, qp_reg(2, "TX_PSN")) == (1, 0xFFFFFF)
+        assert await read(ctx, dut, qp_reg(3, "TX_PSN")) == (1, 0)       # sends nothing
         assert await read(ctx, dut, qp_reg(0, "RX_EPSN")) == (1, 0x123456)
         assert await read(ctx, dut, qp_reg(2, "RX_EPSN")) == (1, 7)
+        assert await read(ctx, dut, qp_reg(3, "RX_EPSN")) == (1, 0x654321)
 
     simulate(tb)
 
@@ -205,6 +216,8 @@ def test_a_host_qpn_write_restarts_that_qp_alone():
 
         for addr, value, pulses in ((qp_reg(1, "HOST_QPN"), 0x123, [0b010]),
                                     (qp_reg(2, "HOST_QPN"), 0x456, [0b100]),
+                                    (qp_reg(3, "HOST_QPN"), 0x457, [0b1000]),
+                                    (qp_reg(3, "PPU"), 1, []),
                                     (qp_reg(1, "HOST_RKEY"), 0x789, []),
                                     (qp_reg(0, "NUM_SLOTS"), 4, []),
                                     (qp_reg(1, "PEER_IP"), 1, []),
@@ -391,9 +404,55 @@ def test_reset_clears_the_counters():
 def test_unmapped_addresses_miss():
     async def tb(ctx, dut):
         past_qp0 = qp_reg(0, QP_REGISTERS[-1].name) + 4
-        for addr in (0x00C, 0x03C, 0x0F0, 0x100 + 4 * len(COUNTERS), past_qp0,
-                     0x1000 + 0x100 * 3, 0x2000, 0x1000_0000, 0xFFFF_FFFC):
+        past_qp_counters = qp_reg(0, QP_COUNTERS[-1][0]) + 4
+        for addr in (0x020, 0x03C, 0x0F0, 0x100 + 4 * len(COUNTERS), past_qp0,
+                     past_qp_counters, qp_reg(1, QP_COUNTERS[0][0]) - 4,
+                     0x1000 + 0x100 * 4, qp_reg(4, QP_COUNTERS[0][0]), 0x2000, 0x1000_0000,
+                     0xFFFF_FFFC):
             assert await read(ctx, dut, addr) == (0, 0), hex(addr)
+
+    simulate(tb)
+
+
+def test_the_ppu_register_maps_the_extra_qps_alone():
+    """A PPU's own QP reaches that PPU whatever is written; an extra QP reaches the PPU its
+    register names, and a write of a PPU the build lacks (3, 15 of 3 PPUs) is ignored."""
+    async def tb(ctx, dut):
+        for n in range(3):
+            await write(ctx, dut, qp_reg(n, "PPU"), (n + 1) % 3)
+            assert await read(ctx, dut, qp_reg(n, "PPU")) == (1, n)
+        await write(ctx, dut, qp_reg(3, "PPU"), 2)
+        assert await read(ctx, dut, qp_reg(3, "PPU")) == (1, 2)
+        for bad in (3, 15, 0x12):
+            await write(ctx, dut, qp_reg(3, "PPU"), bad)
+            assert await read(ctx, dut, qp_reg(3, "PPU")) == (1, 2), bad
+        await ctx.tick()
+        assert [q.ppu for q in ctx.get(dut.qp)] == [0, 1, 2, 2]
+        await write(ctx, dut, qp_reg(3, "PPU"), 0x10)     # bit 4 is beyond the register
+        assert await read(ctx, dut, qp_reg(3, "PPU")) == (1, 2)
+
+    simulate(tb)
+
+
+def test_qp_counters_count_their_strobes_each_qp_its_own():
+    """``qp_inc`` bit NUM_QP_COUNTERS * q + k counts in QP q's counter k, read at the QP's
+    context, within qp_counter_lag_cycles."""
+    async def tb(ctx, dut):
+        strobes = {(0, 0): 3, (1, 1): 5, (3, 3): 2, (3, 0): 7, (2, 2): 1}
+        for cycle in range(7):
+            bits = 0
+            for (q, k), times in strobes.items():
+                if cycle < times:
+                    bits |= 1 << (NUM_QP_COUNTERS * q + k)
+            ctx.set(dut.qp_inc, bits)
+            await ctx.tick()
+        ctx.set(dut.qp_inc, 0)
+        for _ in range(qp_counter_lag_cycles(4) - 1):
+            await ctx.tick()
+        for q in range(4):
+            for k, (name, _) in enumerate(QP_COUNTERS):
+                want = strobes.get((q, k), 0)
+                assert await read(ctx, dut, qp_reg(q, name)) == (1, want), (q, name)
 
     simulate(tb)
 

@@ -67,6 +67,7 @@ class RxHarness(wiring.Component):
             dut.config.eq(regs.config),
             dut.qp.eq(regs.qp),
             regs.inc[0].eq(dut.count),
+            regs.qp_inc.eq(dut.qp_count),
             regs.rx_epsn.eq(dut.epsn),
             dut.qp_reset.eq(regs.qp_reset),
         ]
