@@ -493,9 +493,10 @@ def _inject(capture: Path, num_ppus: int, qubits: int, samples_per_cycle: int, s
 def info_command(num_ppus: int, qubits: int, samples_per_cycle: str, as_json: bool,
                  **setup) -> None:
     """Print the simulated QSC's configuration as `qlink sim` sets it up: its MAC, IP and
-    ports, P_Key, path MTU, each PPU's QP (its peer: the simulated host's MAC, IP and QPN)
-    and every remotely writable region (VA, length in bytes, R_Key, the opcodes it takes).
-    The setup options change it as they change `qlink sim --inject`'s."""
+    ports, P_Key, path MTU, every QP (its PPU, its peer: the simulated host's MAC, IP and
+    QPN, and the regions it may write) and every remotely writable region (VA, length in
+    bytes, R_Key, the opcodes it takes). The setup options change it as they change
+    `qlink sim --inject`'s."""
     from .sim.info import sim_info
     from .sim.runner import SimConfig
 
@@ -510,8 +511,9 @@ def info_command(num_ppus: int, qubits: int, samples_per_cycle: str, as_json: bo
     click.echo(f"QSC {info['mac']} {info['ip']}: control UDP {info['control_port']}, RoCEv2 "
                f"UDP {info['rocev2_port']}, P_Key {info['pkey']:#06x}, PMTU {info['pmtu']}")
     for qp in info["qps"]:
-        click.echo(f"  QP {qp['qpn']:#x} (PPU {qp['ppu']}): peer {qp['peer_mac']} "
-                   f"{qp['peer_ip']} QPN {qp['peer_qpn']:#x}, ePSN {qp['epsn']}")
+        click.echo(f"  QP {qp['qp']} QPN {qp['qpn']:#x} (PPU {qp['ppu']}): peer "
+                   f"{qp['peer_mac']} {qp['peer_ip']} QPN {qp['peer_qpn']:#x}, ePSN "
+                   f"{qp['epsn']}, writes {' '.join(qp['rkeys'])}")
     for r in info["regions"]:
         key = "no R_Key" if r["rkey"] is None else f"R_Key {r['rkey']:#010x}"
         click.echo(f"  {r['name']:<14} VA {r['va']:#012x} {r['length']:>6} bytes, {key}, "

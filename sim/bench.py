@@ -57,6 +57,7 @@ from ..wire.rpc import HEADER_BYTES, Request, Response
 from ..wire.udp import ROCEV2_PORT
 from .channel_map import channel_map, channel_roles, check_build, make_system
 from .handlers import load_function_table
+from .info import configure_extra_qps, sim_info
 from .mac import PacketSink, PacketSource
 from .qubit import QubitSystem
 from .report import channel_ppu
@@ -426,6 +427,8 @@ class TB:
         for n in ppus:
             qp = qsc.configure(n, self.rings[n], host_qpn=self.host_qpn + n)
             self._ppu_of_qsc_qpn[qp.remote_qpn] = n
+        info_qps = sim_info(self.params, self.num_run, cfg)
+        configure_extra_qps(qsc, info_qps)
         for n in ppus:
             program = self.programs[n]
             for env in program.envelopes.values():
@@ -465,7 +468,7 @@ class TB:
             "counters": qsc.counters(),
             # Each configured QP's context as the gateware holds it (``qlink info`` prints
             # what the bench configures).
-            "qp_contexts": [qsc.read_qp_context(n) for n in ppus],
+            "qp_contexts": [qsc.read_qp_context(qp["qp"]) for qp in info_qps["qps"]],
         }
 
     async def run(self) -> dict:

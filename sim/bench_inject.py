@@ -36,7 +36,7 @@ from ..memory_map import COUNTERS, QSCParams
 from ..pcap import read_pcap
 from ..qsc import QSC
 from .bench import TB
-from .info import region_rkeys, sim_info
+from .info import configure_extra_qps, region_rkeys, sim_info
 
 __all__ = ["replay_capture", "read_region_memory", "SLICE_BITS"]
 
@@ -140,7 +140,7 @@ class ReplayBench(TB):
         register, set in the simulator (as if the QP had received PSN ``epsn - 1``)."""
         handle = self.dut.net.rx.epsn
         value = _bits(handle.value)
-        for n in range(self.num_configured):
+        for n in (qp["qp"] for qp in self.info["qps"]):
             value = value & ~(0xFF_FFFF << (24 * n)) | epsn << (24 * n)
         handle.value = value
         await RisingEdge(self.dut.rti_clk)
@@ -172,14 +172,15 @@ class ReplayBench(TB):
         qsc = QSC(self.transport, params=self.params, host_mac=cfg["host_mac"],
                   host_ip=cfg["host_ip"], pmtu_bytes=cfg["pmtu"])
         qsc.connect()
-        for qp in self.info["qps"]:
+        for qp in self.info["qps"][:self.num_configured]:
             n = qp["ppu"]
             keys = region_rkeys(self.params, n, cfg)
             qsc.configure(n, host_qpn=qp["peer_qpn"], ring_rkey=keys.ring,
                           imem_rkey=keys.imem, env_rkey=keys.env, regs_rkey=keys.regs)
+        configure_extra_qps(qsc, self.info)
         if cfg.get("epsn"):
             self._set_epsn(cfg["epsn"])
-        contexts = [qsc.read_qp_context(n) for n in range(self.num_configured)]
+        contexts = [qsc.read_qp_context(qp["qp"]) for qp in self.info["qps"]]
         self._replay()
         counters = qsc.counters()
         regions = self._dump(qsc)

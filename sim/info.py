@@ -2,8 +2,11 @@
 
 The bench (:mod:`openqlink.sim.bench`) connects a host :class:`~openqlink.qsc.QSC` with the
 run configuration's host MAC and IP (:func:`~openqlink.sim.runner.SimConfig`) and configures
-PPU ``n``'s QP with host QPN ``host_qpn + n`` and the default R_Keys
-(:meth:`~openqlink.qsc.RKeys.default`); the QSC's own MAC, IP and QPNs come from the build's
+PPU ``n``'s own QP with host QPN ``host_qpn + n`` and the default R_Keys
+(:meth:`~openqlink.qsc.RKeys.default`), then every extra QP ``q`` (``num_ppus <= q <
+num_qps``) as an upload QP of PPU ``q % configured PPUs``: host QPN ``host_qpn + q``, the IMEM
+and ENV keys of :meth:`RKeys.default` of index ``q``, no REGS key (it can upload, not trigger;
+:func:`configure_extra_qps`); the QSC's own MAC, IP and QPNs come from the build's
 :class:`~openqlink.memory_map.QSCParams`. A capture made against the simulated QSC, or one to be
 replayed into it, is addressed with these values.
 
@@ -23,12 +26,12 @@ from ..memory_map import (
     ppu_base,
     regions,
 )
-from ..qsc import DEFAULT_PMTU_BYTES, RKeys
+from ..qsc import DEFAULT_PMTU_BYTES, QSC, RKeys
 from ..wire.roce import Opcode
 from ..wire.udp import CONTROL_PORT, ROCEV2_PORT
 from .runner import SimConfig
 
-__all__ = ["sim_info", "region_rkeys", "WRITE_OPCODES", "SEND_OPCODES"]
+__all__ = ["sim_info", "region_rkeys", "configure_extra_qps", "WRITE_OPCODES", "SEND_OPCODES"]
 
 #: The opcodes an RDMA region takes (ImmDt of a WRITE_WITH_IMMEDIATE into the instruction
 #: ring becomes its TAIL; into other regions it is ignored).
@@ -66,12 +69,14 @@ def sim_info(params: QSCParams, num_configured: int | None = None,
     configuration ``cfg`` (default :func:`SimConfig`'s).
 
     Returns a JSON-ready dict: ``mac``, ``ip`` (strings), ``control_port``, ``rocev2_port``,
-    ``pkey``, ``pmtu`` (bytes), ``qpn_base`` (integers), ``qps`` (one ``{"qpn", "ppu",
-    "peer_mac", "peer_ip", "peer_qpn", "epsn"}`` per configured PPU; ``epsn`` the PSN the QSC
-    expects next, 0 after configuring) and ``regions`` (every remotely writable region of a
+    ``pkey``, ``pmtu`` (bytes), ``qpn_base`` (integers), ``qps`` (one ``{"qp", "qpn", "ppu",
+    "peer_mac", "peer_ip", "peer_qpn", "epsn", "rkeys"}`` per configured QP: each configured
+    PPU's own, then every extra QP; ``epsn`` the PSN the QSC expects next, 0 after configuring;
+    ``rkeys`` the QP's map, ``{"IMEM": key, ...}`` for each region it may write) and
+    ``regions`` (every remotely writable region of a
     configured PPU: ``{"name", "ppu", "va", "length", "rkey", "opcodes"}``, ``length`` in
-    bytes, ``rkey`` ``None`` for the SEND-only mailbox, ``opcodes`` IBTA names; ``name`` is
-    unique and filename-safe, e.g. ``ppu0_imem``).
+    bytes, ``rkey`` the PPU's own QP's, ``None`` for the SEND-only mailbox, ``opcodes`` IBTA
+    names; ``name`` is unique and filename-safe, e.g. ``ppu0_imem``).
 
     ``cfg`` may override what the bench configures (``qlink sim --inject``'s options): the
     host's ``host_mac``, ``host_ip`` and ``host_qpn``, ``rkeys`` (see :func:`region_rkeys`) and
@@ -91,8 +96,9 @@ def sim_info(params: QSCParams, num_configured: int | None = None,
     qps, areas = [], []
     for n in range(n_cfg):
         keys = region_rkeys(params, n, cfg)
-        qps.append({"qpn": params.qpn_base + n, "ppu": n, "peer_mac": cfg["host_mac"],
-                    "peer_ip": cfg["host_ip"], "peer_qpn": cfg["host_qpn"] + n, "epsn": epsn})
+        qps.append({"qp": n, "qpn": params.qpn_base + n, "ppu": n, "peer_mac": cfg["host_mac"],
+                    "peer_ip": cfg["host_ip"], "peer_qpn": cfg["host_qpn"] + n, "epsn": epsn,
+                    "rkeys": {"IMEM": keys.imem, "ENV": keys.env, "REGS": keys.regs}})
         for r in regions(params, n):
             areas.append({"name": f"ppu{n}_{r.name.lower()}", "ppu": n, "va": r.va,
                           "length": r.length_bytes,
@@ -101,6 +107,12 @@ def sim_info(params: QSCParams, num_configured: int | None = None,
                           "opcodes": list(WRITE_OPCODES)})
         areas.append({"name": f"ppu{n}_mailbox", "ppu": n, "va": ppu_base(n) + MAILBOX_OFFSET,
                       "length": MAILBOX_BYTES, "rkey": None, "opcodes": list(SEND_OPCODES)})
+    for q in range(params.num_ppus, params.num_qps):
+        d = RKeys.default(q)
+        qps.append({"qp": q, "qpn": params.qpn_base + q, "ppu": q % n_cfg,
+                    "peer_mac": cfg["host_mac"], "peer_ip": cfg["host_ip"],
+                    "peer_qpn": cfg["host_qpn"] + q, "epsn": epsn,
+                    "rkeys": {"IMEM": d.imem, "ENV": d.env}})
     return {
         "mac": params.mac,
         "ip": params.ip,
@@ -112,3 +124,12 @@ def sim_info(params: QSCParams, num_configured: int | None = None,
         "qps": qps,
         "regions": areas,
     }
+
+
+def configure_extra_qps(qsc: QSC, info: dict) -> None:
+    """Configure the extra QPs (``qp >= num_ppus``) of ``info["qps"]`` (:func:`sim_info`) on
+    ``qsc`` as the bench does: each with this host as its peer, its PPU and its map of R_Keys
+    (:meth:`QSC.configure_qp`). Raises what that raises."""
+    for qp in info["qps"]:
+        if qp["qp"] >= qsc.num_ppus:
+            qsc.configure_qp(qp["qp"], qp["ppu"], host_qpn=qp["peer_qpn"], rkeys=qp["rkeys"])

@@ -226,16 +226,16 @@ PROFILES: dict[str, BoardProfile] = {p.name: p for p in (
         name="colorlight-5a-75b",
         title="Colorlight 5A-75B r7.0",
         platform=Colorlight_5A75B_R70Platform,
-        params=_params(num_ppus=1, imem_depth=512, env_depth=2048, markers_per_ppu=2,
-                       timeline_bits=48, call_arg_bytes=4, alu=False),
+        params=_params(num_ppus=1, num_qps=1, imem_depth=512, env_depth=2048,
+                       markers_per_ppu=2, timeline_bits=48, call_arg_bytes=4, alu=False),
         phy=0,
         markers=MarkerPins(("j", 1), ("1", "2", "3", "5", "6", "7"),
                            doc="HUB75 J1 R0 G0 B0 R1 G1 B1 (through the board's 74HC245 "
                                "output buffers, 5 V)"),
-        keeps="1 PPU with 2 markers, 512-instruction ring, 2048-sample envelope memory, 48-bit "
-              "timeline (wraps after 26 days at 125 MHz), CALLs of up to 4 argument bytes, no ALU "
-              "(ADD of an immediate, LOOP and BRANCH remain): the 25F has 24k LUTs and 56 block "
-              "RAMs",
+        keeps="1 PPU and its own QP alone (no extra QPs), with 2 markers, 512-instruction ring, "
+              "2048-sample envelope memory, 48-bit timeline (wraps after 26 days at 125 MHz), "
+              "CALLs of up to 4 argument bytes, no ALU (ADD of an immediate, LOOP and BRANCH "
+              "remain): the 25F has 24k LUTs and 56 block RAMs",
         cable="ft232",
         rgmii_tx_delay_ns=0.0,
         placer="static",
@@ -248,7 +248,7 @@ PROFILES: dict[str, BoardProfile] = {p.name: p for p in (
         phy=0,
         markers=MarkerPins(("pmod", 0), ("1", "2", "3", "4", "7", "8", "9", "10"),
                            doc="PMOD0, 3.3 V"),
-        keeps="2 PPUs with the default 1024-instruction ring and 4096-sample envelopes",
+        keeps="2 PPUs with the default 1024-instruction ring and 4096-sample envelopes, 4 QPs",
         cable="ft2232",
         rgmii_rx_delay_ns=0.0,
         placer="static",
@@ -262,7 +262,7 @@ PROFILES: dict[str, BoardProfile] = {p.name: p for p in (
         phy=0,
         markers=MarkerPins(("syzygy", 0), tuple(f"S{i}" for i in range(16)),
                            doc="SYZYGY0 single-ended S0.., VIO0 set to 3.3 V by the board top"),
-        keeps="2 PPUs with the default 1024-instruction ring and 4096-sample envelopes",
+        keeps="2 PPUs with the default 1024-instruction ring and 4096-sample envelopes, 4 QPs",
         dfu=(0x1209, 0x5AF1),
         placer="static",
     ),

@@ -27,6 +27,7 @@ from openqlink.memory_map import (
     MAILBOX_OFFSET,
     PPU_BASE,
     PPU_REGISTERS,
+    QP_COUNTERS,
     QP_REGISTERS,
     READOUT_REGISTERS,
     REGS_OFFSET,
@@ -74,14 +75,21 @@ class QSCPeer:
             self.regs[global_reg(r.name)] = r.reset
         self.regs[global_reg("VERSION")] = version_word(ISA_VERSION)
         self.regs[global_reg("NUM_PPUS")] = self.params.num_ppus
-        self.read_only |= {global_reg("VERSION"), global_reg("NUM_PPUS")}
+        self.regs[global_reg("NUM_QPS")] = self.params.num_qps
+        self.read_only |= {global_reg("VERSION"), global_reg("NUM_PPUS"), global_reg("NUM_QPS")}
         for i, (name, _) in enumerate(COUNTERS):
             self.regs[counter_addr(name)] = 1000 + i
             self.read_only.add(counter_addr(name))
-        for n in range(self.params.num_ppus):
+        for n in range(self.params.num_qps):
             for r in QP_REGISTERS:
                 self.regs[qp_reg(n, r.name)] = r.reset
             self.regs[qp_reg(n, "QSC_QPN")] = self.params.qpn_base + n
+            self.regs[qp_reg(n, "PPU")] = n if n < self.params.num_ppus else 0
+            for name, _ in QP_COUNTERS:
+                self.regs[qp_reg(n, name)] = 0
+                self.read_only.add(qp_reg(n, name))
+        for n in range(self.params.num_ppus):
+            self.read_only.add(qp_reg(n, "PPU"))
             for r in PPU_REGISTERS:
                 self.regs[ppu_reg(n, r.name)] = r.reset
             # Readout calibration: the registers read back what a test puts there (the trace
@@ -146,8 +154,8 @@ class QSCPeer:
             self._roce(f)
 
     def _ppu_of_qpn(self, qpn: int) -> int | None:
-        """The lowest PPU whose QSC_QPN is ``qpn``, as the gateware chooses."""
-        return next((n for n in range(self.params.num_ppus)
+        """The PPU of the lowest QP whose QSC_QPN is ``qpn``, as the gateware chooses."""
+        return next((self.regs[qp_reg(n, "PPU")] for n in range(self.params.num_qps)
                      if self.regs[qp_reg(n, "QSC_QPN")] == qpn), None)
 
     def _roce(self, f) -> None:

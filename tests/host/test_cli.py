@@ -416,19 +416,23 @@ def test_asm_for_the_simulation_build_of_several_ppus(tmp_path):
 
 
 def test_qlink_info_json_lists_each_qp_and_every_writable_region():
-    """``qlink info --json``: the documented keys, one QP per PPU with its peer, and for every
-    PPU its three RDMA regions (R_Keys distinct, regions disjoint) and its SEND-only mailbox."""
+    """``qlink info --json``: the documented keys, every QP (each PPU's own, then the upload QPs)
+    with its peer and map, and for every PPU its three RDMA regions (R_Keys distinct, regions
+    disjoint) and its SEND-only mailbox."""
     res = CliRunner().invoke(main, ["info", "--json", "--ppus", "3"])
     assert res.exit_code == 0, res.output
     info = json.loads(res.output)
     assert {"mac", "ip", "control_port", "rocev2_port", "pkey", "pmtu", "qps",
             "regions"} <= set(info)
     assert (info["control_port"], info["rocev2_port"], info["pkey"]) == (8192, 4791, 0xFFFF)
-    assert [qp["ppu"] for qp in info["qps"]] == [0, 1, 2]
-    assert [qp["qpn"] - info["qps"][0]["qpn"] for qp in info["qps"]] == [0, 1, 2]
-    assert len({qp["peer_qpn"] for qp in info["qps"]}) == 3
-    assert all(set(qp) == {"qpn", "ppu", "peer_mac", "peer_ip", "peer_qpn", "epsn"}
-               for qp in info["qps"])
+    assert [qp["qp"] for qp in info["qps"]] == [0, 1, 2, 3]          # max(4, num_ppus)
+    assert [qp["ppu"] for qp in info["qps"]] == [0, 1, 2, 0]
+    assert [qp["qpn"] - info["qps"][0]["qpn"] for qp in info["qps"]] == [0, 1, 2, 3]
+    assert len({qp["peer_qpn"] for qp in info["qps"]}) == 4
+    assert all(set(qp) == {"qp", "qpn", "ppu", "peer_mac", "peer_ip", "peer_qpn", "epsn",
+                           "rkeys"} for qp in info["qps"])
+    assert [sorted(qp["rkeys"]) for qp in info["qps"]] == [["ENV", "IMEM", "REGS"]] * 3 + [
+        ["ENV", "IMEM"]]
     areas = info["regions"]
     assert len(areas) == 3 * 4 and len({r["name"] for r in areas}) == len(areas)
     spans = sorted((r["va"], r["va"] + r["length"]) for r in areas)
@@ -459,7 +463,7 @@ def test_qlink_info_shows_the_setup_a_replay_configures():
                                                           0x240)
     assert [(qp["qpn"], qp["peer_qpn"], qp["peer_mac"], qp["peer_ip"], qp["epsn"])
             for qp in info["qps"]] == [(0x240 + n, 0x77 + n, "02:bb:00:00:00:01", "10.1.2.1",
-                                        1000) for n in (0, 1)]
+                                        1000) for n in (0, 1, 2, 3)]
     keys = {r["name"]: r["rkey"] for r in info["regions"]}
     assert keys["ppu1_env"] == 0xBADF00D and keys["ppu0_env"] != 0xBADF00D
 

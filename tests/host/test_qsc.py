@@ -64,7 +64,7 @@ def ready(make):
 def test_connect_reads_version_and_ppus(make):
     qsc, peer, _ = make()
     assert qsc.connect() == version_word(ISA_VERSION)
-    assert qsc.num_ppus == 2
+    assert (qsc.num_ppus, qsc.num_qps) == (2, 4)
 
 
 @pytest.mark.parametrize(("version", "match"), [
@@ -87,6 +87,13 @@ def test_connect_accepts_other_minor_and_checks_num_ppus(make):
     peer2.regs[global_reg("NUM_PPUS")] = 3
     with pytest.raises(VersionMismatchError, match="NUM_PPUS"):
         qsc2.connect()
+    for num_qps, match in ((1, "NUM_QPS: QSC reports 1, not 2..16"),      # fewer than PPUs
+                           (17, "NUM_QPS: QSC reports 17, not 2..16"),
+                           (5, "params.num_qps is 4")):
+        qsc3, peer3, _ = make(QSCParams(num_ppus=2))
+        peer3.regs[global_reg("NUM_QPS")] = num_qps
+        with pytest.raises(VersionMismatchError, match=match):
+            qsc3.connect()
 
 
 def test_configure_writes_the_qp_contract(ready):
@@ -453,3 +460,56 @@ def test_capture_trace_refused_by_the_qsc_or_without_trace_memory(make):
         with pytest.raises(FieldRangeError, match="no trace memory") as e:
             call()
         assert e.value.field == "trace_depth"
+
+
+def test_configure_qp_sets_up_an_extra_qp_with_its_map(ready):
+    """An extra QP: its context in one WR_BLOCK (HOST_QPN's restart first, the PPU, the peer,
+    the R_Keys of the regions named, no other), then RX_ENABLE; the host QP it returns sends to
+    the QP's QSC_QPN, and rdma_write goes through it."""
+    qsc, peer, _ = ready
+    before = len(peer.reg_writes)
+    qp = qsc.configure_qp(3, 1, rkeys={"IMEM": 0x1234, "ENV": 0x5678})
+    writes = dict(peer.reg_writes[before:])
+    order = [a for a, _ in peer.reg_writes[before:]]
+    assert order[0] == qp_reg(3, "HOST_QPN") and order[-1] == global_reg("RX_ENABLE")
+    assert (writes[qp_reg(3, "PPU")], writes[qp_reg(3, "IMEM_RKEY")],
+            writes[qp_reg(3, "ENV_RKEY")]) == (1, 0x1234, 0x5678)
+    assert qp_reg(3, "REGS_RKEY") not in writes                   # not in its map
+    assert writes[qp_reg(3, "PEER_IP")] == 0xC0A80001 and writes[qp_reg(3, "HOST_QPN")] == 0x203
+    assert (qp.qpn, qp.remote_qpn) == (0x203, 0x103)
+    qsc.rdma_write(3, ppu_base(1) + IMEM_OFFSET + 16, b"\x5a" * 40, 0x1234)
+    peer.step()
+    rec = peer.rdma[-1]
+    assert (rec.dest_qp, rec.va, rec.r_key, rec.payload) == (
+        0x103, ppu_base(1) + IMEM_OFFSET + 16, 0x1234, b"\x5a" * 40)
+    assert peer.read_memory(ppu_base(1) + IMEM_OFFSET + 16, 40) == b"\x5a" * 40
+    # the three default keys of index 3 when no map is given; another peer's QP is not ours
+    qsc.configure_qp(2, 0, peer_mac="02:00:00:00:00:0b", peer_ip="192.168.0.2")
+    assert peer.regs[qp_reg(2, "REGS_RKEY")] == RKeys.default(2).regs
+    assert peer.regs[qp_reg(2, "PEER_IP")] == 0xC0A80002
+    with pytest.raises(QlinkError, match="QP 2 is not configured with this host"):
+        qsc.rdma_write(2, ppu_base(0), b"x" * 4, 1)
+
+
+@pytest.mark.parametrize(("args", "field"), [
+    ((0, 0), "qp"), ((1, 0), "qp"), ((4, 0), "qp"), ((2, 2), "ppu"),
+    ((2, 0, {"rkeys": {"MAILBOX": 1}}), "rkeys"), ((2, 0, {"rkeys": {"IMEM": 1 << 32}}), "r_key"),
+    ((2, 0, {"host_qpn": 1 << 24}), "dest_qp"), ((2, 0, {"qsc_qpn": -1}), "dest_qp"),
+])
+def test_configure_qp_refuses_what_the_qsc_lacks(ready, args, field):
+    qsc, peer, _ = ready
+    before = len(peer.reg_writes)
+    with pytest.raises(FieldRangeError) as e:
+        qsc.configure_qp(*args[:2], **(args[2] if len(args) > 2 else {}))
+    assert e.value.field == field
+    assert len(peer.reg_writes) == before                           # nothing written
+
+
+def test_read_qp_counters_reads_the_qps_counters(ready):
+    qsc, peer, _ = ready
+    peer.regs[qp_reg(3, "RX_DROPS")] = 17
+    assert qsc.read_qp_counters(3) == {"RX_PACKETS": 0, "RX_DROPS": 17, "RX_DROPS_PSN": 0,
+                                       "TX_PACKETS": 0}
+    assert qsc.read_qp_context(3)["PPU"] == 0
+    with pytest.raises(FieldRangeError):
+        qsc.read_qp_counters(4)

@@ -14,8 +14,16 @@ import pytest
 from click.testing import CliRunner
 
 from openqlink.cli import main
-from openqlink.memory_map import ENV_OFFSET, IMEM_OFFSET, QSCParams, global_reg, ppu_base
+from openqlink.memory_map import (
+    ENV_OFFSET,
+    IMEM_OFFSET,
+    REGS_OFFSET,
+    QSCParams,
+    global_reg,
+    ppu_base,
+)
 from openqlink.pcap import PcapWriter, read_pcap
+from openqlink.qsc import RKeys
 from openqlink.sim.info import sim_info
 from openqlink.sim.runner import SimConfig
 from openqlink.wire.arp import ARP, ArpOperation
@@ -42,6 +50,8 @@ PMTU = 256
 #: Two UC WRITE messages of FIRST, MIDDLE, LAST at the PMTU into the instruction ring: the first
 #: loses its MIDDLE (the next one is out of sequence), the second lands whole.
 MESSAGE = bytes((7 * i) & 0xFF for i in range(600))
+#: What the upload QP 1 writes into the instruction ring.
+QP1_WORDS = bytes(range(100, 132))
 
 
 def _capture() -> tuple[list[bytes], list[tuple[bool, str | None]]]:
@@ -70,7 +80,7 @@ def _capture() -> tuple[list[bytes], list[tuple[bool, str | None]]]:
         (write(imem_va + 96, IMEM_RKEY ^ 1, b"\xee" * 16), (False, "DROP_RKEY")),
         (write(imem_va + 112, IMEM_RKEY, b"\xee" * 16, src_mac="02:bb:00:00:00:02"),
          (False, "DROP_PEER")),
-        (write(imem_va + 128, IMEM_RKEY, b"\xee" * 16, dest_qp=QPN_BASE + 1),
+        (write(imem_va + 128, IMEM_RKEY, b"\xee" * 16, dest_qp=QPN_BASE + 16),
          (False, "DROP_QPN")),
         (good[:10], (False, "DROP_ETH")),
         (build_udp_frame(dst_mac=QSC_MAC, src_mac=HOST_MAC, src_ip=HOST_IP, dst_ip=QSC_IP,
@@ -87,6 +97,11 @@ def _capture() -> tuple[list[bytes], list[tuple[bool, str | None]]]:
                psn=EPSN + 6), (True, None)),
         (write(None, None, MESSAGE[2 * PMTU:], opcode=Opcode.RDMA_WRITE_LAST,
                psn=EPSN + 7), (True, None)),
+        # QP 1, the bench's first upload QP: its own IMEM key is in its map, REGS is not
+        (write(imem_va + 1664, RKeys.default(1).imem, QP1_WORDS, dest_qp=QPN_BASE + 1),
+         (True, None)),
+        (write(ppu_base(0) + REGS_OFFSET, RKeys.default(1).regs, bytes(8), dest_qp=QPN_BASE + 1,
+               psn=EPSN + 1), (False, "DROP_RKEY")),
     ]
     return [f for f, _ in frames], [v for _, v in frames]
 
@@ -121,7 +136,7 @@ def test_the_counters_add_up_to_the_verdicts(replay):
     assert counted["RX_FRAMES"] == len(frames)
     for reason in {r for _, r in expected if r}:
         assert counted[reason] == sum(r == reason for _, r in expected), reason
-    assert counted["RX_ROCE_ACCEPTED"] == 6
+    assert counted["RX_ROCE_ACCEPTED"] == 7
     assert counted["RX_CONTROL"] == 1 and counted["RX_ARP_REQUESTS"] == 1
     # The bench's own configuration traffic is in the totals, not in the replay's.
     assert results["counters"]["RX_FRAMES"] > counted["RX_FRAMES"]
@@ -132,14 +147,21 @@ def test_the_overrides_configured_the_qsc(replay):
     _, _, _, results, _ = replay
     config = results["config"]
     assert (config["mac"], config["ip"], config["qpn_base"]) == (QSC_MAC, QSC_IP, QPN_BASE)
-    (qp,) = config["qps"]
-    assert (qp["peer_mac"], qp["peer_ip"], qp["peer_qpn"], qp["epsn"]) == \
-        (HOST_MAC, HOST_IP, HOST_QPN, EPSN)
+    qp, *extra = config["qps"]
+    assert (qp["qp"], qp["ppu"], qp["peer_mac"], qp["peer_ip"], qp["peer_qpn"], qp["epsn"]) == \
+        (0, 0, HOST_MAC, HOST_IP, HOST_QPN, EPSN)
     keys = {r["name"]: r["rkey"] for r in config["regions"]}
     assert keys["ppu0_imem"] == IMEM_RKEY and keys["ppu0_env"] == ENV_RKEY
-    (ctx,) = results["qp_contexts"]
+    # the upload QPs 1..3 of the one PPU: IMEM and ENV in their maps, not REGS
+    assert [(q["qp"], q["qpn"], q["ppu"], q["peer_qpn"], sorted(q["rkeys"])) for q in extra] == \
+        [(n, QPN_BASE + n, 0, HOST_QPN + n, ["ENV", "IMEM"]) for n in (1, 2, 3)]
+    ctx, *extra_ctx = results["qp_contexts"]
     assert ctx["QSC_QPN"] == QPN_BASE and ctx["HOST_QPN"] == HOST_QPN
     assert ctx["IMEM_RKEY"] == IMEM_RKEY and ctx["RX_EPSN"] == EPSN
+    for n, c in enumerate(extra_ctx, 1):
+        assert (c["QSC_QPN"], c["HOST_QPN"], c["PPU"], c["PEER_IP"], c["RX_EPSN"]) == \
+            (QPN_BASE + n, HOST_QPN + n, 0, ip_to_int(HOST_IP), EPSN)
+        assert (c["IMEM_RKEY"], c["REGS_RKEY"]) == (RKeys.default(n).imem, 0)
     assert config["pmtu"] == PMTU and ctx["PMTU"] == 1          # IBTA's code of 256 bytes
 
 
@@ -157,6 +179,7 @@ def test_the_dumped_regions_hold_exactly_the_accepted_writes(replay):
     expect[32:80] = parse_frame(frames[0]).payload
     expect[256:256 + PMTU] = MESSAGE[:PMTU]              # the message that lost its MIDDLE
     expect[1024:1024 + len(MESSAGE)] = MESSAGE
+    expect[1664:1664 + len(QP1_WORDS)] = QP1_WORDS
     assert imem == bytes(expect)
     env = (dump / "ppu0_env.bin").read_bytes()
     expect = bytearray(lengths["ppu0_env"])

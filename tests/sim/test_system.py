@@ -226,9 +226,12 @@ def test_qlink_info_is_what_the_bench_configured(run_one):
     and ports, with a region's R_Key inside its region."""
     results, out = run_one
     info = sim_info(QSCParams(**results["params"]), num_configured=1)
+    assert len(results["qp_contexts"]) == len(info["qps"]) == QSCParams().num_qps
+    for qp, ctx in zip(info["qps"], results["qp_contexts"], strict=True):
+        assert (qp["qpn"], qp["peer_qpn"], qp["ppu"]) == (ctx["QSC_QPN"], ctx["HOST_QPN"],
+                                                          ctx["PPU"])
+        assert {name: ctx[f"{name}_RKEY"] for name in qp["rkeys"]} == qp["rkeys"]
     ctx = results["qp_contexts"][0]
-    (qp,) = info["qps"]
-    assert (qp["qpn"], qp["peer_qpn"]) == (ctx["QSC_QPN"], ctx["HOST_QPN"])
     rdma = [r for r in info["regions"] if r["rkey"] is not None]
     assert {r["name"]: r["rkey"] for r in rdma} == {
         f"ppu0_{name.lower()}": ctx[f"{name}_RKEY"] for name in ("IMEM", "ENV", "REGS")}

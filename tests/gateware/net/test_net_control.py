@@ -217,10 +217,10 @@ def test_bus_back_pressure_and_reply_back_pressure():
 
 def test_bad_addresses():
     bad = [
-        0x0000_000C,                   # hole between SCRATCH and QSC_MAC_HI
+        0x0000_0020,                   # hole between QSC_IP and UDP_SRC_PORT
         0x0000_0009,                   # unaligned
         0x0000_0F00,                   # past the counters
-        0x0000_1000 + 0x100 * 2,       # QP context of a third PPU (2 PPUs built)
+        0x0000_1000 + 0x100 * 4,       # QP context of a fifth QP (4 QPs built)
         qp_reg(0, QP_REGISTERS[-1].name) + 4,     # past QP 0's registers
         ppu_base(2),                   # window of a third PPU
         0x0F00_0000,
@@ -260,7 +260,7 @@ def test_sequence_check():
         req(Command.WR_DWORD, scratch, 4, flags=ACK | SEQ, seq=0x0000),  # repeated: refused
         req(Command.WR_DWORD, scratch, 5, flags=ACK | SEQ, seq=0x0005),  # jump: refused
         req(Command.RD_DWORD, scratch, flags=SEQ, seq=0x0001),
-        req(Command.RD_DWORD, 0x0C, flags=SEQ, seq=0x0002),              # bad address
+        req(Command.RD_DWORD, 0x20, flags=SEQ, seq=0x0002),              # bad address
         req(Command.RD_DWORD, scratch, flags=SEQ, seq=0x0003),
         req(Command.RD_DWORD, scratch, flags=0, seq=0x0100),             # unchecked: resyncs
         req(Command.RD_DWORD, scratch, flags=SEQ, seq=0x0101),
@@ -272,7 +272,7 @@ def test_sequence_check():
         (0x84, Status.SEQUENCE_ERROR, scratch, 0, 0x0000),
         (0x84, Status.SEQUENCE_ERROR, scratch, 0, 0x0000),
         (0x94, 0, scratch, 3, 0x0001),
-        (0x94, Status.BAD_ADDRESS, 0x0C, 0, 0x0001),     # an address error: not latched
+        (0x94, Status.BAD_ADDRESS, 0x20, 0, 0x0001),     # an address error: not latched
         (0x94, Status.SEQUENCE_ERROR, scratch, 0, 0x0001),
         (0x94, 0, scratch, 3, 0x0100),
         (0x94, 0, scratch, 3, 0x0101),
@@ -426,13 +426,13 @@ def test_claim_refused_and_failed_writes():
     replies, _ = run([
         req(Command.WR_DWORD, claim, 0, seq=1, **OTHER),
         req(Command.WR_DWORD, scratch, 5, flags=ACK | 0x10, seq=2, **OTHER),   # BAD_FLAGS
-        req(Command.WR_DWORD, 0x0C, 5, seq=3),                                # claims
+        req(Command.WR_DWORD, 0x20, 5, seq=3),                                # claims
         req(Command.WR_DWORD, scratch, 6, seq=4, **OTHER),
     ])
     assert brief(replies) == [
         (0x84, 0, claim, 0, 1),
         (0x84, Status.BAD_FLAGS, scratch, 0, 1),
-        (0x84, Status.BAD_ADDRESS, 0x0C, 0, 1),          # not latched, but claimed
+        (0x84, Status.BAD_ADDRESS, 0x20, 0, 1),          # not latched, but claimed
         (0x84, Status.CLAIMED, scratch, 0, 1),
     ]
 
@@ -443,18 +443,18 @@ def test_error_priority_is_the_bridges():
     scratch = global_reg("SCRATCH")
     replies, _ = run([
         req(Command.RD_DWORD, scratch, flags=ACK | SEQ, seq=5),                # latched: 5
-        req(0x07, 0x0C, flags=ACK | SEQ | 0x40, seq=9),                        # all four wrong
-        req(Command.WR_DWORD, 0x0C, 1, flags=ACK | SEQ | 0x40, seq=9),         # flags first
-        req(Command.WR_DWORD, 0x0C, 1, flags=ACK | SEQ, seq=9),                # sequence next
-        req(Command.WR_DWORD, 0x0C, 1, flags=ACK | SEQ, seq=6),                # address last
+        req(0x07, 0x20, flags=ACK | SEQ | 0x40, seq=9),                        # all four wrong
+        req(Command.WR_DWORD, 0x20, 1, flags=ACK | SEQ | 0x40, seq=9),         # flags first
+        req(Command.WR_DWORD, 0x20, 1, flags=ACK | SEQ, seq=9),                # sequence next
+        req(Command.WR_DWORD, 0x20, 1, flags=ACK | SEQ, seq=6),                # address last
         req(Command.RD_DWORD, scratch, flags=ACK | SEQ, seq=6),                # 6 still next
     ])
     assert brief(replies) == [
         (0x94, 0, scratch, 0, 5),
-        (0x07, Status.BAD_COMMAND, 0x0C, 0, 5),
-        (0x84, Status.BAD_FLAGS, 0x0C, 0, 5),
-        (0x84, Status.SEQUENCE_ERROR, 0x0C, 0, 5),
-        (0x84, Status.BAD_ADDRESS, 0x0C, 0, 5),
+        (0x07, Status.BAD_COMMAND, 0x20, 0, 5),
+        (0x84, Status.BAD_FLAGS, 0x20, 0, 5),
+        (0x84, Status.SEQUENCE_ERROR, 0x20, 0, 5),
+        (0x84, Status.BAD_ADDRESS, 0x20, 0, 5),
         (0x94, 0, scratch, 0, 6),
     ]
 

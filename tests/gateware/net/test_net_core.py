@@ -220,6 +220,8 @@ def test_call_request_becomes_rpc_frame():
         assert (req.function_id, req.request_id, req.payload) == (0xF00D, 77, bytes([1, 2, 3, 4]))
         assert await b.read_counter(ctx, "TX_RPC_REQUESTS") == 1
         assert await b.read(ctx, qp_reg(1, "TX_PSN")) == 1
+        # counted on PPU 1's own QP alone
+        assert [await b.read(ctx, qp_reg(q, "TX_PACKETS")) for q in range(4)] == [0, 1, 0, 0]
 
     bench.run(tb)
 

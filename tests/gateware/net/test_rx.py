@@ -468,7 +468,9 @@ DROPS = {
     "pkey": (_w(bth={"p_key": 0x8001}), "DROP_PKEY"),
     "pkey_limited": (_w(bth={"p_key": 0x7FFF}), None),  # accepted: we are a full member
     "qpn_low": (_w(dest_qp=PARAMS.qpn_base - 1), "DROP_QPN"),
-    "qpn_high": (_w(dest_qp=PARAMS.qpn_base + 1), "DROP_QPN"),
+    "qpn_high": (_w(dest_qp=PARAMS.qpn_base + PARAMS.num_qps), "DROP_QPN"),
+    # an extra QP that no host configured: no peer (closed)
+    "qpn_of_a_closed_qp": (_w(dest_qp=PARAMS.qpn_base + 1), "DROP_PEER"),
     "header_too_short": (roce_frame(Opcode.RDMA_WRITE_ONLY, payload=bytes(8)), "DROP_LENGTH"),
     "rkey": (_w(r_key=IMEM_RKEY ^ 0x100), "DROP_RKEY"),
     "rkey_of_other_region": (_w(r_key=ENV_RKEY), "DROP_RKEY"),
