@@ -231,7 +231,7 @@ def test_qlink_info_is_what_the_bench_configured(run_one):
         assert (qp["qpn"], qp["peer_qpn"], qp["ppu"]) == (ctx["QSC_QPN"], ctx["HOST_QPN"],
                                                           ctx["PPU"])
         assert {name: ctx[f"{name}_RKEY"] for name in qp["rkeys"]} == qp["rkeys"]
-    ctx = results["qp_contexts"][0]
+    qp, ctx = info["qps"][0], results["qp_contexts"][0]          # PPU 0's own QP
     rdma = [r for r in info["regions"] if r["rkey"] is not None]
     assert {r["name"]: r["rkey"] for r in rdma} == {
         f"ppu0_{name.lower()}": ctx[f"{name}_RKEY"] for name in ("IMEM", "ENV", "REGS")}
