@@ -953,9 +953,12 @@ class RoCEReceiver(wiring.Component):
             with m.If(qpn_hit[n]):
                 m.d.comb += qp_now.eq(n)
         qpc_now = self.qp[qp_now]
-        # the PPU the QP reaches (its regions, mailbox and TAIL)
+        # the PPU the QP reaches (its regions, mailbox and TAIL): a PPU's own QP its own, fixed
+        # here whatever its context says; another QP the one its context names
         ppu_now = Signal(n_bits)
-        m.d.comb += ppu_now.eq(qpc_now.ppu)
+        m.d.comb += ppu_now.eq(Array([Const(n, n_bits) for n in range(num_ppus)] +
+                                     [self.qp[n].ppu[:n_bits]
+                                      for n in range(num_ppus, num_qps)])[qp_now])
         ext_bytes = Signal(5)
         m.d.sync += ext_bytes.eq(Mux(op_now["has_reth"], RETH.length_bytes, 0) +
                                  Mux(op_now["has_immdt"], IMMDT.length_bytes, 0))

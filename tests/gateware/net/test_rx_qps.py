@@ -6,17 +6,20 @@ PPU register names.
 """
 
 import pytest
+from amaranth.sim import Simulator
 from netbench import (
     HOST_IP,
     HOST_MAC,
     QSC_IP,
     QSC_MAC,
+    StreamSink,
+    drive_frames,
     expected_writes,
     mailbox_commit,
     send_frame,
     write_frame,
 )
-from test_rx import nonzero, reg_read, reg_write, run_rx
+from test_rx import RxHarness, nonzero, reg_read, reg_write, run_rx
 
 from openqlink.memory_map import (
     ENV_OFFSET,
@@ -191,3 +194,41 @@ def test_an_extra_qp_reaches_the_ppu_its_register_names():
                     expected_writes(imem0 + 64, b"QP3-ppu0"))
     assert nonzero(counters) == {"RX_FRAMES": 6, "RX_ROCE_ACCEPTED": 4, "DROP_VA": 2,
                                  "RX_RPC_RESPONSES": 1}
+
+
+class _OwnQpContextNamingPpu1(RxHarness):
+    """The receiver with its register block, PPU 0's own QP's context carrying ``ppu`` 1 (the
+    register block drives ``q`` there; the receiver's ``qp`` port itself takes any value)."""
+
+    def elaborate(self, platform):
+        m = super().elaborate(platform)
+        m.d.comb += self.dut.qp[0].ppu.eq(1)
+        return m
+
+
+def test_an_own_qp_reaches_its_own_ppu_whatever_its_context_says():
+    """Rule 8 of the receiver: QP ``q < num_ppus`` is PPU ``q``'s own and reaches PPU ``q``. A
+    SEND on QP 0 lands in PPU 0's mailbox, and a WRITE into PPU 0's instruction ring is taken,
+    even where QP 0's context names PPU 1."""
+    params = QSCParams(num_ppus=2)
+    h = _OwnQpContextNamingPpu1(params)
+    sink = StreamSink(h.dut.bus_cmd)
+    imem0 = ppu_base(0) + IMEM_OFFSET
+    frames = [send_frame(b"S" * 8, psn=0),
+              write_frame(imem0, b"QP0-imem", KEYS[0]["IMEM"], psn=1)]
+
+    async def testbench(ctx):
+        for addr, value in open_qp(0) + [(global_reg("RX_ENABLE"), 1)]:
+            await reg_write(ctx, h.regs, addr, value)
+        await drive_frames(ctx, h.dut.rx, frames)
+        for _ in range(80):
+            await ctx.tick()
+
+    sim = Simulator(h)
+    sim.add_clock(6.4e-9)
+    sim.add_testbench(testbench)
+    sim.add_testbench(sink.run, background=True)
+    sim.run()
+    mailbox0 = ppu_base(0) + MAILBOX_OFFSET
+    assert sink.items == (expected_writes(mailbox0, b"S" * 8) + [mailbox_commit(mailbox0, 8)] +
+                          expected_writes(imem0, b"QP0-imem"))
