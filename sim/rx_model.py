@@ -8,14 +8,28 @@
 # checks no VA or R_Key), 10.9.3 (P_Key), 7.8.1 (ICRC); IBTA Annex A17 (RoCEv2) A17.2.3 (UDP port
 # 4791), A17.4.4 (ICRC over the IPv4/UDP/BTH headers with their variant fields masked);
 # rdma-core rxe ``check_psn`` (UC) and ``check_rkey``; :mod:`openqlink.memory_map` (regions,
-# COUNTERS, the QP registers); the receive order that :mod:`openqlink.gateware.net.rx` documents.
+# COUNTERS, the QP registers, QP_COUNTERS); the receive order that
+# :mod:`openqlink.gateware.net.rx` documents.
 
 The model is written from those documents, not from the receiver's logic. Given the
-configuration a host applied (:class:`RxConfig`: the QSC's and the peer's addresses, P_Key,
-RX_ENABLE, each QP's region R_Keys and their valid bits, QSC_QPN, RESPONSE_BYTES and PMTU) and
-the state of each QP (the expected PSN and the open message: :class:`Message`), it decides a
-frame (:meth:`RxModel.judge`): the first failing check of the documented order names the drop
+configuration a host applied (:class:`RxConfig`: the QSC's addresses, P_Key, RX_ENABLE and, for
+each of the build's ``num_qps`` QPs, its peer's addresses, the PPU it reaches, its region
+R_Keys and their valid bits, QSC_QPN, RESPONSE_BYTES and PMTU) and the state of each QP (the
+expected PSN and the open message: :class:`Message`), it decides a frame
+(:meth:`RxModel.judge`): the first failing check of the documented order names the drop
 counter, or the frame is taken (a RoCEv2 packet, a control request, an ARP or echo request).
+
+QPs and PPUs: a RoCEv2 packet belongs to the lowest QP ``q`` whose QSC_QPN is its DestQP. QP
+``q < num_ppus`` is PPU ``q``'s own; every other QP reaches the PPU its PPU register names (0
+from reset). The QP decides the peer check (its PEER_MAC, PEER_IP), the PSN and open message,
+the R_Keys and their valid bits (the QP's map: the regions its host opened), the PMTU and
+RESPONSE_BYTES; the PPU it reaches decides where the bytes may land: the VA window and regions,
+the mailbox of a SEND, the TAIL of an ImmDt. :attr:`Verdict.qp` and :attr:`Verdict.ppu` name
+both. The model also counts what each QP's counters count (:attr:`RxModel.qp_counters`,
+:data:`openqlink.memory_map.QP_COUNTERS`): RX_PACKETS (packets of the QP taken), RX_DROPS
+(packets of the QP, DestQP its QSC_QPN, dropped for any later reason, DROP_PEER and
+DROP_OVERFLOW included) and RX_DROPS_PSN (of those, the DROP_PSN ones); TX_PACKETS counts what a
+QP sends, never a packet received.
 
 Every UC opcode (IBTA Vol 1 9.2, 0x20-0x2B) is handled: SEND and RDMA WRITE, FIRST, MIDDLE,
 LAST and ONLY, with and without immediate. For a RoCEv2 packet taken the verdict gives the bytes
@@ -52,7 +66,15 @@ import struct
 import zlib
 from dataclasses import dataclass, field
 
-from ..memory_map import MAILBOX_BYTES, MAILBOX_OFFSET, QSCParams, ppu_base, ppu_reg, regions
+from ..memory_map import (
+    MAILBOX_BYTES,
+    MAILBOX_OFFSET,
+    QP_COUNTERS,
+    QSCParams,
+    ppu_base,
+    ppu_reg,
+    regions,
+)
 from ..wire.roce import PATH_MTU_BYTES
 
 __all__ = [
@@ -125,6 +147,7 @@ PMTU_RESET = 3
 #: buffer, a standard 1500-byte MTU's frame.
 _ECHO_MAX_FRAME_BYTES = 1514
 _PSN_MASK = (1 << 24) - 1
+_COUNTER_MASK = (1 << 32) - 1
 
 
 def pmtu_bytes(register: int) -> int:
@@ -193,23 +216,32 @@ def roce_icrc(ip_packet: bytes) -> bytes:
 
 @dataclass
 class RxConfig:
-    """What a host configured: the addresses, P_Key, RX_ENABLE and each QP's region R_Keys.
+    """What a host configured: the addresses, P_Key, RX_ENABLE and each QP's context.
 
-    ``rkeys[n]`` maps a region's R_Key register name (``"IMEM_RKEY"``, ``"ENV_RKEY"``,
-    ``"REGS_RKEY"``: :func:`openqlink.memory_map.regions`) of PPU ``n`` to ``(key, valid)``;
-    ``valid`` is whether the register was written since reset or since the QP's HOST_QPN was
-    (a region whose key is not valid takes no WRITE). A missing entry is not valid.
+    Every per-QP list has one entry per QP of the build (``params.num_qps``; a shorter list is
+    filled with the defaults). ``rkeys[q]`` maps a region's R_Key register name
+    (``"IMEM_RKEY"``, ``"ENV_RKEY"``, ``"REGS_RKEY"``: :func:`openqlink.memory_map.regions`) in
+    QP ``q``'s context to ``(key, valid)``; ``valid`` is whether the register was written since
+    reset or since the QP's HOST_QPN was (a region whose key is not valid takes no WRITE of the
+    QP). A missing entry is not valid. The regions are those of the PPU the QP reaches
+    (``qp_ppus[q]``): its keys are the QP's map of that PPU's regions.
     """
 
     params: QSCParams = field(default_factory=QSCParams)
     qsc_mac: int | None = None          #: default: ``params.mac``
     qsc_ip: int | None = None           #: default: ``params.ip``
-    host_mac: int = 0                   #: every QP's peer: its PEER_MAC_HI/LO
-    host_ip: int = 0                    #: ... and its PEER_IP
+    host_mac: int = 0                   #: the peer of every QP that ``peers`` leaves out
+    host_ip: int = 0                    #: ... its IP
     p_key: int = 0xFFFF                 #: P_KEY (reset value: full member of the default)
     rx_enable: bool = False             #: RX_ENABLE bit 0 (off from reset)
     rkeys: list[dict[str, tuple[int, bool]]] = field(default_factory=list)
-    #: QSC_QPN of each QP (default ``qpn_base + n``): a packet goes to the lowest PPU whose
+    #: Each QP's peer, ``(mac, ip)``: its PEER_MAC_HI/LO and PEER_IP (default
+    #: ``(host_mac, host_ip)``); the QP takes packets from that source MAC and IP only.
+    peers: list[tuple[int, int]] = field(default_factory=list)
+    #: The PPU each QP reaches (its PPU register): ``q`` for a PPU's own QP (``q < num_ppus``),
+    #: 0 by default for the others (the register's reset value). See :meth:`write_ppu`.
+    qp_ppus: list[int] = field(default_factory=list)
+    #: QSC_QPN of each QP (default ``qpn_base + q``): a packet goes to the lowest QP whose
     #: QPN is its DestQP.
     qsc_qpns: list[int] = field(default_factory=list)
     #: RESPONSE_BYTES of each QP (default 64): the largest SEND message taken.
@@ -222,18 +254,41 @@ class RxConfig:
     buffer_bytes: int | None = 16384
 
     def __post_init__(self) -> None:
+        p = self.params
         if self.qsc_mac is None:
-            self.qsc_mac = parse_mac(self.params.mac)
+            self.qsc_mac = parse_mac(p.mac)
         if self.qsc_ip is None:
-            self.qsc_ip = parse_ip(self.params.ip)
-        while len(self.rkeys) < self.params.num_ppus:
+            self.qsc_ip = parse_ip(p.ip)
+        self.host_mac = parse_mac(self.host_mac)
+        self.host_ip = parse_ip(self.host_ip)
+        while len(self.rkeys) < p.num_qps:
             self.rkeys.append({})
-        while len(self.qsc_qpns) < self.params.num_ppus:
-            self.qsc_qpns.append(self.params.qpn_base + len(self.qsc_qpns))
-        while len(self.response_bytes) < self.params.num_ppus:
+        while len(self.peers) < p.num_qps:
+            self.peers.append((self.host_mac, self.host_ip))
+        self.peers = [(parse_mac(mac), parse_ip(ip)) for mac, ip in self.peers]
+        while len(self.qp_ppus) < p.num_qps:
+            q = len(self.qp_ppus)
+            self.qp_ppus.append(q if q < p.num_ppus else 0)
+        while len(self.qsc_qpns) < p.num_qps:
+            self.qsc_qpns.append(p.qpn_base + len(self.qsc_qpns))
+        while len(self.response_bytes) < p.num_qps:
             self.response_bytes.append(MAILBOX_BYTES)
-        while len(self.pmtu) < self.params.num_ppus:
+        while len(self.pmtu) < p.num_qps:
             self.pmtu.append(pmtu_bytes(PMTU_RESET))
+        for name in ("rkeys", "peers", "qp_ppus", "qsc_qpns", "response_bytes", "pmtu"):
+            if len(getattr(self, name)) != p.num_qps:
+                raise ValueError(f"{name}: one entry per QP ({p.num_qps}), not "
+                                 f"{len(getattr(self, name))}")
+        for q, ppu in enumerate(self.qp_ppus):
+            if (q < p.num_ppus and ppu != q) or not 0 <= ppu < p.num_ppus:
+                raise ValueError(f"QP {q} cannot reach PPU {ppu}: a PPU's own QP reaches that "
+                                 f"PPU, another QP one of the build's {p.num_ppus}")
+
+    def write_ppu(self, qp: int, value: int) -> None:
+        """A write of ``value`` to QP ``qp``'s PPU register: a PPU's own QP ignores it, and so
+        does any QP for a PPU the build lacks (``value >= num_ppus``)."""
+        if qp >= self.params.num_ppus and 0 <= value < self.params.num_ppus:
+            self.qp_ppus[qp] = value
 
 
 @dataclass(frozen=True)
@@ -268,7 +323,9 @@ class Verdict:
     RX_FRAMES), or :data:`CONTROL`. ``also`` holds other outcomes the documentation allows for
     this frame where it does not decide between them (empty for most frames). The rest
     describes a frame taken: ``kind`` (``"write"``, ``"send"``, ``"control"``, ``"arp"``,
-    ``"icmp"`` or ``None``), ``ppu`` (the addressed QP's PPU, once the QPN check passed),
+    ``"icmp"`` or ``None``), ``qp`` (the QP the packet belongs to, once the QPN check passed:
+    the lowest whose QSC_QPN is its DestQP; set for a packet dropped after that check too) and
+    ``ppu`` (the PPU that QP reaches: whose regions, mailbox and TAIL the packet may write),
     ``writes`` (in order), ``tail`` (``(TAIL register address, ImmDt)``), ``mailbox_commit``
     (``(mailbox address, bytes committed)``), ``psn``, ``psn_gap`` (a FIRST or ONLY whose PSN
     was not the expected one; the packet is kept), ``rpc_response`` (a SEND that ends a
@@ -277,13 +334,14 @@ class Verdict:
     the 10-byte RD_DWORD; ``pairs``, 1 or a block's pair count, and ``more``, a block's pairs
     after the first as they came), ``icrc_ok`` (``None`` where the ICRC was not reached or not
     RoCEv2). ``opcode`` is the BTH opcode of a RoCEv2 packet whose ICRC checked good; ``of_qp``:
-    the packet passed the checks up to PEER, so it belongs to QP ``ppu`` and, unless it is
-    taken, closes that QP's open message.
+    the packet passed the checks up to PEER, so, unless it is taken, it closes QP ``qp``'s open
+    message.
     """
 
     outcome: str
     also: frozenset[str] = frozenset()
     kind: str | None = None
+    qp: int | None = None
     ppu: int | None = None
     writes: tuple[Write, ...] = ()
     tail: tuple[int, int] | None = None
@@ -313,8 +371,9 @@ def _u(frame: bytes, at: int, nbytes: int) -> int:
 
 
 class RxModel:
-    """The receive rules with their state: each QP's expected PSN (:attr:`epsn`) and open
-    message (:attr:`messages`, ``None`` where none is open).
+    """The receive rules with their state: each QP's expected PSN (:attr:`epsn`), open message
+    (:attr:`messages`, ``None`` where none is open) and counters (:attr:`qp_counters`), one
+    entry per QP of the build (``params.num_qps``).
 
     :meth:`judge` decides a frame without changing the state; :meth:`apply` records a verdict
     as the receiver carried it out; :meth:`receive` does both. A caller that saw a packet the
@@ -323,16 +382,26 @@ class RxModel:
 
     def __init__(self, config: RxConfig):
         self.config = copy.deepcopy(config)
-        self.epsn = [0] * config.params.num_ppus
-        self.messages: list[Message | None] = [None] * config.params.num_ppus
+        num_qps = config.params.num_qps
+        self.epsn = [0] * num_qps
+        self.messages: list[Message | None] = [None] * num_qps
+        #: Each QP's counters by name (:data:`openqlink.memory_map.QP_COUNTERS`), 32 bits,
+        #: wrapping, 0 from reset.
+        self.qp_counters: list[dict[str, int]] = [{name: 0 for name, _ in QP_COUNTERS}
+                                                  for _ in range(num_qps)]
 
-    def restart_qp(self, ppu: int) -> None:
-        """A write of the QP's HOST_QPN: its expected PSN returns to 0, its open message is
-        closed and its region keys are no longer valid until written again."""
-        self.epsn[ppu] = 0
-        self.messages[ppu] = None
-        self.config.rkeys[ppu] = {name: (key, False)
-                                  for name, (key, _) in self.config.rkeys[ppu].items()}
+    def restart_qp(self, qp: int) -> None:
+        """A write of QP ``qp``'s HOST_QPN: its expected PSN returns to 0, its open message is
+        closed and its region keys are no longer valid until written again (its peer, PPU and
+        counters stay)."""
+        self.epsn[qp] = 0
+        self.messages[qp] = None
+        self.config.rkeys[qp] = {name: (key, False)
+                                 for name, (key, _) in self.config.rkeys[qp].items()}
+
+    def _count(self, qp: int, name: str) -> None:
+        counters = self.qp_counters[qp]
+        counters[name] = (counters[name] + 1) & _COUNTER_MASK
 
     def receive(self, frame: bytes, *, mac_error: bool = False) -> Verdict:
         """:meth:`judge` then :meth:`apply`."""
@@ -345,19 +414,28 @@ class RxModel:
         PSN + 1 (IBTA Vol 1 9.8.3; 24 bits, wrapping) and its open message to
         :attr:`Verdict.message` (a FIRST opens one, a MIDDLE advances it, a LAST or ONLY closes
         it); any other packet of the QP (:attr:`Verdict.of_qp`) closes the message and leaves
-        the expected PSN. Frames of no QP change nothing."""
+        the expected PSN. A packet that passed the QPN check counts in its QP's RX_PACKETS
+        (taken) or RX_DROPS (dropped; a DROP_PSN in RX_DROPS_PSN too). Frames of no QP change
+        nothing."""
+        if verdict.qp is not None:
+            self._count(verdict.qp, "RX_PACKETS" if verdict.outcome == ACCEPTED else "RX_DROPS")
+            if verdict.outcome == "DROP_PSN":
+                self._count(verdict.qp, "RX_DROPS_PSN")
         if verdict.outcome == ACCEPTED:
-            self.epsn[verdict.ppu] = (verdict.psn + 1) & _PSN_MASK
-            self.messages[verdict.ppu] = verdict.message
+            self.epsn[verdict.qp] = (verdict.psn + 1) & _PSN_MASK
+            self.messages[verdict.qp] = verdict.message
         elif verdict.of_qp:
-            self.messages[verdict.ppu] = None
+            self.messages[verdict.qp] = None
 
     def apply_dropped(self, verdict: Verdict) -> None:
         """Record that the receiver dropped the frame of ``verdict`` for overflow where the model
-        takes it (the buffer or a queue was full): a packet of a QP closes that QP's open message
-        and leaves its expected PSN, as any packet of the QP not accepted."""
+        takes it (the buffer or a queue was full): a packet of a QP counts in the QP's RX_DROPS,
+        closes its open message and leaves its expected PSN, as any packet of the QP not
+        accepted."""
+        if verdict.qp is not None:
+            self._count(verdict.qp, "RX_DROPS")
         if verdict.of_qp:
-            self.messages[verdict.ppu] = None
+            self.messages[verdict.qp] = None
 
     # ---- the checks, in the documented order ------------------------------------------------
 
@@ -380,8 +458,8 @@ class RxModel:
         words = -(-len(frame) // 8)
         if self.config.buffer_bytes is not None and words > self.config.buffer_bytes // 8:
             if verdict.outcome == ACCEPTED:
-                return Verdict("DROP_OVERFLOW", ppu=verdict.ppu, psn=verdict.psn, icrc_ok=True,
-                               opcode=verdict.opcode, of_qp=True)
+                return Verdict("DROP_OVERFLOW", qp=verdict.qp, ppu=verdict.ppu, psn=verdict.psn,
+                               icrc_ok=True, opcode=verdict.opcode, of_qp=True)
             if verdict.outcome == CONTROL:
                 return dataclasses.replace(verdict, also=frozenset({"DROP_OVERFLOW"}))
         return verdict
@@ -519,22 +597,25 @@ class RxModel:
         # IBTA Vol 1 10.9.3: the low 15 bits match, and at least one side is a full member
         if (p_key & 0x7FFF) != (c.p_key & 0x7FFF) or not ((p_key | c.p_key) & 0x8000):
             return drop("DROP_PKEY")
-        ppu = next((n for n in range(p.num_ppus) if c.qsc_qpns[n] == dest_qp), None)
-        if ppu is None:
+        # the lowest QP whose QSC_QPN is DestQP; it reaches one PPU (its own, or the one its
+        # PPU register names)
+        qp = next((q for q in range(p.num_qps) if c.qsc_qpns[q] == dest_qp), None)
+        if qp is None:
             return drop("DROP_QPN")
+        ppu = c.qp_ppus[qp]
         # A connected QP takes packets from its peer only (rxe checks the addresses).
-        if src_mac != c.host_mac or src_ip != c.host_ip:
-            return drop("DROP_PEER", ppu=ppu)
+        if (src_mac, src_ip) != c.peers[qp]:
+            return drop("DROP_PEER", qp=qp, ppu=ppu)
 
         def qp_drop(reason: str) -> Verdict:
             # a packet of the QP, not taken: it closes the QP's open message
-            return drop(reason, ppu=ppu, psn=psn, of_qp=True)
+            return drop(reason, qp=qp, ppu=ppu, psn=psn, of_qp=True)
 
         # PSN (IBTA Vol 1 9.8.3, rxe check_psn for UC): a MIDDLE or LAST continues the open
         # message of its kind at the expected PSN; a FIRST or ONLY starts one whatever its PSN.
-        msg = self.messages[ppu]
+        msg = self.messages[qp]
         starts = position in (_FIRST, _ONLY)
-        if not starts and (msg is None or msg.kind != kind or psn != self.epsn[ppu]):
+        if not starts and (msg is None or msg.kind != kind or psn != self.epsn[qp]):
             return qp_drop("DROP_PSN")
         ext = (_RETH if has_reth else 0) + (_IMMDT if has_imm else 0)
         payload_len = udp_length - _UDP - _BTH - ext - pad_cnt - _ICRC
@@ -542,16 +623,16 @@ class RxModel:
             return qp_drop("DROP_LENGTH")
         at = b + _BTH + ext
         payload = bytes(frame[at:at + payload_len])
-        pmtu = c.pmtu[ppu]
-        psn_gap = starts and psn != self.epsn[ppu]
-        mailbox = ppu_base(ppu) + MAILBOX_OFFSET
+        pmtu = c.pmtu[qp]
+        psn_gap = starts and psn != self.epsn[qp]
+        mailbox = ppu_base(ppu) + MAILBOX_OFFSET             # the PPU's mailbox
 
         def accept(**kw) -> Verdict:
-            return Verdict(ACCEPTED, kind=kind, ppu=ppu, psn=psn, psn_gap=psn_gap, icrc_ok=True,
-                           opcode=opcode, of_qp=True, **kw)
+            return Verdict(ACCEPTED, kind=kind, qp=qp, ppu=ppu, psn=psn, psn_gap=psn_gap,
+                           icrc_ok=True, opcode=opcode, of_qp=True, **kw)
 
         if kind == "send":
-            limit = c.response_bytes[ppu]
+            limit = c.response_bytes[qp]
             if not {
                 _ONLY: payload_len <= pmtu and payload_len <= limit,
                 _FIRST: payload_len == pmtu and payload_len < limit,
@@ -573,7 +654,8 @@ class RxModel:
                 return accept(message=dataclasses.replace(msg, left=msg.left - payload_len))
             return accept(mailbox_commit=(mailbox, MAILBOX_BYTES), rpc_response=True)
 
-        # RDMA WRITE. RETH (IBTA Vol 1 9.3.2): VA, R_Key, DMALen; the VA is the bus address.
+        # RDMA WRITE. RETH (IBTA Vol 1 9.3.2): VA, R_Key, DMALen; the VA is the bus address,
+        # in a region of the PPU the QP reaches, opened by the QP's own key for it.
         # A zero-length WRITE's VA and R_Key are not checked (IBTA C9-88, as rxe).
         va = dma_len = 0
         region = None
@@ -586,7 +668,7 @@ class RxModel:
                                    if g.va <= va < g.va + g.length_bytes), None)
                 if region is None:
                     return qp_drop("DROP_VA")
-                key, valid = c.rkeys[ppu].get(region.rkey_register, (0, False))
+                key, valid = c.rkeys[qp].get(region.rkey_register, (0, False))
                 if not valid or r_key != key:
                     return qp_drop("DROP_RKEY")
                 if va + dma_len > region.va + region.length_bytes:

@@ -1,6 +1,8 @@
 """The reference model of the receive rules (openqlink.sim.rx_model) on its own, with hand-built
 UC messages: FIRST/MIDDLE/LAST sequences of RDMA WRITEs and SENDs, their PSN, length and VA
-rules, the instruction ring's TAIL, zero-length WRITEs (IBTA C9-88) and the PMTU.
+rules, the instruction ring's TAIL, zero-length WRITEs (IBTA C9-88) and the PMTU; several QPs
+(an extra QP reaching another PPU, each QP's own keys, peer, PSN and message) and the QP
+counters.
 
 # Ref: IBTA Vol 1 Release 1.4 9.2 (UC opcodes), 9.3.2 (RETH), 9.3.4 (ImmDt), 9.4.3 (RDMA WRITE),
 # 9.8.3 (UC receive), C9-88; rdma-core rxe ``check_psn`` (UC).
@@ -13,6 +15,7 @@ import pytest
 from openqlink.memory_map import (
     MAILBOX_BYTES,
     MAILBOX_OFFSET,
+    QP_COUNTERS,
     QSCParams,
     ppu_base,
     ppu_reg,
@@ -28,6 +31,7 @@ from openqlink.sim.rx_model import (
     Verdict,
     Write,
     pmtu_bytes,
+    roce_icrc,
 )
 from openqlink.wire.packet import build_roce_frame
 from openqlink.wire.roce import Opcode
@@ -82,7 +86,8 @@ def test_pmtu_register_decode(register, expected):
 
 
 def test_pmtu_default_is_the_register_reset_value():
-    assert RxConfig(params=QSCParams(num_ppus=2)).pmtu == [1024, 1024]
+    assert RxConfig(params=QSCParams(num_ppus=2)).pmtu == [1024] * 4          # four QPs
+    assert RxConfig(params=QSCParams(num_ppus=2, num_qps=6)).pmtu == [1024] * 6
 
 
 def test_three_packet_write_lands_at_consecutive_addresses():
@@ -347,7 +352,7 @@ def test_drops_before_the_qp_leave_the_message_open():
                                   psn=1, payload=bytes(8))
     other_qpn = build_roce_frame(dst_mac=PARAMS.mac, src_mac=HOST_MAC, src_ip=HOST_IP,
                                  dst_ip=PARAMS.ip, opcode=Opcode.RDMA_WRITE_LAST,
-                                 dest_qp=QPN + 1, psn=1, payload=bytes(8))
+                                 dest_qp=QPN + PARAMS.num_qps, psn=1, payload=bytes(8))
     assert [m.receive(bytes(f)).outcome for f in (bad_icrc, other_peer, other_qpn)] == [
         "DROP_ICRC", "DROP_PEER", "DROP_QPN"]
     assert m.receive(frames[1]).outcome == ACCEPTED
@@ -379,3 +384,247 @@ def test_a_frame_longer_than_the_buffer_closes_the_message():
     v = m.receive(big)
     assert v.outcome == "DROP_OVERFLOW" and v.of_qp
     assert m.messages[0] is None and m.epsn[0] == 0
+
+
+# ---- several QPs -----------------------------------------------------------------------------
+
+PARAMS2 = QSCParams(num_ppus=2)                   # four QPs: 0 and 1 the PPUs' own, 2 and 3 extra
+OTHER_MAC = 0x02_00_00_00_00_66
+OTHER_IP = "192.168.0.102"
+
+
+def ip_int(ip: str) -> int:
+    return int.from_bytes(bytes(map(int, ip.split("."))), "big")
+
+
+def qp_keys(q: int, names=("IMEM_RKEY", "ENV_RKEY", "REGS_RKEY")) -> dict:
+    """QP ``q``'s own keys of the regions ``names`` (its map)."""
+    return {name: (0x5100_0000 | q << 8 | k, True) for k, name in enumerate(names)}
+
+
+def qps_model(params: QSCParams = PARAMS2, **kw) -> RxModel:
+    kw.setdefault("rkeys", [qp_keys(q) for q in range(params.num_qps)])
+    return RxModel(RxConfig(params=params, host_mac=HOST_MAC, host_ip=ip_int(HOST_IP),
+                            rx_enable=True, **kw))
+
+
+def to_qp(q: int, opcode: Opcode, psn: int, payload: bytes = b"", *,
+          params: QSCParams = PARAMS2, src=(HOST_MAC, HOST_IP), **ext) -> bytes:
+    """A UC packet to QP ``q`` (DestQP ``qpn_base + q``) from ``src`` (MAC, IP)."""
+    return build_roce_frame(dst_mac=params.mac, src_mac=src[0], src_ip=src[1],
+                            dst_ip=params.ip, opcode=opcode, dest_qp=params.qpn_base + q,
+                            psn=psn, payload=payload, **ext)
+
+
+def region(params: QSCParams, ppu: int, name: str):
+    return next(r for r in regions(params, ppu) if r.name == name)
+
+
+def test_qp_lists_are_sized_by_the_qps_and_ppus_default_to_own_or_zero():
+    c = RxConfig(params=QSCParams(num_ppus=2, num_qps=5))
+    assert c.qp_ppus == [0, 1, 0, 0, 0]
+    assert c.qsc_qpns == [c.params.qpn_base + q for q in range(5)]
+    assert len(c.rkeys) == len(c.response_bytes) == len(c.peers) == 5
+    assert RxModel(c).epsn == [0] * 5
+    c = RxConfig(params=PARAMS, host_mac=HOST_MAC, host_ip=HOST_IP)
+    assert c.peers == [(HOST_MAC, ip_int(HOST_IP))] * 4       # every QP: the host's
+    for bad in ([1, 1, 0, 0], [0, 1, 2, 0], [0, 1, 0, -1]):
+        with pytest.raises(ValueError, match="cannot reach PPU"):
+            RxConfig(params=PARAMS2, qp_ppus=bad)
+    with pytest.raises(ValueError, match="one entry per QP"):
+        RxConfig(params=PARAMS2, pmtu=[1024] * 5)
+
+
+def test_the_ppu_register_takes_only_a_ppu_of_the_build_and_not_for_an_own_qp():
+    c = RxConfig(params=QSCParams(num_ppus=3, num_qps=6))
+    c.write_ppu(4, 2)
+    c.write_ppu(5, 3)                     # no PPU 3: ignored
+    c.write_ppu(3, 16)                    # wider than the register: ignored too
+    c.write_ppu(1, 0)                     # PPU 1's own QP: ignored
+    assert c.qp_ppus == [0, 1, 2, 0, 2, 0]
+
+
+def test_an_extra_qp_writes_the_regions_mailbox_and_tail_of_its_ppu():
+    """QP 2 reaching PPU 1: its WRITE lands in PPU 1's regions (one into PPU 0's window is
+    DROP_VA), its SEND in PPU 1's mailbox, its ImmDt in PPU 1's TAIL; moved to PPU 0 it writes
+    there. The verdicts name the QP and the PPU."""
+    m = qps_model(qp_ppus=[0, 1, 1, 0])
+    keys = m.config.rkeys[2]
+    env1, env0 = region(PARAMS2, 1, "ENV"), region(PARAMS2, 0, "ENV")
+    imem1 = region(PARAMS2, 1, "IMEM")
+    v = m.receive(to_qp(2, Opcode.RDMA_WRITE_ONLY, 0, b"to-ppu-1", va=env1.va + 8,
+                        r_key=keys["ENV_RKEY"][0]))
+    assert (v.outcome, v.qp, v.ppu) == (ACCEPTED, 2, 1)
+    assert v.writes == (Write(env1.va + 8, b"to-ppu-1"),)
+    v = m.receive(to_qp(2, Opcode.RDMA_WRITE_ONLY, 1, b"to-ppu-0", va=env0.va + 8,
+                        r_key=keys["ENV_RKEY"][0]))
+    assert (v.outcome, v.qp, v.ppu) == ("DROP_VA", 2, 1)
+    v = m.receive(to_qp(2, Opcode.SEND_ONLY, 1, b"R" * 24))
+    assert v.outcome == ACCEPTED
+    mailbox1 = ppu_base(1) + MAILBOX_OFFSET
+    assert v.writes == (Write(mailbox1, b"R" * 24),) and v.mailbox_commit == (mailbox1, 24)
+    v = m.receive(to_qp(2, Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE, 2, bytes(8), va=imem1.va,
+                        r_key=keys["IMEM_RKEY"][0], imm=5))
+    assert v.outcome == ACCEPTED and v.tail == (ppu_reg(1, "TAIL"), 5)
+    # PPU 1's own QP is not QP 2: its keys are its own, its PSN too
+    assert m.epsn == [0, 0, 3, 0]
+    m.config.write_ppu(2, 0)
+    v = m.receive(to_qp(2, Opcode.RDMA_WRITE_ONLY, 3, b"to-ppu-0", va=env0.va + 8,
+                        r_key=keys["ENV_RKEY"][0]))
+    assert (v.outcome, v.qp, v.ppu) == (ACCEPTED, 2, 0)
+    assert v.writes == (Write(env0.va + 8, b"to-ppu-0"),)
+
+
+def test_each_qp_has_its_own_keys_its_map_of_regions():
+    """QP 0 opened every region of PPU 0, QP 2 (reaching PPU 0 too) the envelope memory alone,
+    with keys of its own: a key is good on its own QP only, a region outside a QP's map takes
+    no WRITE of it whatever key comes, and a restart closes that QP's map alone."""
+    keys = [qp_keys(0), {}, qp_keys(2, ("ENV_RKEY",)), {}]
+    m = qps_model(rkeys=keys)
+    imem, env = region(PARAMS2, 0, "IMEM"), region(PARAMS2, 0, "ENV")
+    k0, k2 = keys[0], keys[2]
+
+    def write(q: int, psn: int, va: int, key: int) -> str:
+        return m.receive(to_qp(q, Opcode.RDMA_WRITE_ONLY, psn, bytes(8), va=va,
+                               r_key=key)).outcome
+
+    assert write(2, 0, env.va, k2["ENV_RKEY"][0]) == ACCEPTED
+    assert write(2, 1, env.va, k0["ENV_RKEY"][0]) == "DROP_RKEY"       # QP 0's key
+    assert write(2, 1, imem.va, k0["IMEM_RKEY"][0]) == "DROP_RKEY"     # outside its map
+    assert write(2, 1, imem.va, 0) == "DROP_RKEY"                       # its reset value
+    assert write(0, 0, env.va, k2["ENV_RKEY"][0]) == "DROP_RKEY"       # QP 2's key
+    assert write(0, 0, imem.va, k0["IMEM_RKEY"][0]) == ACCEPTED
+    m.restart_qp(2)
+    assert write(2, 0, env.va, k2["ENV_RKEY"][0]) == "DROP_RKEY"
+    assert write(0, 1, env.va, k0["ENV_RKEY"][0]) == ACCEPTED
+
+
+def test_each_qp_takes_packets_from_its_own_peer():
+    """QP 1 is a second host's, QP 0 and the extra QPs this host's (``host_mac``/``host_ip``
+    where ``peers`` leaves a QP out): a host's packets on the other's QP are DROP_PEER, of
+    that QP (named in the verdict, its message left open)."""
+    peers = [(HOST_MAC, HOST_IP), (OTHER_MAC, OTHER_IP)]
+    m = qps_model(peers=peers)
+    assert m.config.peers[1] == (OTHER_MAC, ip_int(OTHER_IP))
+    assert m.config.peers[2:] == [(HOST_MAC, ip_int(HOST_IP))] * 2
+    other = (OTHER_MAC, OTHER_IP)
+    first = to_qp(1, Opcode.SEND_ONLY, 0, bytes(24), src=other)
+    assert m.receive(first).outcome == ACCEPTED
+    v = m.receive(to_qp(1, Opcode.SEND_ONLY, 1, bytes(24)))
+    assert (v.outcome, v.qp, v.ppu, v.of_qp) == ("DROP_PEER", 1, 1, False)
+    v = m.receive(to_qp(0, Opcode.SEND_ONLY, 0, bytes(24), src=other))
+    assert (v.outcome, v.qp) == ("DROP_PEER", 0)
+    assert m.receive(to_qp(3, Opcode.SEND_ONLY, 0, bytes(24), src=other)).outcome == (
+        "DROP_PEER")
+    assert m.receive(to_qp(3, Opcode.SEND_ONLY, 0, bytes(24))).outcome == ACCEPTED
+    # the same MAC with the other's IP is not the peer either
+    assert m.receive(to_qp(1, Opcode.SEND_ONLY, 1, bytes(24),
+                           src=(OTHER_MAC, HOST_IP))).outcome == "DROP_PEER"
+    # a peer that changes: the QP takes the new one's packets only
+    m.config.peers[1] = (HOST_MAC, ip_int(HOST_IP))
+    assert m.receive(to_qp(1, Opcode.SEND_ONLY, 1, bytes(24))).outcome == ACCEPTED
+    assert m.receive(first).outcome == "DROP_PEER"
+
+
+def test_each_qp_keeps_its_own_psn_and_message():
+    """Messages on QP 0 and QP 3 (both reaching PPU 0), packet by packet interleaved, land whole;
+    each QP's expected PSN is its own (a FIRST at another QP's PSN is a gap of its own QP); a lost
+    MIDDLE breaks QP 3's message alone; a continuation sent to the wrong QP finds no message."""
+    m = qps_model(pmtu=[PMTU] * 4)
+    env = region(PARAMS2, 0, "ENV")
+    a = UCQueuePair(HOST_MAC, HOST_IP, 0x11, PARAMS2.mac, PARAMS2.ip, PARAMS2.qpn_base,
+                    pmtu_bytes=PMTU, tx_psn=100).write_frames(
+        env.va, m.config.rkeys[0]["ENV_RKEY"][0], bytes([1]) * (3 * PMTU))
+    b = UCQueuePair(HOST_MAC, HOST_IP, 0x12, PARAMS2.mac, PARAMS2.ip, PARAMS2.qpn_base + 3,
+                    pmtu_bytes=PMTU, tx_psn=0xFFFFFF).write_frames(
+        env.va + 4096, m.config.rkeys[3]["ENV_RKEY"][0], bytes([2]) * (3 * PMTU))
+    v = [m.receive(f) for f in (a[0], b[0], a[1], b[1])]
+    assert [x.outcome for x in v] == [ACCEPTED] * 4
+    assert [(x.qp, x.ppu, x.psn_gap) for x in v] == [(0, 0, True), (3, 0, True),
+                                                      (0, 0, False), (3, 0, False)]
+    assert m.epsn == [102, 0, 0, 1]
+    assert m.messages[0] == Message("write", False, env.va + 2 * PMTU, PMTU)
+    assert m.messages[3] == Message("write", False, env.va + 4096 + 2 * PMTU, PMTU)
+    # QP 0's LAST sent to QP 3 (its PSN is not QP 3's): QP 3's message closes, QP 0's stays
+    wrong = bytearray(a[2])
+    wrong[47:50] = (PARAMS2.qpn_base + 3).to_bytes(3, "big")
+    wrong[-4:] = roce_icrc(bytes(wrong[14:-4]))
+    v = m.receive(bytes(wrong))
+    assert (v.outcome, v.qp) == ("DROP_PSN", 3)
+    assert m.messages[3] is None and m.messages[0] is not None
+    assert m.receive(a[2]).writes == (Write(env.va + 2 * PMTU, bytes([1]) * PMTU),)
+    assert m.receive(b[2]).outcome == "DROP_PSN"
+    assert m.epsn == [103, 0, 0, 1]
+
+
+def test_the_lowest_qp_of_a_shared_qpn_takes_the_packet():
+    """QP 1 and QP 3 share a QSC_QPN: QP 1 takes the packet (QP 3's peer, keys and PSN play no
+    part), as the lowest QP with the QPN does."""
+    qpns = [PARAMS2.qpn_base, 0x2, PARAMS2.qpn_base + 2, 0x2]
+    m = qps_model(qsc_qpns=qpns, qp_ppus=[0, 1, 0, 0],
+                  peers=[(HOST_MAC, HOST_IP), (HOST_MAC, HOST_IP), (HOST_MAC, HOST_IP),
+                         (OTHER_MAC, OTHER_IP)])
+    send = build_roce_frame(dst_mac=PARAMS2.mac, src_mac=HOST_MAC, src_ip=HOST_IP,
+                            dst_ip=PARAMS2.ip, opcode=Opcode.SEND_ONLY, dest_qp=0x2, psn=0,
+                            payload=bytes(8))
+    v = m.receive(send)
+    assert (v.outcome, v.qp, v.ppu) == (ACCEPTED, 1, 1)
+    assert v.mailbox_commit == (ppu_base(1) + MAILBOX_OFFSET, 8)
+    assert m.epsn == [0, 1, 0, 0]
+
+
+def test_qp_counters():
+    """RX_PACKETS counts a QP's packets taken, RX_DROPS its packets dropped after the QPN check
+    for any reason (PEER and OVERFLOW included), RX_DROPS_PSN the DROP_PSN ones among them;
+    frames dropped before the QPN check (or of no QP) count in no QP; TX_PACKETS never moves."""
+    config = qps_model(peers=[(HOST_MAC, HOST_IP), (OTHER_MAC, OTHER_IP)],
+                       pmtu=[PMTU] * 4).config
+    config.buffer_bytes = 2048
+    m = RxModel(config)
+    env = region(PARAMS2, 0, "ENV")
+    key0 = config.rkeys[0]["ENV_RKEY"][0]
+    bad_icrc = bytearray(to_qp(0, Opcode.SEND_ONLY, 0, bytes(8)))
+    bad_icrc[-1] ^= 1
+    bad_pkey = bytearray(to_qp(0, Opcode.SEND_ONLY, 0, bytes(8), p_key=0x7FF0))
+    frames = [
+        to_qp(0, Opcode.SEND_ONLY, 0, bytes(8)),                            # QP 0 taken
+        to_qp(0, Opcode.RDMA_WRITE_ONLY, 1, bytes(8), va=env.va, r_key=key0),  # taken
+        to_qp(0, Opcode.RDMA_WRITE_MIDDLE, 2, bytes(PMTU)),                  # PSN
+        to_qp(0, Opcode.RDMA_WRITE_ONLY, 2, bytes(8), va=env.va, r_key=1),   # RKEY
+        to_qp(1, Opcode.SEND_ONLY, 0, bytes(8)),                            # PEER (QP 1)
+        to_qp(1, Opcode.SEND_ONLY, 0, bytes(8), src=(OTHER_MAC, OTHER_IP)),  # QP 1 taken
+        to_qp(3, Opcode.SEND_LAST, 0, bytes(8)),                            # PSN (QP 3)
+        to_qp(3, Opcode.RDMA_WRITE_ONLY, 0, bytes(2200), va=env.va,
+              r_key=config.rkeys[3]["ENV_RKEY"][0]),                 # over the PMTU
+        to_qp(PARAMS2.num_qps, Opcode.SEND_ONLY, 0, bytes(8)),              # QPN: no QP's
+        bytes(bad_icrc), bytes(bad_pkey),                                   # before the QPN
+    ]
+    outcomes = [m.receive(f).outcome for f in frames]
+    assert outcomes == [ACCEPTED, ACCEPTED, "DROP_PSN", "DROP_RKEY", "DROP_PEER", ACCEPTED,
+                        "DROP_PSN", "DROP_LENGTH", "DROP_QPN", "DROP_ICRC", "DROP_PKEY"]
+    # the 2200-byte ONLY is over the PMTU (DROP_LENGTH): with PMTU 4096 it passes every check
+    # and, longer than the buffer, is DROP_OVERFLOW
+    m.config.pmtu[3] = 4096
+    assert m.receive(frames[7]).outcome == "DROP_OVERFLOW"
+    # a packet taken by the rules but dropped by the receiver for overflow
+    v = m.judge(to_qp(2, Opcode.SEND_ONLY, 0, bytes(8)))
+    assert v.outcome == ACCEPTED
+    m.apply_dropped(v)
+    assert [list(c) for c in m.qp_counters] == [[name for name, _ in QP_COUNTERS]] * 4
+    assert m.qp_counters == [
+        {"RX_PACKETS": 2, "RX_DROPS": 2, "RX_DROPS_PSN": 1, "TX_PACKETS": 0},
+        {"RX_PACKETS": 1, "RX_DROPS": 1, "RX_DROPS_PSN": 0, "TX_PACKETS": 0},
+        {"RX_PACKETS": 0, "RX_DROPS": 1, "RX_DROPS_PSN": 0, "TX_PACKETS": 0},
+        {"RX_PACKETS": 0, "RX_DROPS": 3, "RX_DROPS_PSN": 1, "TX_PACKETS": 0},
+    ]
+    # judge alone counts nothing; a restart leaves the counters
+    m.judge(frames[0])
+    m.restart_qp(0)
+    assert m.qp_counters[0]["RX_PACKETS"] == 2
+
+
+def test_qp_counters_wrap_at_32_bits():
+    m = qps_model()
+    m.qp_counters[0]["RX_PACKETS"] = (1 << 32) - 1
+    assert m.receive(to_qp(0, Opcode.SEND_ONLY, 0, bytes(8))).outcome == ACCEPTED
+    assert m.qp_counters[0]["RX_PACKETS"] == 0
