@@ -1,20 +1,25 @@
 """Deep fuzzing of the receive engine against the reference model of its rules.
 
 Frames from the generator of ``tests/gateware/net/test_rx_fuzz.py`` (valid RoCEv2 WRITEs and
-SENDs, ONLY and messages of several packets (FIRST, MIDDLE, LAST, with or without immediate) at
-the QPs' PMTU, control requests, ARP and ICMP echo requests, mutated: header fields at edge
-values, opcodes out of sequence, bit flips, cut and extended frames, MAC errors, the IPv4
-checksum, the UDP checksum and the ICRC recomputed or not; messages cut short, with packets lost,
-duplicated, swapped or of the wrong length and other frames between their packets; valid probes
-between them) go through a RoCEReceiver with its register block in Amaranth's simulator, in
-batches of one simulation each. Each batch is checked against ``openqlink.sim.rx_model`` for the
-test file's properties: (a) no bus write outside the addressed QP's regions, (b) nothing of a
-frame with a bad ICRC on the bus, (c) exactly the writes the model expects, where it expects
-them, (d) one outcome per frame, the model's, and counters that add up, (e) valid frames after
-garbage taken, (f) no wedge under back-pressure. Batches rotate through three drives: the default
-configuration with the bus always ready, varied configurations (PPU counts, addresses, P_Keys,
-keys never written, PMTUs, RX_ENABLE off), and back-pressure (the bus and the control plane
-taking at random, idle cycles inside frames).
+SENDs to every QP, ONLY and messages of several packets (FIRST, MIDDLE, LAST, with or without
+immediate) at the QPs' PMTU, control requests, ARP and ICMP echo requests, mutated: header
+fields at edge values, opcodes out of sequence, bit flips, cut and extended frames, MAC errors,
+the IPv4 checksum, the UDP checksum and the ICRC recomputed or not; messages cut short, with
+packets lost, duplicated, swapped or of the wrong length and other frames between their packets;
+packets from another QP's peer or with another QP's R_Key; QPs restarted, rekeyed, moved to
+another PPU and given another peer between frames; valid probes between them) go through a
+RoCEReceiver with its register block in Amaranth's simulator, in batches of one simulation
+each. Every QP of the build is configured: its peer (some QPs another host's), the PPU an extra
+QP reaches, its map of regions (a random subset of R_Keys for an extra QP). Each batch is
+checked against ``openqlink.sim.rx_model`` for the test file's properties: (a) no bus write
+outside the regions of the PPU the packet's QP reaches, (b) nothing of a frame with a bad ICRC
+on the bus, (c) exactly the writes the model expects, where it expects them, (d) one outcome per
+frame, the model's, counters that add up, and each QP's RX_EPSN and counters (RX_PACKETS,
+RX_DROPS, RX_DROPS_PSN) the model's, (e) valid frames after garbage taken, (f) no wedge under
+back-pressure. Batches rotate through three drives: the default configuration (one or two PPUs,
+four QPs) with the bus always ready, varied configurations (PPU and QP counts, addresses,
+P_Keys, keys never written, QPs left unconfigured, PMTUs, RX_ENABLE off), and back-pressure (the
+bus and the control plane taking at random, idle cycles inside frames).
 
     python benchmarks/rx_fuzz.py [--frames 100000] [--seed 1] [--batch 400]
 

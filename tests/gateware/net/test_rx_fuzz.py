@@ -1,9 +1,11 @@
 """Fuzzing of the receive engine (openqlink.gateware.net.rx) against the reference model of its
 rules (openqlink.sim.rx_model), in Amaranth's simulator, driven by hypothesis.
 
-One example is one configuration (the QSC's and the peer's addresses, P_Key, RX_ENABLE, each
-QP's region R_Keys and their valid bits, RESPONSE_BYTES and PMTU, the number of PPUs) and one
-batch of frames through one simulation: valid frames of every kind the QSC takes (UC
+One example is one configuration (the QSC's addresses, P_Key, RX_ENABLE, the number of PPUs
+and QPs, and every QP's context: its peer, some QPs another host's than others, the PPU an
+extra QP reaches, its map of regions (the R_Keys written and their valid bits, a random subset
+for an extra QP), QSC_QPN, RESPONSE_BYTES and PMTU) and one batch of frames through one
+simulation: valid frames of every kind the QSC takes, to every QP (UC
 RDMA_WRITE_ONLY[_WITH_IMMEDIATE], zero-length ones with any VA and R_Key among them,
 SEND_ONLY[_WITH_IMMEDIATE] to the mailbox, control requests on UDP 8192, ARP requests, ICMP echo
 requests) and UC messages of several packets (RDMA WRITE and SEND, FIRST, MIDDLEs, LAST with or
@@ -11,10 +13,12 @@ without immediate, at the QP's PMTU: 256 or 512 bytes), then mutated (header fie
 values, opcodes out of sequence, bits flipped, frames cut or extended, the MAC's error flag),
 with the IPv4 checksum, the UDP checksum (or zero) and the ICRC recomputed or not so that every
 check is reached; messages cut short, with packets lost, duplicated or swapped (PSNs out of
-order), other frames between their packets; valid probes after them. Every batch is checked
-(:func:`check`) for:
+order), other frames between their packets; packets to a QP from another QP's peer or a
+stranger and with another QP's R_Key; QPs restarted, rekeyed, moved to another PPU and given
+another peer between frames; valid probes after them. Every batch is checked (:func:`check`)
+for:
 
-(a) no bus write outside a region of the PPU whose QP the packet addressed;
+(a) no bus write outside a region of the PPU that the packet's QP reaches;
 (b) no byte of a RoCEv2 frame whose ICRC is bad reaches the bus;
 (c) every write the model expects lands, byte for byte, at the address the model says (a
     message's MIDDLE and LAST where its earlier packets left off) and in order, and nothing
@@ -22,6 +26,8 @@ order), other frames between their packets; valid probes after them. Every batch
 (d) the counters add up: RX_FRAMES is the number of frames sent, each frame's decision strobes
     exactly one outcome (taken, or one drop counter), the model's, PSN_GAP and
     RX_RPC_RESPONSES as the model says, and the counters read back are the strobes' sums;
+    every QP's RX_EPSN and counters read back (RX_PACKETS, RX_DROPS, RX_DROPS_PSN; TX_PACKETS
+    0) are the model's;
 (e) a valid frame after any garbage is taken;
 (f) nothing wedges under back-pressure (bus and control-request ``ready`` toggled at random,
     idle cycles inside frames, gaps between them): every frame gets its decision and the
@@ -55,12 +61,13 @@ from test_rx import RxHarness, reg_read, reg_write
 
 from openqlink.gateware.bus import BusCommand, BusOp
 from openqlink.gateware.net.control import PAIR_RING_DEPTH, ControlRequest
-from openqlink.gateware.net.regs import COUNTER_LAG_CYCLES
+from openqlink.gateware.net.regs import COUNTER_LAG_CYCLES, qp_counter_lag_cycles
 from openqlink.gateware.packet import beat_layout
 from openqlink.memory_map import (
     COUNTERS,
     MAILBOX_BYTES,
     MAILBOX_OFFSET,
+    QP_COUNTERS,
     QSCParams,
     counter_addr,
     global_reg,
@@ -137,15 +144,23 @@ class Setup:
 
 
 def make_setup(ch: Chooser, rng: random.Random, *, vary: bool) -> Setup:
-    """The configuration of a host's configure (the peer, every region's R_Key, each QP's PMTU
-    (256 or 512 bytes, so that messages stay short) and, half the time, a RESPONSE_BYTES that
-    leaves room for SEND messages of several packets, RX_ENABLE); with ``vary``, also other PPU
-    counts, QSC addresses, P_Keys, keys never written, other QSC_QPNs and RESPONSE_BYTES, other
-    PMTU register values (the reset value 1024 left, values outside the enum acting as 256),
+    """The configuration of a host's configure, of every QP of a build of one or two PPUs (four
+    QPs: each PPU's own, the others extra): each QP's peer (the host for QP 0, for each other QP
+    the host or a second one, or the host's MAC with another IP), the PPU each extra QP reaches
+    (a random PPU; now and then a write of a PPU the build lacks, or to a PPU's own QP, which
+    the register ignores), each QP's map (every region's R_Key for a PPU's own QP, a random
+    subset for an extra QP), each QP's PMTU (256 or 512 bytes, so that messages stay short)
+    and, half the time, a RESPONSE_BYTES that leaves room for SEND messages of several packets,
+    RX_ENABLE; with ``vary``, also three PPUs and more QPs, QSC addresses, P_Keys, keys never
+    written, an extra QP left unconfigured, other QSC_QPNs and RESPONSE_BYTES, other PMTU
+    register values (the reset value 1024 left, values outside the enum acting as 256),
     RX_ENABLE left off, and now and then a 4 KiB receive buffer with a PMTU of 4096 (a packet
     taken may then be longer than the whole buffer)."""
-    num_ppus = ch.choice([1, 2, 3]) if vary else 1
-    params = QSCParams(num_ppus=num_ppus)
+    num_ppus = ch.choice([1, 2, 3] if vary else [1, 2])
+    num_qps = max(4, num_ppus)
+    if vary and ch.chance(20):
+        num_qps += ch.choice([1, 2])
+    params = QSCParams(num_ppus=num_ppus, num_qps=num_qps)
     writes: list[tuple[int, int]] = []
     qsc_mac = qsc_ip = None
     if vary and ch.chance(30):
@@ -157,56 +172,87 @@ def make_setup(ch: Chooser, rng: random.Random, *, vary: bool) -> Setup:
     host_mac, host_ip = HOST_MAC, HOST_IP
     if vary and ch.chance(30):
         host_mac, host_ip = 0x02_00_00_00_00_00 | rng.getrandbits(40), rng.getrandbits(32)
-    for n in range(num_ppus):                  # every QP's peer: the one host
-        writes += [(qp_reg(n, "PEER_MAC_HI"), host_mac >> 32),
-                   (qp_reg(n, "PEER_MAC_LO"), host_mac & 0xFFFF_FFFF),
-                   (qp_reg(n, "PEER_IP"), host_ip)]
+    # a second host, and the host's MAC with another IP (one NIC, two addresses)
+    second = (0x02_00_00_00_00_00 | rng.getrandbits(40), rng.getrandbits(32))
+    same_mac = (host_mac, rng.getrandbits(32))
+    # extra QPs a host never configured: peer, PPU and keys at their reset values
+    unconfigured = {q for q in range(num_ppus, num_qps) if vary and ch.chance(10)}
+    peers: list[tuple[int, int]] = []
+    for q in range(num_qps):
+        peer = (host_mac, host_ip)
+        if q in unconfigured:
+            peer = (0, 0)
+        elif q and ch.chance(40):
+            peer = ch.choice([second, second, same_mac])
+        peers.append(peer)
+        if q not in unconfigured:
+            mac, ip = peer
+            writes += [(qp_reg(q, "PEER_MAC_HI"), mac >> 32),
+                       (qp_reg(q, "PEER_MAC_LO"), mac & 0xFFFF_FFFF),
+                       (qp_reg(q, "PEER_IP"), ip)]
     p_key = 0xFFFF
     if vary and ch.chance(40):
         p_key = ch.choice([0x7FFF, 0x8005, 0x0005, 0x0000, 0x8000, rng.getrandbits(16)])
         writes.append((global_reg("P_KEY"), p_key))
+    ppu_writes: list[tuple[int, int]] = []
+    for q in range(num_qps):
+        if q in unconfigured:
+            continue
+        if q >= num_ppus:
+            ppu_writes.append((q, rng.randrange(num_ppus)))
+        if ch.chance(8):
+            # a PPU the build lacks, or a write to a PPU's own QP: ignored
+            ppu_writes.append((q, ch.choice([num_ppus, 15, 16, rng.randrange(num_ppus)])))
     rkeys = []
-    for n in range(num_ppus):
+    for q in range(num_qps):
         keys = {}
-        for region in regions(params, n):
-            key = ch.choice([rng.getrandbits(32), 0, 0xFFFF_FFFF, 0x1111_0001 + n])
-            valid = not (vary and ch.chance(15))
+        for region in regions(params, 0):
+            key = ch.choice([rng.getrandbits(32), 0, 0xFFFF_FFFF, 0x1111_0001 + q])
+            if q in unconfigured:
+                valid = False
+            elif q < num_ppus:
+                valid = not (vary and ch.chance(15))
+            else:
+                valid = ch.chance(60)             # the extra QP's map: some regions
             # a key never written holds its reset value, 0, and is not valid
             keys[region.rkey_register] = (key if valid else 0, valid)
             if valid:
-                writes.append((qp_reg(n, region.rkey_register), key))
+                writes.append((qp_reg(q, region.rkey_register), key))
         rkeys.append(keys)
-    # QSC_QPN (e.g. a GPU bridge's 0x2; two QPs may share one: the lower PPU takes its
+    # QSC_QPN (e.g. a GPU bridge's 0x2; two QPs may share one: the lower QP takes its
     # packets) and RESPONSE_BYTES (SENDs longer than the mailbox)
-    qsc_qpns = [params.qpn_base + n for n in range(num_ppus)]
-    response_bytes = [64] * num_ppus
-    pmtu = [pmtu_bytes(PMTU_RESET)] * num_ppus
+    qsc_qpns = [params.qpn_base + q for q in range(num_qps)]
+    response_bytes = [64] * num_qps
+    pmtu = [pmtu_bytes(PMTU_RESET)] * num_qps
     small_buffer = vary and ch.chance(8)
-    for n in range(num_ppus):
+    for q in range(num_qps):
         if vary and ch.chance(30):
-            qsc_qpns[n] = ch.choice([0x2, rng.getrandbits(24), qsc_qpns[0], 0xFFFFFF])
-            writes.append((qp_reg(n, "QSC_QPN"), qsc_qpns[n]))
+            qsc_qpns[q] = ch.choice([0x2, rng.getrandbits(24), qsc_qpns[0], 0xFFFFFF])
+            writes.append((qp_reg(q, "QSC_QPN"), qsc_qpns[q]))
         if vary and ch.chance(50):
-            response_bytes[n] = ch.choice([24, 63, 65, 280, 280, 1024, rng.getrandbits(13)])
-            writes.append((qp_reg(n, "RESPONSE_BYTES"), response_bytes[n]))
+            response_bytes[q] = ch.choice([24, 63, 65, 280, 280, 1024, rng.getrandbits(13)])
+            writes.append((qp_reg(q, "RESPONSE_BYTES"), response_bytes[q]))
         elif not vary and ch.chance(50):
-            response_bytes[n] = ch.choice([700, 1024, 2000])
-            writes.append((qp_reg(n, "RESPONSE_BYTES"), response_bytes[n]))
+            response_bytes[q] = ch.choice([700, 1024, 2000])
+            writes.append((qp_reg(q, "RESPONSE_BYTES"), response_bytes[q]))
         register = ch.choice([1, 1, 2])
         if small_buffer:
             register = 5
         elif vary and ch.chance(15):
             register = ch.choice([0, 3, 6, 7])
         if not (vary and register == PMTU_RESET and ch.chance(50)):
-            writes.append((qp_reg(n, "PMTU"), register))
-        pmtu[n] = pmtu_bytes(register)
+            writes.append((qp_reg(q, "PMTU"), register))
+        pmtu[q] = pmtu_bytes(register)
     rx_enable = not (vary and ch.chance(15))
     if rx_enable:
         writes.append((global_reg("RX_ENABLE"), 1))
     config = RxConfig(params=params, qsc_mac=qsc_mac, qsc_ip=qsc_ip, host_mac=host_mac,
                       host_ip=host_ip, p_key=p_key, rx_enable=rx_enable, rkeys=rkeys,
-                      qsc_qpns=qsc_qpns, response_bytes=response_bytes, pmtu=pmtu,
+                      peers=peers, qsc_qpns=qsc_qpns, response_bytes=response_bytes, pmtu=pmtu,
                       buffer_bytes=4096 if small_buffer else 16384)
+    for q, value in ppu_writes:
+        writes.append((qp_reg(q, "PPU"), value))
+        config.write_ppu(q, value)
     return Setup(config, writes)
 
 
@@ -222,7 +268,8 @@ class Frame:
     probe: bool = False
     label: str = ""
     #: Configuration changes made before the frame, once every earlier frame is decided:
-    #: ``("restart", ppu)`` (a write of HOST_QPN), ``("rkey", ppu, register, key)``,
+    #: ``("restart", qp)`` (a write of HOST_QPN), ``("rkey", qp, register, key)``,
+    #: ``("ppu", qp, value)``, ``("peer", qp, mac, ip)``,
     #: ``("p_key", value)``, ``("rx_enable", bit)``.
     before: tuple[tuple, ...] = ()
 
@@ -319,12 +366,18 @@ def fix_ip_checksum(frame: bytearray) -> None:
 
 def apply_action(model: RxModel, action: tuple) -> None:
     """What a configuration change does to the receive rules (a restart: the QP's expected PSN
-    is 0 and its keys are not valid; a key written is valid)."""
+    is 0 and its keys are not valid; a key written is valid; a PPU register write moves an
+    extra QP to a PPU the build has, else nothing; a peer written is the QP's peer)."""
     if action[0] == "restart":
         model.restart_qp(action[1])
     elif action[0] == "rkey":
-        _, ppu, register, key = action
-        model.config.rkeys[ppu][register] = (key, True)
+        _, qp, register, key = action
+        model.config.rkeys[qp][register] = (key, True)
+    elif action[0] == "ppu":
+        model.config.write_ppu(action[1], action[2])
+    elif action[0] == "peer":
+        _, qp, mac, ip = action
+        model.config.peers[qp] = (mac, ip)
     elif action[0] == "p_key":
         model.config.p_key = action[1]
     else:
@@ -336,8 +389,14 @@ def action_writes(action: tuple) -> list[tuple[int, int]]:
     if action[0] == "restart":
         return [(qp_reg(action[1], "HOST_QPN"), 0x11 + action[1])]
     if action[0] == "rkey":
-        _, ppu, register, key = action
-        return [(qp_reg(ppu, register), key)]
+        _, qp, register, key = action
+        return [(qp_reg(qp, register), key)]
+    if action[0] == "ppu":
+        return [(qp_reg(action[1], "PPU"), action[2])]
+    if action[0] == "peer":
+        _, qp, mac, ip = action
+        return [(qp_reg(qp, "PEER_MAC_HI"), mac >> 32),
+                (qp_reg(qp, "PEER_MAC_LO"), mac & 0xFFFF_FFFF), (qp_reg(qp, "PEER_IP"), ip)]
     return [(global_reg("P_KEY" if action[0] == "p_key" else "RX_ENABLE"), action[1])]
 
 
@@ -350,17 +409,28 @@ class FrameGen:
         self.p = config.params
         self.ch = ch
         self.rng = rng
-        self.next_psn = [0] * self.p.num_ppus
+        self.next_psn = [0] * self.p.num_qps
         self.probing = False
 
     # -- valid frames --------------------------------------------------------------------------
 
-    def _eth(self) -> dict:
-        dst = self.c.qsc_mac if not self.ch.chance(10) else (1 << 48) - 1
-        return {"dst": dst, "src": self.c.host_mac}
+    def _source(self, qp: int) -> tuple[int, int]:
+        """The source (MAC, IP) of a packet to QP ``qp``: its peer; now and then (not in a
+        probe) another QP's peer or a stranger (DROP_PEER)."""
+        peer = self.c.peers[qp]
+        if self.probing or not self.ch.chance(8):
+            return peer
+        others = sorted({p for p in self.c.peers if p != peer})
+        stranger = (0x02_00_00_00_00_00 | self.rng.getrandbits(40), self.rng.getrandbits(32))
+        half = self.ch.choice([(peer[0], stranger[1]), (stranger[0], peer[1])])
+        return self.ch.choice(others + [stranger, half])
 
-    def _ip(self) -> dict:
-        ip = {"src": self.c.host_ip, "dst": self.c.qsc_ip}
+    def _eth(self, src: int) -> dict:
+        dst = self.c.qsc_mac if not self.ch.chance(10) else (1 << 48) - 1
+        return {"dst": dst, "src": src}
+
+    def _ip(self, src: int) -> dict:
+        ip = {"src": src, "dst": self.c.qsc_ip}
         if self.ch.chance(30):
             ip.update(tos=self.rng.getrandbits(8), ttl=self.rng.getrandbits(8),
                       identification=self.rng.getrandbits(16),
@@ -380,49 +450,62 @@ class FrameGen:
             n = self.rng.randint(4200, 6000) if jumbo else self.rng.randint(301, 1400)
         return self.rng.randbytes(min(n, limit))
 
-    def _psn(self, ppu: int) -> int:
+    def _psn(self, qp: int) -> int:
         how = self.ch.choice(["next", "next", "random", "zero", "wrap"])
-        psn = {"next": self.next_psn[ppu], "zero": 0, "random": self.rng.getrandbits(24),
+        psn = {"next": self.next_psn[qp], "zero": 0, "random": self.rng.getrandbits(24),
                "wrap": (1 << 24) - self.rng.randint(1, 3)}[how]      # a message across 0
-        self.next_psn[ppu] = (psn + 1) & 0xFFFFFF
+        self.next_psn[qp] = (psn + 1) & 0xFFFFFF
         return psn
 
-    def _ppu(self) -> int:
-        """A PPU that owns its QPN (one shared with a lower PPU reaches that PPU)."""
+    def _owners(self) -> list[int]:
+        """The QPs that own their QPN (one shared with a lower QP is that QP's)."""
         c = self.c
-        return self.rng.choice([n for n in range(self.p.num_ppus)
-                                if c.qsc_qpns.index(c.qsc_qpns[n]) == n])
+        return [q for q in range(self.p.num_qps) if c.qsc_qpns.index(c.qsc_qpns[q]) == q]
 
-    def _common(self, ppu: int, psn: int) -> dict:
-        """The fields of a packet of PPU ``ppu``'s QP at ``psn`` that its peer sends."""
-        return dict(dest_qp=self.c.qsc_qpns[ppu], psn=psn, eth=self._eth(), ip=self._ip(),
+    def _qp(self) -> int:
+        """A QP that owns its QPN."""
+        return self.rng.choice(self._owners())
+
+    def _common(self, qp: int, psn: int) -> dict:
+        """The fields of a packet of QP ``qp`` at ``psn`` that its peer sends (now and then
+        someone else: :meth:`_source`)."""
+        mac, ip = self._source(qp)
+        return dict(dest_qp=self.c.qsc_qpns[qp], psn=psn, eth=self._eth(mac), ip=self._ip(ip),
                     bth=self._bth())
 
-    def _message_ppu(self, kind: str, avoid: int | None = None) -> int | None:
-        """A PPU that owns its QPN for a message of ``kind`` (a SEND's: one whose
+    def _key(self, qp: int, register: str) -> int:
+        """The R_Key a packet of QP ``qp`` carries for the region of ``register``: the QP's
+        own; now and then (not in a probe) another QP's for the same region."""
+        if not self.probing and self.ch.chance(6):
+            return self.c.rkeys[self.rng.randrange(self.p.num_qps)][register][0]
+        return self.c.rkeys[qp][register][0]
+
+    def _message_qp(self, kind: str, avoid: int | None = None) -> int | None:
+        """A QP that owns its QPN for a message of ``kind`` (a SEND's: one whose
         RESPONSE_BYTES leaves room for a message, where one does), not ``avoid`` (``None``
         where there is no other)."""
         c = self.c
-        owners = [n for n in range(self.p.num_ppus)
-                  if c.qsc_qpns.index(c.qsc_qpns[n]) == n and n != avoid]
+        owners = [q for q in self._owners() if q != avoid]
         if not owners:
             return None
-        roomy = [n for n in owners if c.response_bytes[n] > c.pmtu[n]]
+        roomy = [q for q in owners if c.response_bytes[q] > c.pmtu[q]]
         return self.rng.choice(roomy if kind == "send" and roomy else owners)
 
-    def message(self, kind: str, ppu: int | None = None) -> list[tuple[bytearray, str, str]]:
+    def message(self, kind: str, qp: int | None = None) -> list[tuple[bytearray, str, str]]:
         """The packets of one UC message of ``kind`` (``"write"`` or ``"send"``) of several
-        packets to PPU ``ppu``'s QP (default: :meth:`_message_ppu`) that the configuration
-        takes: FIRST (PMTU bytes; a WRITE's with its RETH and the whole DMALen), MIDDLEs (PMTU
-        bytes), LAST or LAST_WITH_IMMEDIATE (the rest), at consecutive PSNs. Each packet comes
-        as (frame, its layout for :meth:`mutate`, label). Where the configuration takes no such
-        message (no region open to the QP, or a RESPONSE_BYTES of no more than the PMTU) the
-        message is one valid ONLY."""
+        packets to QP ``qp`` (default: :meth:`_message_qp`) that the configuration takes:
+        FIRST (PMTU bytes; a WRITE's with its RETH and the whole DMALen, into a region of the
+        PPU the QP reaches that its map opens), MIDDLEs (PMTU bytes), LAST or
+        LAST_WITH_IMMEDIATE (the rest), at consecutive PSNs. Each packet comes as (frame, its
+        layout for :meth:`mutate`, label). Where the configuration takes no such message (no
+        region open to the QP, or a RESPONSE_BYTES of no more than the PMTU) the message is one
+        valid ONLY."""
         c, p, ch, rng = self.c, self.p, self.ch, self.rng
-        if ppu is None:
-            ppu = self._message_ppu(kind)
-        assert ppu is not None
-        pmtu = c.pmtu[ppu]
+        if qp is None:
+            qp = self._message_qp(kind)
+        assert qp is not None
+        ppu = c.qp_ppus[qp]
+        pmtu = c.pmtu[qp]
         packets = ch.choice([2, 2, 3, 3, 4])
         with_imm = ch.chance(40)
         imm = None
@@ -430,7 +513,7 @@ class FrameGen:
             # a region of the QP's whose key is valid, as a host writes (a closed one now
             # and then: DROP_RKEY, then PSN drops)
             keyed = [r for r in regions(p, ppu)
-                     if c.rkeys[ppu][r.rkey_register][1] or (not self.probing and ch.chance(5))]
+                     if c.rkeys[qp][r.rkey_register][1] or (not self.probing and ch.chance(5))]
             fits = [r for r in keyed if r.length_bytes > pmtu]
             if not fits:
                 return [(self.valid("write"), "write", "write (no room for a message)")]
@@ -438,12 +521,12 @@ class FrameGen:
             most = min(packets * pmtu, region.length_bytes)
             length = most if ch.chance(25) else rng.randint(pmtu + 1, most)
             offset = 4 * rng.randint(0, (region.length_bytes - length) // 4)
-            va, r_key = region.va + offset, c.rkeys[ppu][region.rkey_register][0]
+            va, r_key = region.va + offset, self._key(qp, region.rkey_register)
             if with_imm:
                 imm = (rng.randrange(p.imem_depth)
                        if region.name == "IMEM" and not ch.chance(10) else rng.getrandbits(32))
         else:
-            limit = c.response_bytes[ppu]
+            limit = c.response_bytes[qp]
             if limit <= pmtu:
                 return [(self.valid("send"), "send", "send (no room for a message)")]
             most = min(packets * pmtu, limit)
@@ -454,7 +537,7 @@ class FrameGen:
         chunks = [data[i:i + pmtu] for i in range(0, length, pmtu)]
         # now and then one packet 4 bytes short or long (DROP_LENGTH, the message closed)
         wrong = rng.randrange(len(chunks)) if not self.probing and ch.chance(8) else None
-        psn = self._psn(ppu)
+        psn = self._psn(qp)
         out = []
         for k, chunk in enumerate(chunks):
             twist = ""
@@ -462,8 +545,8 @@ class FrameGen:
                 chunk = chunk[:-4] if ch.chance(50) else chunk + rng.randbytes(4)
                 twist = f", {len(chunk)} B"
             if k:
-                psn = self.next_psn[ppu]
-                self.next_psn[ppu] = (psn + 1) & _PSN_MASK
+                psn = self.next_psn[qp]
+                self.next_psn[qp] = (psn + 1) & _PSN_MASK
             ext: dict = {}
             if k == 0:
                 op = Opcode.SEND_FIRST if kind == "send" else Opcode.RDMA_WRITE_FIRST
@@ -478,9 +561,9 @@ class FrameGen:
                       else Opcode.RDMA_WRITE_LAST_WITH_IMMEDIATE)
                 ext = dict(imm=imm)
             layout = "write" if "va" in ext else "cont_imm" if "imm" in ext else "cont"
-            frame = roce_frame(op, payload=chunk, **ext, **self._common(ppu, psn))
+            frame = roce_frame(op, payload=chunk, **ext, **self._common(qp, psn))
             out.append((self._finish(frame), layout,
-                        f"{op.name} ppu {ppu} psn {psn:#x} of {length} B{twist}"))
+                        f"{op.name} qp {qp} (ppu {ppu}) psn {psn:#x} of {length} B{twist}"))
         return out
 
     def _bth(self) -> dict:
@@ -512,18 +595,20 @@ class FrameGen:
         RoCEv2 packet through; else the closest to it)."""
         c, p, ch, rng = self.c, self.p, self.ch, self.rng
         if kind in ("write", "write_imm", "send"):
-            ppu = self._ppu()
-            common = self._common(ppu, self._psn(ppu))
-            pmtu = c.pmtu[ppu]
-            writable = [r for r in regions(p, ppu) if c.rkeys[ppu][r.rkey_register][1]]
-            closed = [r for r in regions(p, ppu) if not c.rkeys[ppu][r.rkey_register][1]]
+            qp = self._qp()
+            ppu = c.qp_ppus[qp]
+            common = self._common(qp, self._psn(qp))
+            pmtu = c.pmtu[qp]
+            # the regions of the PPU the QP reaches, open to it (its map) or not
+            writable = [r for r in regions(p, ppu) if c.rkeys[qp][r.rkey_register][1]]
+            closed = [r for r in regions(p, ppu) if not c.rkeys[qp][r.rkey_register][1]]
             if kind != "send" and closed and not self.probing and ch.chance(30):
                 # a region whose key is not valid (never written, or the QP restarted), with
                 # the key its register holds: closed, DROP_RKEY
                 writable = closed
             if kind == "send" or not writable:
                 # an ONLY fits the PMTU (now and then, not in a probe, it is longer: dropped)
-                limit = c.response_bytes[ppu]           # a longer SEND is dropped
+                limit = c.response_bytes[qp]            # a longer SEND is dropped
                 if self.probing or not ch.chance(10):
                     limit = min(limit, pmtu)
                 if limit > MAILBOX_BYTES and ch.chance(50):
@@ -543,7 +628,7 @@ class FrameGen:
             payload = self._payload(limit)
             # the VA inside the region, a zero-length write's too
             offset = 4 * rng.randint(0, (region.length_bytes - max(1, len(payload))) // 4)
-            va, r_key = region.va + offset, c.rkeys[ppu][region.rkey_register][0]
+            va, r_key = region.va + offset, self._key(qp, region.rkey_register)
             if not payload and ch.chance(40):
                 # IBTA C9-88: a zero-length WRITE's VA and R_Key are not checked
                 va = ch.choice([rng.getrandbits(64), 0, va + 1, ppu_base(ppu) + MAILBOX_OFFSET])
@@ -629,7 +714,7 @@ class FrameGen:
         if name == "eth.dst":
             return [(1 << 48) - 1, c.qsc_mac, c.qsc_mac ^ 1, 0x01_00_5E_00_00_01]
         if name == "eth.src":
-            return [c.host_mac, c.host_mac ^ 0x10, c.qsc_mac]
+            return [mac for mac, _ in c.peers] + [c.host_mac ^ 0x10, c.qsc_mac]
         if name == "eth.type":
             return [0x0800, 0x0806, 0x86DD, 0x8100, 0x0801]
         if name == "ip.ver_ihl":
@@ -642,7 +727,7 @@ class FrameGen:
         if name == "ip.protocol":
             return [1, 17, 6, 0]
         if name == "ip.src":
-            return [c.host_ip, c.host_ip + 1, c.qsc_ip]
+            return [ip for _, ip in c.peers] + [c.host_ip + 1, c.qsc_ip]
         if name in ("ip.dst", "arp.tpa"):
             return [c.qsc_ip, c.qsc_ip + 1, c.qsc_ip ^ 0x8000_0000, 0xFFFF_FFFF]
         if name == "udp.dst_port":
@@ -663,7 +748,7 @@ class FrameGen:
             return [k, k ^ 0x8000, k & 0x7FFF, k | 0x8000, k ^ 1, 0xFFFF, 0x7FFF, 0, 0x8000]
         if name == "bth.dest_qp":
             near = {q + k for q in c.qsc_qpns for k in (-1, 0, 1)}
-            near |= {p.qpn_base + k for k in range(-1, p.num_ppus + 1)} | {0, 2, 0xFFFFFF}
+            near |= {p.qpn_base + k for k in range(-1, p.num_qps + 1)} | {0, 2, 0xFFFFFF}
             return sorted(q for q in near if 0 <= q < 1 << 24)
         if name == "bth.psn":
             return [0, 0xFFFFFF, cur + 1, cur - 1]
@@ -785,18 +870,25 @@ class FrameGen:
 
     def actions(self) -> tuple[tuple, ...]:
         """A configuration change between frames (and the same change to the generator's own
-        view of the configuration)."""
+        view of the configuration): a QP restarted (its HOST_QPN written), rekeyed or both, an
+        extra QP moved to another PPU as a host sets it up again (restart, PPU, a new map), a
+        QP's peer changed, the P_Key, RX_ENABLE."""
         ch, rng, p = self.ch, self.rng, self.p
-        ppu = rng.randrange(p.num_ppus)
-        what = ch.choice(["restart", "restart_rekey", "rkey", "p_key", "rx_enable"])
+        qp = rng.randrange(p.num_qps)
+        what = ch.choice(["restart", "restart_rekey", "rkey", "move", "peer", "p_key",
+                          "rx_enable"])
         out: list[tuple] = []
-        if what.startswith("restart"):
-            out.append(("restart", ppu))
-            self.next_psn[ppu] = 0
-        if what in ("restart_rekey", "rkey"):
-            for region in regions(p, ppu):
+        if what in ("restart", "restart_rekey", "move"):
+            out.append(("restart", qp))
+            self.next_psn[qp] = 0
+        if what == "move":
+            out.append(("ppu", qp, ch.choice([rng.randrange(p.num_ppus)] * 3 + [p.num_ppus])))
+        if what in ("restart_rekey", "rkey", "move"):
+            for region in regions(p, 0):
                 if what == "restart_rekey" or ch.chance(50):
-                    out.append(("rkey", ppu, region.rkey_register, rng.getrandbits(32)))
+                    out.append(("rkey", qp, region.rkey_register, rng.getrandbits(32)))
+        if what == "peer":
+            out.append(("peer", qp, *ch.choice(self.c.peers)))
         if what == "p_key":
             out.append(("p_key", ch.choice([0xFFFF, 0x7FFF, 0x8005, rng.getrandbits(16)])))
         if what == "rx_enable":
@@ -813,8 +905,8 @@ class FrameGen:
         then interleaved with a message of another QP (each QP keeps its own)."""
         ch, rng = self.ch, self.rng
         kind = ch.choice(["write", "write", "send"])
-        ppu = self._message_ppu(kind)
-        packets = self.message(kind, ppu)
+        qp = self._message_qp(kind)
+        packets = self.message(kind, qp)
         order = list(range(len(packets)))
         how: list[str] = []
         if len(order) > 1 and ch.chance(15):
@@ -832,7 +924,7 @@ class FrameGen:
             order[k], order[k + 1] = order[k + 1], order[k]
             how.append("swap")
         sequence = [packets[k] for k in order]
-        other = self._message_ppu(kind, avoid=ppu) if ch.chance(25) else None
+        other = self._message_qp(kind, avoid=qp) if ch.chance(25) else None
         if other is not None:
             # another QP's message, its packets in order among this one's
             second = self.message(ch.choice(["write", "send"]), other)
@@ -957,8 +1049,9 @@ def make_drive(ch: Chooser, rng: random.Random, frames: int, *, pressure: bool) 
 @dataclass
 class Observed:
     """What the engine did: each frame's decision (the counters strobed with RX_FRAMES), the bus
-    commands, the control requests, the replies' ``arp`` bits, the counters and RX_EPSN read
-    back, stream-rule breaches, and whether it failed to drain (``wedged``)."""
+    commands, the control requests, the replies' ``arp`` bits, the counters, each QP's RX_EPSN
+    and counters read back, stream-rule breaches, and whether it failed to drain
+    (``wedged``)."""
 
     decisions: list[frozenset[str]] = field(default_factory=list)
     commands: list[Cmd] = field(default_factory=list)
@@ -966,6 +1059,7 @@ class Observed:
     replies: list[int] = field(default_factory=list)
     counters: dict[str, int] = field(default_factory=dict)
     epsn: list[int] = field(default_factory=list)
+    qp_counters: list[dict[str, int]] = field(default_factory=list)
     stream_errors: list[str] = field(default_factory=list)
     wedged: str | None = None
     cycles: int = 0
@@ -1074,11 +1168,13 @@ def simulate(setup: Setup, frames: list[Frame], drive: Drive) -> Observed:
         if not await drained(ctx, 2_000 + 40 * words) and obs.wedged is None:
             obs.wedged = (f"{len(obs.decisions)} decisions for {len(frames)} frames, or not "
                           "drained")
-        for _ in range(COUNTER_LAG_CYCLES + 2):
+        for _ in range(max(COUNTER_LAG_CYCLES, qp_counter_lag_cycles(params.num_qps)) + 2):
             await ctx.tick()
         obs.counters = {n: await reg_read(ctx, regs, counter_addr(n)) for n in names}
-        obs.epsn = [await reg_read(ctx, regs, qp_reg(n, "RX_EPSN"))
-                    for n in range(params.num_ppus)]
+        obs.epsn = [await reg_read(ctx, regs, qp_reg(q, "RX_EPSN"))
+                    for q in range(params.num_qps)]
+        obs.qp_counters = [{name: await reg_read(ctx, regs, qp_reg(q, name))
+                            for name, _ in QP_COUNTERS} for q in range(params.num_qps)]
 
     sim = Simulator(h)
     sim.add_clock(6.4e-9)
@@ -1249,6 +1345,12 @@ def check(setup: Setup, frames: list[Frame], drive: Drive, obs: Observed) -> Rep
             v.append("(d) outcome counters do not add up to RX_FRAMES")
         if obs.epsn != model.epsn:
             v.append(f"(d) RX_EPSN {obs.epsn}, model {model.epsn}")
+    # (d) each QP's counters read back: the model's count of its packets taken and dropped
+    if obs.qp_counters:
+        for q, (got_q, want_q) in enumerate(zip(obs.qp_counters, model.qp_counters,
+                                                strict=True)):
+            if got_q != want_q:
+                v.append(f"(d) QP {q} counters {got_q}, model {want_q}")
     return Report(outcomes, v)
 
 
@@ -1279,18 +1381,19 @@ def _fuzz_ready_bus(data, *, vary: bool, most: int) -> None:
     _assert_clean(run_batch(setup, frames, make_drive(ch, rng, len(frames), pressure=False)))
 
 
-@settings(max_examples=14, **_SETTINGS)
+@settings(max_examples=12, **_SETTINGS)
 @given(st.data())
 def test_fuzz_mutated_frames(data):
-    """Mutated frames of every kind, the bus always ready, the default configuration."""
+    """Mutated frames of every kind, the bus always ready, the default configuration of one or
+    two PPUs and their four QPs."""
     _fuzz_ready_bus(data, vary=False, most=14)
 
 
 @settings(max_examples=10, **_SETTINGS)
 @given(st.data())
 def test_fuzz_configurations(data):
-    """Other PPU counts, QSC addresses, P_Keys, R_Keys never written, QSC_QPNs and
-    RESPONSE_BYTES, RX_ENABLE off."""
+    """Other PPU and QP counts, QSC addresses, P_Keys, R_Keys never written, extra QPs left
+    unconfigured, QSC_QPNs and RESPONSE_BYTES, RX_ENABLE off."""
     _fuzz_ready_bus(data, vary=True, most=12)
 
 
@@ -1307,12 +1410,16 @@ def test_fuzz_back_pressure(data):
 
 
 def test_model_agrees_with_the_hand_written_drop_table():
-    """The model decides test_rx's hand-written frames as that table says (no simulation)."""
+    """The model decides test_rx's hand-written frames as that table says (no simulation), with
+    test_rx's configuration: PPU 0's own QP opened to the host, the extra QPs closed (no peer,
+    no key)."""
     import test_rx
 
     from openqlink.sim.rx_model import parse_ip, parse_mac
 
-    config = RxConfig(params=QSCParams(), host_mac=HOST_MAC, host_ip=HOST_IP, rx_enable=True,
+    params = QSCParams()
+    config = RxConfig(params=params, host_mac=HOST_MAC, host_ip=HOST_IP, rx_enable=True,
+                      peers=[(HOST_MAC, HOST_IP)] + [(0, 0)] * (params.num_qps - 1),
                       rkeys=[{"IMEM_RKEY": (test_rx.IMEM_RKEY, True),
                               "ENV_RKEY": (test_rx.ENV_RKEY, True),
                               "REGS_RKEY": (test_rx.REGS_RKEY, True)}])
@@ -1324,7 +1431,8 @@ def test_model_agrees_with_the_hand_written_drop_table():
 
 def test_the_checks_catch_a_broken_engine():
     """The properties can fail: an observation with a write nobody asked for, a frame counted
-    twice, a missing decision and a wrong PSN are each reported."""
+    twice, a missing decision, a wrong PSN and QP counters that missed the packets taken are
+    each reported."""
     rng = random.Random(5)
     ch = RandomChooser(rng)
     setup = make_setup(ch, rng, vary=False)
@@ -1349,6 +1457,11 @@ def test_the_checks_catch_a_broken_engine():
     psn = Observed(decisions=good.decisions, commands=good.commands, counters={
         n: 0 for n, _ in COUNTERS}, epsn=[12345])
     assert any("RX_EPSN" in x for x in check(setup, frames, drive, psn).violations)
+    num_qps = setup.config.params.num_qps
+    idle = Observed(decisions=good.decisions, commands=good.commands, qp_counters=[
+        {n: 0 for n, _ in QP_COUNTERS} for _ in range(num_qps)])
+    assert sum(v.qp is not None for v in verdicts) == 2
+    assert any(x.startswith("(d) QP") for x in check(setup, frames, drive, idle).violations)
 
 
 @pytest.mark.parametrize("seed", [1, 2])
