@@ -21,20 +21,29 @@ four QPs) with the bus always ready, varied configurations (PPU and QP counts, a
 P_Keys, keys never written, QPs left unconfigured, PMTUs, RX_ENABLE off), and back-pressure (the
 bus and the control plane taking at random, idle cycles inside frames).
 
-    python benchmarks/rx_fuzz.py [--frames 100000] [--seed 1] [--batch 400]
+    python benchmarks/rx_fuzz.py [--frames 100000] [--seed 1] [--batch 400] [--jobs N]
+                                 [--jsonl FILE]
 
 Prints the outcome of every frame by counter, the violations found (each with its batch, which
 ``--only-batch K`` with the same ``--seed`` runs again), frames per second and wall time; the
 exit status is 1 if any property was violated.
+
+A batch depends on the seed and its index alone, so a deep run can be split: ``--jobs N`` runs
+batches in N processes, and ``--jsonl FILE`` appends one JSON line per batch done (seed, index,
+drive, frames, outcomes, violations, seconds) and, run again with the same file and seed, skips
+the batches it holds: an interrupted run resumes, and several hosts or sessions can finish one
+run. The table then covers every batch of the seed in the file.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import random
 import sys
 import time
 from collections import Counter
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gateware" / "net"))
@@ -70,6 +79,27 @@ def run_batch(seed: int, index: int, size: int) -> tuple[list[str], list[str], s
     return report.outcomes, report.violations, drive_name
 
 
+def _batch_record(seed: int, index: int, size: int) -> dict:
+    """Batch ``index`` run and recorded as one line of ``--jsonl``."""
+    t0 = time.perf_counter()
+    seen, found, drive_name = run_batch(seed, index, size)
+    return {"seed": seed, "index": index, "drive": drive_name, "frames": len(seen),
+            "outcomes": dict(Counter(seen)), "violations": found,
+            "seconds": round(time.perf_counter() - t0, 2)}
+
+
+def _recorded(path: Path | None, seed: int) -> dict[int, dict]:
+    """The batches of ``seed`` already in the ``--jsonl`` file, by index."""
+    if path is None or not path.exists():
+        return {}
+    out = {}
+    for line in path.read_text().splitlines():
+        rec = json.loads(line)
+        if rec["seed"] == seed:
+            out[rec["index"]] = rec
+    return out
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--frames", type=int, default=100_000, help="frames to send in all")
@@ -78,30 +108,57 @@ def main() -> int:
     parser.add_argument("--only-batch", type=int, default=None,
                         help="run only this batch of the run (to reproduce a violation)")
     parser.add_argument("--quiet", action="store_true", help="no progress line per batch")
+    parser.add_argument("--jobs", type=int, default=1, help="batches run at once (processes)")
+    parser.add_argument("--jsonl", type=Path, default=None,
+                        help="append each batch's result here; batches of the seed already "
+                             "in it are not run again")
     args = parser.parse_args()
+    if args.jobs < 1 or args.batch < 1:
+        parser.error("--jobs and --batch must be at least 1")
     console = Console()
     err = Console(stderr=True)
+
+    size = min(args.batch, args.frames)
+    done = {} if args.only_batch is not None else _recorded(args.jsonl, args.seed)
+    t0 = time.perf_counter()
+    ran = 0
+
+    def record(rec: dict) -> None:
+        nonlocal ran
+        done[rec["index"]] = rec
+        ran += rec["frames"]
+        if args.jsonl is not None and args.only_batch is None:
+            with args.jsonl.open("a") as f:
+                f.write(json.dumps(rec) + "\n")
+        if not args.quiet:
+            wall = time.perf_counter() - t0
+            err.print(f"batch {rec['index']} ({rec['drive']}): {rec['frames']} frames, "
+                      f"{len(rec['violations'])} violations; {ran} frames run in {wall:.0f} s "
+                      f"({ran / wall:.1f}/s), {sum(r['frames'] for r in done.values())} in all")
+
+    if args.only_batch is not None:
+        record(_batch_record(args.seed, args.only_batch, size))
+    with ProcessPoolExecutor(args.jobs) as pool:
+        while args.only_batch is None:
+            have = sum(r["frames"] for r in done.values())
+            if have >= args.frames:
+                break
+            need = -(-(args.frames - have) // size)
+            todo = [i for i in range(len(done) + need + args.jobs) if i not in done][:need]
+            for rec in pool.map(_batch_record, [args.seed] * len(todo), todo,
+                                [size] * len(todo)):
+                record(rec)
+    wall = time.perf_counter() - t0
 
     outcomes: Counter = Counter()
     by_drive: Counter = Counter()
     violations: list[str] = []
-    frames = 0
-    index = args.only_batch or 0
-    t0 = time.perf_counter()
-    while frames < args.frames:
-        seen, found, drive_name = run_batch(args.seed, index, min(args.batch, args.frames))
-        frames += len(seen)
-        outcomes.update(seen)
-        by_drive[drive_name] += len(seen)
-        violations += [f"batch {index} ({drive_name}): {v}" for v in found]
-        wall = time.perf_counter() - t0
-        if not args.quiet:
-            err.print(f"batch {index} ({drive_name}): {len(seen)} frames, {len(found)} "
-                      f"violations; {frames} frames in {wall:.0f} s ({frames / wall:.1f}/s)")
-        index += 1
-        if args.only_batch is not None:
-            break
-    wall = time.perf_counter() - t0
+    for index, rec in sorted(done.items()):
+        outcomes.update(rec["outcomes"])
+        by_drive[rec["drive"]] += rec["frames"]
+        violations += [f"batch {index} ({rec['drive']}): {v}" for v in rec["violations"]]
+    frames = sum(by_drive.values())
+    seconds = sum(r["seconds"] for r in done.values())
 
     table = Table(title=f"RX fuzzing vs rx_model, seed {args.seed}")
     table.add_column("outcome")
@@ -116,8 +173,9 @@ def main() -> int:
     for reason in DROP_REASONS:
         table.add_row(f"dropped: {reason}", str(outcomes[reason]))
     table.add_row("property violations", str(len(violations)))
-    table.add_row("frames per second", f"{frames / wall:.1f}")
-    table.add_row("wall time", f"{wall:.1f} s")
+    table.add_row("batches", str(len(done)))
+    table.add_row("frames per second of one process", f"{frames / max(seconds, 1e-9):.1f}")
+    table.add_row("wall time of this invocation", f"{wall:.1f} s ({ran} frames run)")
     console.print(table)
     for v in violations[:20]:
         console.print(v, markup=False, highlight=False)
