@@ -223,8 +223,9 @@ class QSC:
         self.rx_counts: dict[str, int] = dict.fromkeys(RX_COUNT_NAMES, 0)
         self.version = 0
         self._ppus: dict[int, _PPUState] = {}
-        #: QPs beyond the PPUs' own, configured by :meth:`configure_qp`: QP -> (host QP, PPU)
-        self._extra_qps: dict[int, tuple[UCQueuePair, int]] = {}
+        #: QPs beyond the PPUs' own that :meth:`configure_qp` set up with this host as their
+        #: peer: QP -> this host's UC QP
+        self._extra_qps: dict[int, UCQueuePair] = {}
         self._by_qpn: dict[int, UCQueuePair] = {}
         self._tx_lock = threading.Lock()
 
@@ -438,10 +439,9 @@ class QSC:
         uc, _ = self._open_qp(qp, writes, qpn, mac, ip)
         old = self._extra_qps.pop(qp, None)
         if old is not None:
-            self._by_qpn.pop(old[0].qpn, None)
-        self._extra_qps[qp] = (uc, ppu)
+            self._by_qpn.pop(old.qpn, None)
         if (mac, ip) == (self.host_mac, self.host_ip):
-            self._by_qpn[qpn] = uc
+            self._extra_qps[qp] = self._by_qpn[qpn] = uc
         return uc
 
     def rdma_write(self, qp: int, va: int, data: bytes, r_key: int,
@@ -455,8 +455,8 @@ class QSC:
         """
         if qp < self.num_ppus:
             uc = self._state(qp).qp
-        elif qp in self._extra_qps and self._extra_qps[qp][0].qpn in self._by_qpn:
-            uc = self._extra_qps[qp][0]
+        elif qp in self._extra_qps:
+            uc = self._extra_qps[qp]
         else:
             raise QlinkError(f"QP {qp} is not configured with this host as its peer: call "
                              f"QSC.configure_qp({qp}, ...) first")
