@@ -111,22 +111,37 @@ def icrc_masked_bytes(ip_udp_bth_and_rest: bytes) -> bytes:
     byte 32 (IBTA Annex A17.4.4, IPv4 without options).
     """
     b = bytearray(ip_udp_bth_and_rest)
-    if len(b) < 20 + 8 + 12:
+    if len(b) < _ICRC_HEAD_BYTES:
         raise ValueError("ICRC needs at least the IPv4, UDP and BTH headers")
-    b[1] = 0xFF
-    b[8] = 0xFF
-    b[10:12] = b"\xff\xff"
-    b[26:28] = b"\xff\xff"
-    b[32] = 0xFF
-    return b"\xff" * 8 + bytes(b)
+    return b"\xff" * 8 + bytes(_masked_head(b[:_ICRC_HEAD_BYTES])) + bytes(b[_ICRC_HEAD_BYTES:])
 
 
-def icrc(ip_udp_bth_and_rest: bytes) -> bytes:
+#: The IPv4, UDP and BTH headers: the part of the ICRC's input with masked fields.
+_ICRC_HEAD_BYTES = 20 + 8 + 12
+#: CRC-32 state after the 8 bytes of ones that stand for the masked LRH.
+_ICRC_SEED = zlib.crc32(b"\xff" * 8)
+
+
+def _masked_head(head: bytearray) -> bytearray:
+    head[1] = 0xFF
+    head[8] = 0xFF
+    head[10:12] = b"\xff\xff"
+    head[26:28] = b"\xff\xff"
+    head[32] = 0xFF
+    return head
+
+
+def icrc(ip_udp_bth_and_rest: bytes | bytearray | memoryview) -> bytes:
     """The 4 ICRC bytes, in wire order (least significant byte of the CRC-32 first, like the FCS).
 
     ``ip_udp_bth_and_rest`` runs from the first byte of the IPv4 header to the last pad byte.
+    The masked 40 header bytes are copied; the rest goes to ``zlib.crc32`` as it is.
     """
-    return zlib.crc32(icrc_masked_bytes(ip_udp_bth_and_rest)).to_bytes(4, "little")
+    data = memoryview(ip_udp_bth_and_rest).cast("B")
+    if len(data) < _ICRC_HEAD_BYTES:
+        raise ValueError("ICRC needs at least the IPv4, UDP and BTH headers")
+    crc = zlib.crc32(_masked_head(bytearray(data[:_ICRC_HEAD_BYTES])), _ICRC_SEED)
+    return zlib.crc32(data[_ICRC_HEAD_BYTES:], crc).to_bytes(4, "little")
 
 
 def slot_immediate(psn: int, slot: int) -> int:

@@ -2,14 +2,16 @@
 
 All fields little-endian; 24-byte headers followed by the payload. Because Amaranth layouts are
 LSB-first and the protocol is little-endian, the headers are :class:`amaranth.lib.data.Struct`
-layouts, used as they are by the gateware and packed by the host with
-``RPCHeader.const({...}).as_bits()``.
+layouts, used as they are by the gateware. The host packs and unpacks them with
+:class:`struct.Struct` codecs derived from those layouts at import (:data:`REQUEST_CODEC`,
+:data:`RESPONSE_CODEC`): no Amaranth object runs per request.
 
 # Ref: cuda-quantum realtime/docs/cudaq_realtime_message_protocol.md;
 # realtime/include/cudaq/realtime/daemon/dispatcher/rpc_wire_format.h
 """
 
 # No ``from __future__ import annotations``: data.Struct reads its annotations as shapes.
+import struct
 from dataclasses import dataclass
 
 from amaranth.hdl import signed, unsigned
@@ -21,6 +23,7 @@ __all__ = [
     "REQUEST_MAGIC", "RESPONSE_MAGIC", "HEADER_BYTES",
     "RPCHeader", "RPCResponse", "PayloadType",
     "Request", "Response", "fnv1a32", "pack_bits", "unpack_bits",
+    "struct_codec", "REQUEST_CODEC", "RESPONSE_CODEC",
     "STATUS_OK", "STATUS_UNKNOWN_FUNCTION",
 ]
 
@@ -54,6 +57,33 @@ class RPCResponse(data.Struct):
     result_len: unsigned(32)
     request_id: unsigned(32)
     ptp_timestamp: unsigned(64)
+
+
+def struct_codec(layout, byte_order: str = "<") -> struct.Struct:
+    """The :class:`struct.Struct` that packs and unpacks ``layout``'s fields in offset order.
+
+    ``layout`` is a :class:`~amaranth.lib.data.Struct` (or its layout) whose fields are byte
+    aligned and 8, 16, 32 or 64 bits wide, signed or not; ``byte_order`` is a :mod:`struct`
+    prefix (``"<"``: the protocol's little-endian). Raises :class:`ValueError` for a field the
+    :mod:`struct` module cannot represent. The layout stays the single definition; this is its
+    fast form for the host's per-request path.
+    """
+    codes = {8: "b", 16: "h", 32: "i", 64: "q"}
+    fmt, pos = byte_order, 0
+    for name, f in sorted(data.Layout.cast(layout), key=lambda item: item[1].offset):
+        if f.offset != pos or f.width not in codes:
+            raise ValueError(f"field {name!r} ({f.width} bits at bit {f.offset}) is not a "
+                             "whole, byte-aligned 8/16/32/64-bit field")
+        code = codes[f.width]
+        fmt += code if f.shape.signed else code.upper()
+        pos += f.width
+    return struct.Struct(fmt)
+
+
+#: ``(magic, function_id, arg_len, request_id, ptp_timestamp)`` of :class:`RPCHeader`.
+REQUEST_CODEC = struct_codec(RPCHeader)
+#: ``(magic, status, result_len, request_id, ptp_timestamp)`` of :class:`RPCResponse`.
+RESPONSE_CODEC = struct_codec(RPCResponse)
 
 
 class PayloadType(enum.IntEnum, shape=8):
@@ -129,12 +159,8 @@ class Request:
         _u("RPCHeader", "function_id", self.function_id, 32)
         _u("RPCHeader", "request_id", self.request_id, 32)
         _u("RPCHeader", "ptp_timestamp", self.ptp_timestamp, 64)
-        bits = RPCHeader.const({
-            "magic": REQUEST_MAGIC, "function_id": self.function_id,
-            "arg_len": len(self.payload), "request_id": self.request_id,
-            "ptp_timestamp": self.ptp_timestamp,
-        }).as_bits()
-        return bits.to_bytes(HEADER_BYTES, "little") + bytes(self.payload)
+        return REQUEST_CODEC.pack(REQUEST_MAGIC, self.function_id, len(self.payload),
+                                  self.request_id, self.ptp_timestamp) + bytes(self.payload)
 
     @classmethod
     def unpack(cls, buf: bytes | bytearray | memoryview) -> "Request":
@@ -147,15 +173,15 @@ class Request:
         if len(buf) < HEADER_BYTES:
             raise TruncatedError("RPCHeader", "magic", None,
                                  f"needs {HEADER_BYTES} bytes, got {len(buf)}")
-        h = RPCHeader.from_bits(int.from_bytes(buf[:HEADER_BYTES], "little"))
-        if h.magic != REQUEST_MAGIC:
-            raise WireFormatError("RPCHeader", "magic", h.magic,
-                                  f"{h.magic:#010x} is not CUQR ({REQUEST_MAGIC:#010x})")
-        end = HEADER_BYTES + h.arg_len
+        magic, function_id, arg_len, request_id, ptp_timestamp = REQUEST_CODEC.unpack_from(buf)
+        if magic != REQUEST_MAGIC:
+            raise WireFormatError("RPCHeader", "magic", magic,
+                                  f"{magic:#010x} is not CUQR ({REQUEST_MAGIC:#010x})")
+        end = HEADER_BYTES + arg_len
         if len(buf) < end:
-            raise TruncatedError("RPCHeader", "arg_len", h.arg_len,
-                                 f"arg_len {h.arg_len} runs past the {len(buf)}-byte buffer")
-        return cls(h.function_id, h.request_id, h.ptp_timestamp, buf[HEADER_BYTES:end])
+            raise TruncatedError("RPCHeader", "arg_len", arg_len,
+                                 f"arg_len {arg_len} runs past the {len(buf)}-byte buffer")
+        return cls(function_id, request_id, ptp_timestamp, buf[HEADER_BYTES:end])
 
 
 @dataclass(frozen=True)
@@ -171,11 +197,8 @@ class Response:
         _u("RPCResponse", "status", self.status, 32, signed_=True)
         _u("RPCResponse", "request_id", self.request_id, 32)
         _u("RPCResponse", "ptp_timestamp", self.ptp_timestamp, 64)
-        bits = RPCResponse.const({
-            "magic": RESPONSE_MAGIC, "status": self.status, "result_len": len(self.result),
-            "request_id": self.request_id, "ptp_timestamp": self.ptp_timestamp,
-        }).as_bits()
-        return bits.to_bytes(HEADER_BYTES, "little") + bytes(self.result)
+        return RESPONSE_CODEC.pack(RESPONSE_MAGIC, self.status, len(self.result),
+                                   self.request_id, self.ptp_timestamp) + bytes(self.result)
 
     @classmethod
     def unpack(cls, buf: bytes | bytearray | memoryview) -> "Response":
@@ -183,12 +206,12 @@ class Response:
         if len(buf) < HEADER_BYTES:
             raise TruncatedError("RPCResponse", "magic", None,
                                  f"needs {HEADER_BYTES} bytes, got {len(buf)}")
-        h = RPCResponse.from_bits(int.from_bytes(buf[:HEADER_BYTES], "little"))
-        if h.magic != RESPONSE_MAGIC:
-            raise WireFormatError("RPCResponse", "magic", h.magic,
-                                  f"{h.magic:#010x} is not CUQS ({RESPONSE_MAGIC:#010x})")
-        end = HEADER_BYTES + h.result_len
+        magic, status, result_len, request_id, ptp_timestamp = RESPONSE_CODEC.unpack_from(buf)
+        if magic != RESPONSE_MAGIC:
+            raise WireFormatError("RPCResponse", "magic", magic,
+                                  f"{magic:#010x} is not CUQS ({RESPONSE_MAGIC:#010x})")
+        end = HEADER_BYTES + result_len
         if len(buf) < end:
-            raise TruncatedError("RPCResponse", "result_len", h.result_len,
-                                 f"result_len {h.result_len} runs past the {len(buf)}-byte buffer")
-        return cls(h.status, h.request_id, h.ptp_timestamp, buf[HEADER_BYTES:end])
+            raise TruncatedError("RPCResponse", "result_len", result_len,
+                                 f"result_len {result_len} runs past the {len(buf)}-byte buffer")
+        return cls(status, request_id, ptp_timestamp, buf[HEADER_BYTES:end])

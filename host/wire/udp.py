@@ -6,9 +6,12 @@
 
 from __future__ import annotations
 
-from .header import Header
+import struct
 
-__all__ = ["UDP", "ROCEV2_PORT", "CONTROL_PORT"]
+from .header import Header
+from .ipv4 import IpProtocol, ones_complement_sum
+
+__all__ = ["UDP", "ROCEV2_PORT", "CONTROL_PORT", "udp_checksum_ok"]
 
 UDP = Header("UDP", [("src_port", 16), ("dst_port", 16), ("length", 16), ("checksum", 16)],
              ref="RFC 768")
@@ -17,3 +20,19 @@ UDP = Header("UDP", [("src_port", 16), ("dst_port", 16), ("length", 16), ("check
 ROCEV2_PORT = 4791
 #: Control plane port, as Holoscan Sensor Bridge's control bus.
 CONTROL_PORT = 8192
+
+
+_PSEUDO = struct.Struct("!IIBBH")
+
+
+def udp_checksum_ok(src_ip: int, dst_ip: int, datagram: bytes | bytearray | memoryview) -> bool:
+    """RFC 768: whether a datagram's checksum verifies: the one's-complement sum over the IPv4
+    pseudo-header (source and destination address, zero, protocol 17, UDP length) and the
+    datagram (header, checksum field included, and payload) is 0xFFFF.
+
+    A checksum field of 0 means "not computed" (RFC 768; RFC 1122 4.1.3.4): callers accept such
+    datagrams without calling this. ``datagram`` runs from the UDP header to the end of the UDP
+    length.
+    """
+    pseudo = _PSEUDO.pack(src_ip, dst_ip, 0, IpProtocol.UDP, len(datagram))
+    return ones_complement_sum(pseudo + bytes(datagram)) == 0xFFFF

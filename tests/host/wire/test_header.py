@@ -12,8 +12,16 @@ from hypothesis import strategies as st
 
 from openqlink.errors import FieldRangeError, TruncatedError
 from openqlink.wire.control import CONTROL_REQUEST
+from openqlink.wire.ethernet import ETHERNET
 from openqlink.wire.ipv4 import IPV4
-from openqlink.wire.roce import BTH, RETH
+from openqlink.wire.packet import (
+    IMMDT_CODEC,
+    RETH_CODEC,
+    ROCE_HEADER_FIELDS,
+    ROCE_HEADERS,
+    ROCE_HEADERS_BYTES,
+)
+from openqlink.wire.roce import BTH, IMMDT, RETH
 from openqlink.wire.udp import UDP
 
 
@@ -94,3 +102,22 @@ def test_gateware_view_and_build_agree_with_pack(case):
 
     sim.add_testbench(bench)
     sim.run()
+
+
+@given(st.binary(min_size=54, max_size=54))
+def test_roce_headers_struct_agrees_with_the_header_definitions(raw):
+    """The per-packet struct of Ethernet+IPv4+UDP+BTH reads every field as the Headers do."""
+    headers, at = {}, 0
+    for h in (ETHERNET, IPV4, UDP, BTH):
+        headers[h.name] = h.unpack(raw, at)
+        at += h.length_bytes
+    assert at == ROCE_HEADERS_BYTES
+    items = ROCE_HEADERS.unpack(raw)
+    want = {(n, f): v for n, fields in headers.items() for f, v in fields.items()}
+    assert set(ROCE_HEADER_FIELDS) == set(want)
+    for key, (index, shift, width) in ROCE_HEADER_FIELDS.items():
+        item = items[index]
+        value = int.from_bytes(item, "big") if isinstance(item, bytes) else item
+        assert (value >> shift) & ((1 << width) - 1) == want[key], key
+    assert RETH_CODEC.unpack(raw[:16]) == tuple(RETH.unpack(raw).values())
+    assert IMMDT_CODEC.unpack(raw[:4]) == tuple(IMMDT.unpack(raw).values())
