@@ -8,11 +8,14 @@ The host side of a PPU's CALL, in the shape of CUDA-Q realtime's host dispatch p
 * :class:`FunctionTable` holds :class:`FunctionEntry` items: ``function_id = fnv1a32(name)``,
   a dispatch mode (:class:`DispatchMode`, CUDA-Q's values) and the argument/result schema
   (:class:`TypeDesc`, at most 8 arguments and 4 results).
-* :class:`Dispatcher` polls the ring in strict ring order from slot 0 (round-robin, never
-  skipping a slot), decodes each request, calls the HOST_CALL handler and sends an
-  ``RPCResponse`` through ``send_response(slot, bytes)``. :meth:`Dispatcher.poll` never blocks,
-  so the same object runs in a thread (:meth:`Dispatcher.run_forever`) or is stepped from a
-  cocotb coroutine.
+* :class:`Dispatcher` takes the published slots in the order they were published (the slot
+  comes from each request's ImmDt, as the protocol says, so a lost request stalls nothing),
+  decodes each request, calls the HOST_CALL handler and sends an ``RPCResponse`` through
+  ``send_response(slot, bytes)``. :meth:`Dispatcher.poll` never blocks, so the same object runs
+  in a thread (:meth:`Dispatcher.run_forever`) or is stepped from a cocotb coroutine.
+* Per request, the headers go through :class:`struct.Struct` codecs derived from the
+  :mod:`openqlink.wire.rpc` layouts, and each function's arguments and results through codecs
+  compiled once per table entry: no Amaranth object runs per request.
 * With a GPU data plane attached (``Dispatcher(..., gpu=GPUDataPlane(...))`` or
   :meth:`Dispatcher.attach_gpu`), the same table also holds DEVICE_CALL entries:
   :meth:`Dispatcher.start` links and launches the persistent unified dispatch kernel
@@ -26,7 +29,8 @@ kernel does, never silencing a PPU that waits). Response status:
 ====  =================================================================================
    0  ok (``STATUS_OK``)
    1  handler error: the handler raised, or its return value does not fit the result
-      schema or ``max_result_bytes`` (``STATUS_HANDLER_ERROR``); logged
+      schema or ``max_result_bytes``, or the transport could not deliver the response with
+      its result (``STATUS_HANDLER_ERROR``); logged
   -1  unknown function_id, or bad magic (``STATUS_UNKNOWN_FUNCTION``, as CUDA-Q)
   -2  ``arg_len`` differs from the entry's schema (``STATUS_BAD_ARG_LEN``)
   -3  the published bytes end before the 24-byte header or before ``24 + arg_len``
@@ -61,16 +65,18 @@ from dataclasses import dataclass, field
 from enum import Enum, IntEnum
 from typing import Any, Protocol, TypeVar
 
-from .errors import DispatchError
+from .errors import DispatchError, FieldRangeError
+from .memory_map import MAILBOX_BYTES
 from .wire.rpc import (
     HEADER_BYTES,
+    REQUEST_CODEC,
     REQUEST_MAGIC,
+    RESPONSE_CODEC,
+    RESPONSE_MAGIC,
     STATUS_OK,
     STATUS_UNKNOWN_FUNCTION,
     PayloadType,
-    Request,
     Response,
-    RPCHeader,
     fnv1a32,
     pack_bits,
     unpack_bits,
@@ -251,6 +257,14 @@ class TypeDesc:
             raise DispatchError(f"{value!r} does not encode as {t.name}: {exc}") from None
 
 
+def _scalar_codec(descs: tuple[TypeDesc, ...]) -> struct.Struct | None:
+    """One little-endian struct for a schema of scalars only (``None`` when it has arrays or
+    bits: those go through :meth:`TypeDesc.decode`/:meth:`TypeDesc.encode` one by one)."""
+    if not all(d.type_id in _SCALAR for d in descs):
+        return None
+    return struct.Struct("<" + "".join(_SCALAR[d.type_id][0] for d in descs))
+
+
 def _descs(specs: Iterable[TypeDesc | PayloadType], limit: int, what: str,
            name: str) -> tuple[TypeDesc, ...]:
     out = tuple(TypeDesc.of(s) for s in specs)
@@ -292,6 +306,9 @@ class FunctionEntry:
                            _descs(self.results, MAX_RESULTS, "results", self.name))
         if self.mode == DispatchMode.HOST_CALL and not callable(self.handler):
             raise DispatchError(f"HOST_CALL function {self.name!r} needs a callable handler")
+        # Scalar-only schemas (the common case) decode and encode with one precompiled struct.
+        object.__setattr__(self, "_args_codec", _scalar_codec(self.args))
+        object.__setattr__(self, "_results_codec", _scalar_codec(self.results))
 
     @property
     def arg_len_bytes(self) -> int:
@@ -311,8 +328,11 @@ class FunctionEntry:
                 + b"".join(d.pack() for d in self.results)
                 + empty * (MAX_RESULTS - len(self.results)))
 
-    def decode_args(self, payload: bytes) -> list[Any]:
+    def decode_args(self, payload: bytes) -> list[Any] | tuple[Any, ...]:
         """Split ``payload`` (exactly :attr:`arg_len_bytes` long) into decoded arguments."""
+        codec = self._args_codec  # type: ignore[attr-defined]
+        if codec is not None:
+            return codec.unpack(payload)
         out, pos = [], 0
         for d in self.args:
             out.append(d.decode(payload[pos:pos + d.size_bytes]))
@@ -332,6 +352,12 @@ class FunctionEntry:
             if not isinstance(value, tuple | list) or len(value) != n:
                 raise DispatchError(f"{self.name}: returned {value!r}, schema has {n} results")
             values = list(value)
+        codec = self._results_codec  # type: ignore[attr-defined]
+        if codec is not None:
+            try:
+                return codec.pack(*values)
+            except (struct.error, TypeError):
+                pass   # the per-result encoders below name the result that does not fit
         out = []
         for i, (d, v) in enumerate(zip(self.results, values, strict=True)):
             try:
@@ -443,6 +469,8 @@ class SlotRing:
         self.memory = bytearray(num_slots * slot_size)
         #: Published length of each slot, ``None`` when the slot is free (the rx flags).
         self._flags: list[int | None] = [None] * num_slots
+        #: Published slots not yet cleared, oldest first.
+        self._order: deque[int] = deque()
         self._wakeup = threading.Event()
         #: :meth:`publish` calls refused because the slot was still full.
         self.overruns = 0
@@ -478,11 +506,18 @@ class SlotRing:
             self.overruns += 1
             raise DispatchError(f"slot {slot} still holds an unprocessed request")
         self._flags[slot] = length
+        self._order.append(slot)
         self._wakeup.set()
 
     def ready(self, slot: int) -> bool:
         """True when slot ``slot`` holds a published request."""
         return self._flags[slot] is not None
+
+    def oldest(self) -> int | None:
+        """The slot published longest ago and not cleared yet, or ``None``: the order the
+        dispatcher serves them in."""
+        order = self._order
+        return order[0] if order else None
 
     def take(self, slot: int) -> bytes:
         """A copy of the published bytes of slot ``slot`` (the slot stays full)."""
@@ -495,7 +530,14 @@ class SlotRing:
     def clear(self, slot: int) -> None:
         """Free slot ``slot`` for the next request."""
         self._check_slot(slot)
+        if self._flags[slot] is None:
+            return
         self._flags[slot] = None
+        order = self._order
+        if order and order[0] == slot:
+            order.popleft()
+        else:
+            order.remove(slot)
 
     def wait(self, timeout_s: float) -> bool:
         """Block up to ``timeout_s`` for a :meth:`publish` since the last call; True if one
@@ -503,6 +545,10 @@ class SlotRing:
         got = self._wakeup.wait(timeout_s)
         self._wakeup.clear()
         return got
+
+
+def _error_response(request_id: int, ptp_timestamp: int) -> bytes:
+    return RESPONSE_CODEC.pack(RESPONSE_MAGIC, STATUS_HANDLER_ERROR, 0, request_id, ptp_timestamp)
 
 
 class Outcome(Enum):
@@ -584,8 +630,13 @@ class Dispatcher:
         Sends one packed ``RPCResponse`` (24-byte header + result) for the request that was in
         ``slot``; e.g. the transport's UC SEND to the PPU's mailbox.
     max_result_bytes : int, optional
-        Largest result a response may carry (default ``slot_size - 24``, CUDA-Q's
-        ``max_result_len``; a PPU mailbox of 64 bytes allows 40). It caps GPU handlers too.
+        Largest result a response may carry: default 40, what a PPU's 64-byte mailbox holds
+        after the 24-byte header (:data:`~openqlink.memory_map.MAILBOX_BYTES`), or less when
+        the slot is smaller (``slot_size - 24``, CUDA-Q's ``max_result_len``). It caps GPU
+        handlers too. A longer result becomes a HANDLER_ERROR response; so does a response
+        that ``send_response`` refuses with a
+        :class:`~openqlink.errors.FieldRangeError` (too long for the transport): the PPU
+        gets an error status at once instead of waiting for its time-out.
     gpu : GPUPlane, optional
         The GPU data plane running DEVICE_CALL entries (:class:`openqlink.gpu.GPUDataPlane`);
         :meth:`start` must be called before :meth:`poll` when one is attached.
@@ -600,8 +651,6 @@ class Dispatcher:
         GPU responses per status, as the kernel wrote it.
     counts : collections.Counter[Outcome]
         Requests per :class:`Outcome`; :attr:`status_counts` groups them by response status.
-    next_slot : int
-        The slot the next request is expected in (strict ring order).
     send_errors : int
         ``send_response`` calls that raised.
     """
@@ -612,19 +661,19 @@ class Dispatcher:
         self.table = table
         self.ring = ring
         self.send_response = send_response
-        self.max_result_bytes = (ring.slot_size - HEADER_BYTES if max_result_bytes is None
-                                 else max_result_bytes)
+        self.max_result_bytes = (min(ring.slot_size, MAILBOX_BYTES) - HEADER_BYTES
+                                 if max_result_bytes is None else max_result_bytes)
         if self.max_result_bytes < 0:
             raise DispatchError(f"max_result_bytes must be >= 0, not {max_result_bytes}")
         self.processed = 0
         self.counts: Counter[Outcome] = Counter()
-        self.next_slot = 0
         self.send_errors = 0
         self.forwarded = 0
         self.gpu_status_counts: Counter[int] = Counter()
         self.gpu: GPUPlane | None = gpu
         self._gpu_pending: deque[int] = deque()  # host slots of forwarded requests, in order
         self._started = False
+        self._checked_entries = -1
         self._refuse_unsupported()
 
     def attach_gpu(self, gpu: GPUPlane) -> None:
@@ -633,6 +682,7 @@ class Dispatcher:
         if self._started and self.gpu is not None:
             raise DispatchError("a GPU data plane is already attached and started")
         self.gpu = gpu
+        self._checked_entries = -1
 
     @property
     def gpu_processed(self) -> int:
@@ -678,6 +728,9 @@ class Dispatcher:
         return dict(out)
 
     def _refuse_unsupported(self) -> None:
+        # Entries are only ever added: the table is checked again when it has grown.
+        if len(self.table) == self._checked_entries:
+            return
         bad = self.table.unsupported()
         if self.gpu is not None:
             bad = [e for e in bad if e.mode != DispatchMode.DEVICE_CALL]
@@ -689,6 +742,7 @@ class Dispatcher:
                                     "(Dispatcher(..., gpu=openqlink.gpu.GPUDataPlane(...)))")
             raise DispatchError(f"{names}: GRAPH_LAUNCH entries are not supported; HOST_CALL "
                                 "runs on the host, DEVICE_CALL on the GPU data plane")
+        self._checked_entries = len(self.table)
 
     def _device_request(self, buf: bytes) -> bytes | None:
         """The bytes to forward when ``buf`` is a well-formed DEVICE_CALL request, else None
@@ -720,15 +774,33 @@ class Dispatcher:
             status = struct.unpack_from("<i", data, 4)[0] if len(data) >= 8 else \
                 STATUS_UNKNOWN_FUNCTION
             self.processed += 1
-            self.counts[_outcome_of_status(status)] += 1
             self.gpu_status_counts[status] += 1
             n += 1
+            self._send(slot, data, _outcome_of_status(status))
+        return n
+
+    def _send(self, slot: int, data: bytes, outcome: Outcome) -> None:
+        """Send one response and count its outcome. A response with a result that the transport
+        refuses as too long (:class:`FieldRangeError`) goes out as a HANDLER_ERROR response
+        without it; what else ``send_response`` raises is counted in :attr:`send_errors` and
+        re-raised."""
+        try:
             try:
                 self.send_response(slot, data)
-            except Exception:
-                self.send_errors += 1
-                raise
-        return n
+            except FieldRangeError as exc:
+                if len(data) <= HEADER_BYTES:
+                    raise
+                _magic, _status, _len, rid, ts = RESPONSE_CODEC.unpack_from(data)
+                log.error("request %#x: the response cannot be delivered (%s); sending status "
+                          "%d", rid, exc, STATUS_HANDLER_ERROR)
+                outcome = Outcome.HANDLER_ERROR
+                self.send_response(slot, RESPONSE_CODEC.pack(RESPONSE_MAGIC,
+                                                             STATUS_HANDLER_ERROR, 0, rid, ts))
+        except Exception:
+            self.counts[outcome] += 1
+            self.send_errors += 1
+            raise
+        self.counts[outcome] += 1
 
     def dispatch(self, request: bytes) -> Response:
         """Answer one request (the published bytes of a slot, or one UDP datagram).
@@ -738,56 +810,59 @@ class Dispatcher:
         response, outcome = self._handle(bytes(request))
         self.processed += 1
         self.counts[outcome] += 1
-        return response
+        return Response.unpack(response)
 
-    def _handle(self, buf: bytes) -> tuple[Response, Outcome]:
-        head = buf[:HEADER_BYTES].ljust(HEADER_BYTES, b"\0")
-        h = RPCHeader.from_bits(int.from_bytes(head, "little"))
-        rid, ts = int(h.request_id), int(h.ptp_timestamp)
+    def _handle(self, buf: bytes) -> tuple[bytes, Outcome]:
+        """The packed response to request ``buf`` and its outcome."""
+        n = len(buf)
+        magic, function_id, arg_len, rid, ts = REQUEST_CODEC.unpack_from(
+            buf if n >= HEADER_BYTES else bytes(buf).ljust(HEADER_BYTES, b"\0"))
 
-        def fail(outcome: Outcome, why: str) -> tuple[Response, Outcome]:
+        def fail(outcome: Outcome, why: str) -> tuple[bytes, Outcome]:
             log.warning("request %#x: %s -> status %d", rid, why, outcome.status)
-            return Response(outcome.status, rid, ts), outcome
+            return RESPONSE_CODEC.pack(RESPONSE_MAGIC, outcome.status, 0, rid, ts), outcome
 
-        if len(buf) < HEADER_BYTES:
-            return fail(Outcome.TRUNCATED, f"{len(buf)} bytes, shorter than the header")
-        if h.magic != REQUEST_MAGIC:
-            return fail(Outcome.BAD_MAGIC, f"magic {int(h.magic):#010x} is not CUQR")
-        entry = self.table.lookup(int(h.function_id))
+        if n < HEADER_BYTES:
+            return fail(Outcome.TRUNCATED, f"{n} bytes, shorter than the header")
+        if magic != REQUEST_MAGIC:
+            return fail(Outcome.BAD_MAGIC, f"magic {magic:#010x} is not CUQR")
+        entry = self.table.lookup(function_id)
         if entry is None:
-            return fail(Outcome.UNKNOWN_FUNCTION, f"unknown function_id {int(h.function_id):#010x}")
-        if h.arg_len != entry.arg_len_bytes:
-            return fail(Outcome.BAD_ARG_LEN, f"{entry.name}: arg_len {int(h.arg_len)}, schema "
+            return fail(Outcome.UNKNOWN_FUNCTION, f"unknown function_id {function_id:#010x}")
+        if arg_len != entry.arg_len_bytes:
+            return fail(Outcome.BAD_ARG_LEN, f"{entry.name}: arg_len {arg_len}, schema "
                                              f"needs {entry.arg_len_bytes}")
-        if HEADER_BYTES + h.arg_len > len(buf):
-            return fail(Outcome.TRUNCATED, f"{entry.name}: arg_len {int(h.arg_len)} runs past "
-                                           f"the {len(buf)} published bytes")
+        end = HEADER_BYTES + arg_len
+        if end > n:
+            return fail(Outcome.TRUNCATED, f"{entry.name}: arg_len {arg_len} runs past "
+                                           f"the {n} published bytes")
         if entry.mode != DispatchMode.HOST_CALL:
             return fail(Outcome.UNKNOWN_FUNCTION, f"{entry.name} is {entry.mode.name} and no "
                                                   "GPU data plane runs it")
-        req = Request.unpack(buf)
         assert entry.handler is not None  # HOST_CALL entries always have one
         try:
-            value = entry.handler(*entry.decode_args(req.payload))
+            value = entry.handler(*entry.decode_args(buf[HEADER_BYTES:end]))
         except Exception:
             log.exception("request %#x: handler %r raised", rid, entry.name)
-            return Response(STATUS_HANDLER_ERROR, rid, ts), Outcome.HANDLER_ERROR
+            return _error_response(rid, ts), Outcome.HANDLER_ERROR
         try:
             result = entry.encode_results(value)
         except DispatchError as exc:
             log.error("request %#x: %s", rid, exc)
-            return Response(STATUS_HANDLER_ERROR, rid, ts), Outcome.HANDLER_ERROR
+            return _error_response(rid, ts), Outcome.HANDLER_ERROR
         if len(result) > self.max_result_bytes:
             log.error("request %#x: %s: %d result bytes, at most %d", rid, entry.name,
                       len(result), self.max_result_bytes)
-            return Response(STATUS_HANDLER_ERROR, rid, ts), Outcome.HANDLER_ERROR
-        return Response(STATUS_OK, rid, ts, result), Outcome.OK
+            return _error_response(rid, ts), Outcome.HANDLER_ERROR
+        return (RESPONSE_CODEC.pack(RESPONSE_MAGIC, STATUS_OK, len(result), rid, ts) + result,
+                Outcome.OK)
 
     def poll(self, max_requests: int | None = None) -> int:
-        """Answer the requests ready in ring order, starting at :attr:`next_slot`; never blocks.
+        """Answer the published requests, oldest first (:meth:`SlotRing.oldest`); never blocks.
 
-        Stops at the first slot that is not ready (a later ready slot waits its turn), or after
-        ``max_requests`` taken. For each request: decode, call the handler, free the slot, then
+        Stops when no slot is published, or after ``max_requests`` taken. A slot is served
+        whenever it is published, whatever became of the slots before it (a lost request stalls
+        nothing). For each request: decode, call the handler, free the slot, then
         ``send_response(slot, bytes)`` (the slot is freed first: the response is built from a
         copy, and the QSC may reuse the slot as soon as it has the response). With a GPU data
         plane, a well-formed DEVICE_CALL request is copied into the GPU ring and its slot freed
@@ -807,9 +882,12 @@ class Dispatcher:
             raise DispatchError("the GPU data plane is not running: call Dispatcher.start()")
         done = self._collect_gpu() if gpu is not None else 0
         taken = 0
-        while (max_requests is None or taken < max_requests) and self.ring.ready(self.next_slot):
-            slot = self.next_slot
-            request = self.ring.take(slot)
+        ring = self.ring
+        while max_requests is None or taken < max_requests:
+            slot = ring.oldest()
+            if slot is None:
+                break
+            request = ring.take(slot)
             if gpu is not None:
                 forward = self._device_request(request)
                 if forward is not None:
@@ -818,20 +896,15 @@ class Dispatcher:
                     gpu.submit(forward)
                     self._gpu_pending.append(slot)
                     self.forwarded += 1
-                    self.ring.clear(slot)
-                    self.next_slot = (slot + 1) % self.ring.num_slots
+                    ring.clear(slot)
                     taken += 1
                     continue
-            response = self.dispatch(request)
-            self.ring.clear(slot)
-            self.next_slot = (slot + 1) % self.ring.num_slots
+            response, outcome = self._handle(request)
+            ring.clear(slot)
             taken += 1
             done += 1
-            try:
-                self.send_response(slot, response.pack())
-            except Exception:
-                self.send_errors += 1
-                raise
+            self.processed += 1
+            self._send(slot, response, outcome)
         if gpu is not None:
             done += self._collect_gpu()
         return done

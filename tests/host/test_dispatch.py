@@ -20,7 +20,7 @@ from openqlink.dispatch import (
     SlotRing,
     TypeDesc,
 )
-from openqlink.errors import DispatchError
+from openqlink.errors import DispatchError, FieldRangeError
 from openqlink.wire.rpc import (
     STATUS_OK,
     STATUS_UNKNOWN_FUNCTION,
@@ -80,7 +80,7 @@ def test_request_response_and_echo():
     (slot, resp), = sink.sent
     assert slot == 0
     assert resp == Response(STATUS_OK, 7, 0x1122334455667788, struct.pack("<i", 42))
-    assert not ring.ready(0) and d.next_slot == 1
+    assert not ring.ready(0) and ring.oldest() is None
     assert d.processed == 1 and d.counts[Outcome.OK] == 1
 
 
@@ -92,18 +92,21 @@ def test_bit_packed_args_arrive_as_bits():
     assert [r.result for _, r in sink.sent] == [b"\x01", b"\x00"]
 
 
-def test_strict_ring_order_and_wrap():
+def test_slots_are_served_as_published_and_a_lost_request_stalls_nothing():
+    """The slot comes from each request's ImmDt: a request lost on the way (slot 0 never
+    published) must not hold back the later ones until the ring wraps."""
     _, ring, sink, d = make(num_slots=3)
     put(ring, 1, "add", struct.pack("<ii", 1, 1), rid=11)
-    assert d.poll() == 0, "slot 1 must wait for slot 0"
-    put(ring, 0, "add", struct.pack("<ii", 0, 0), rid=10)
+    assert d.poll() == 1, "slot 1 is served although slot 0 never came"
     put(ring, 2, "add", struct.pack("<ii", 2, 2), rid=12)
+    put(ring, 0, "add", struct.pack("<ii", 0, 0), rid=10)
+    put(ring, 1, "add", struct.pack("<ii", 3, 3), rid=13)
     assert d.poll(max_requests=2) == 2
-    assert [(s, r.request_id) for s, r in sink.sent] == [(0, 10), (1, 11)]
-    put(ring, 0, "add", struct.pack("<ii", 3, 3), rid=13)  # wrapped round
-    assert d.poll() == 2
-    assert [(s, r.request_id) for s, r in sink.sent[2:]] == [(2, 12), (0, 13)]
-    assert d.next_slot == 1 and d.processed == 4
+    assert [(s, r.request_id) for s, r in sink.sent] == [(1, 11), (2, 12), (0, 10)]
+    assert ring.oldest() == 1
+    assert d.poll() == 1
+    assert [(s, r.request_id) for s, r in sink.sent[3:]] == [(1, 13)]
+    assert ring.oldest() is None and d.processed == 4
 
 
 def test_unknown_function_answers_minus_one():
@@ -367,3 +370,46 @@ def test_repetition_code_decoder():
     assert mod.arguments(5, 2) == b"\x05\x00\x01"
     with pytest.raises(ValueError):
         mod.arguments(256, 0)
+
+
+def test_the_default_result_limit_is_what_the_mailbox_holds():
+    """A PPU's mailbox holds 64 bytes: 24 of header and 40 of result. A 48-byte result used to
+    be counted OK and then fail to send, leaving the PPU to its time-out."""
+    table = FunctionTable()
+
+    @table.host_call("wide", results=[TypeDesc.array(PayloadType.ARRAY_UINT8, 48)])
+    def wide():
+        return bytes(48)
+
+    ring, sink = SlotRing(4, 256), Sink()
+    d = Dispatcher(table, ring, sink)
+    assert d.max_result_bytes == 40
+    assert Dispatcher(table, SlotRing(4, 48), sink).max_result_bytes == 24
+    put(ring, 0, "wide", b"", rid=5)
+    assert d.poll() == 1
+    assert sink.sent == [(0, Response(STATUS_HANDLER_ERROR, 5, 0))]
+    assert d.counts == {Outcome.HANDLER_ERROR: 1}
+
+
+def test_a_response_the_transport_cannot_deliver_becomes_an_error_response():
+    """With a limit above what the transport carries, the response that send_response refuses
+    as too long goes out again as a HANDLER_ERROR response without its result."""
+    table = FunctionTable()
+
+    @table.host_call("wide", results=[TypeDesc.array(PayloadType.ARRAY_UINT8, 48)])
+    def wide():
+        return bytes(range(48))
+
+    sent = []
+
+    def send(slot: int, data: bytes) -> None:
+        if len(data) > 64:
+            raise FieldRangeError("RPCResponse", "response_bytes", len(data), "too long")
+        sent.append((slot, Response.unpack(data)))
+
+    ring = SlotRing(4, 256)
+    d = Dispatcher(table, ring, send, max_result_bytes=200)
+    put(ring, 3, "wide", b"", rid=9, ts=77)
+    assert d.poll() == 1
+    assert sent == [(3, Response(STATUS_HANDLER_ERROR, 9, 77))]
+    assert d.counts == {Outcome.HANDLER_ERROR: 1} and d.send_errors == 0

@@ -1,11 +1,15 @@
 """openqlink.roce.UCQueuePair: UC send, receive into a slot ring, drops by reason, PSN rules."""
 
+from types import SimpleNamespace
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from openqlink.dispatch import SlotRing
 from openqlink.errors import FieldRangeError
 from openqlink.roce import PSN_MODULUS, RX_COUNTER_NAMES, SlotRingLike, UCQueuePair, pkey_matches
+from openqlink.wire.ipv4 import ones_complement_sum
 from openqlink.wire.packet import build_roce_frame, build_udp_frame, parse_frame
 from openqlink.wire.roce import Opcode, slot_immediate
 
@@ -14,20 +18,25 @@ QSC_MAC, QSC_IP, QSC_QPN = "02:4e:56:51:00:02", "192.168.0.2", 0x100
 RKEY = 0x5249_0000
 
 
-class Ring:
-    """The dispatcher's SlotRing interface, reduced to what the QP uses."""
+class Ring(SlotRing):
+    """The dispatcher's SlotRing, recording what was published (a consumer takes a request
+    with ``take_all``)."""
 
     def __init__(self, num_slots=4, slot_size=256):
-        self.num_slots = num_slots
-        self.slot_size = slot_size
-        self.memory = bytearray(num_slots * slot_size)
+        super().__init__(num_slots, slot_size)
         self.published: list[tuple[int, int]] = []
 
     def publish(self, slot: int, length: int) -> None:
+        super().publish(slot, length)
         self.published.append((slot, length))
 
     def slot(self, i: int, n: int) -> bytes:
         return bytes(self.memory[i * self.slot_size:i * self.slot_size + n])
+
+    def take_all(self) -> None:
+        """The dispatcher took every published request: their slots are free again."""
+        while (s := self.oldest()) is not None:
+            self.clear(s)
 
 
 def make(pmtu=1024, ring=None, **kw):
@@ -39,8 +48,18 @@ def make(pmtu=1024, ring=None, **kw):
     return qsc, host, ring
 
 
-def test_ring_protocol_is_runtime_checkable():
-    assert isinstance(Ring(), SlotRingLike)
+def test_the_dispatchers_ring_is_what_the_qp_needs():
+    """SlotRing has every member the QP uses (ready included: the QP writes no byte into a
+    slot whose request is not taken yet); a ring without ``ready`` is not a SlotRingLike."""
+    assert isinstance(SlotRing(4, 64), SlotRingLike)
+
+    class NoReady:
+        num_slots, slot_size, memory = 1, 64, bytearray(64)
+
+        def publish(self, slot, length):
+            pass
+
+    assert not isinstance(NoReady(), SlotRingLike)
 
 
 def test_write_with_immediate_lands_in_its_slot_and_is_published():
@@ -52,8 +71,9 @@ def test_write_with_immediate_lands_in_its_slot_and_is_published():
     assert ring.published == [(2, 44)] and ring.slot(2, 44) == req
     assert host.counters["RX_ROCE_ACCEPTED"] == 1 and host.counters["RX_PUBLISHED"] == 1
     assert not r.psn_gap and host.rx_epsn == 1
-    # a parsed Frame is accepted too (the QSC client parses once to route)
-    r2 = host.handle_frame(parse_frame(qsc.write_frame(0, RKEY, b"abcd", imm=1 << 12)))
+    # a frame in a bytearray or memoryview is taken as well
+    r2 = host.handle_frame(memoryview(bytearray(qsc.write_frame(0, RKEY, b"abcd",
+                                                                imm=1 << 12))))
     assert r2.slot == 0 and ring.slot(0, 4) == b"abcd"
     # a plain RDMA WRITE writes without publishing
     host.handle_frame(qsc.write_frame(3 * 256 + 8, RKEY, b"zz"))
@@ -240,7 +260,8 @@ def test_register_ring_checks_geometry_and_frames_without_ring_are_dropped():
     with pytest.raises(ValueError, match="read-only"):
         host.register_ring(ro, RKEY)
     with pytest.raises(ValueError, match="num_slots"):
-        host.register_ring(Ring(num_slots=4097, slot_size=1), RKEY)
+        host.register_ring(SimpleNamespace(num_slots=4097, slot_size=1,
+                                           memory=bytearray(4097)), RKEY)
     # a ring whose memory is a memoryview of a larger buffer, at a non-zero VA
     ring = Ring(num_slots=2, slot_size=64)
     backing = bytearray(256)
@@ -266,3 +287,114 @@ def test_mutated_frames_never_raise_and_publish_only_good_requests(flips, data, 
             parse_frame(bytes(frame)).payload
     else:
         assert ring.published == []
+
+
+# --- faults of the receive and send paths, each with the test that found it -------------------
+
+
+def test_a_zero_length_write_with_immediate_into_the_ring_is_dropped_not_raised():
+    """IBTA C9-88 leaves a zero-length WRITE's VA and R_Key unchecked; it carries no request,
+    so nothing is published (publishing 0 bytes used to raise out of handle_frame)."""
+    qsc, host, ring = make()
+    r = host.handle_frame(qsc.write_frame(256, RKEY, b"", imm=slot_immediate(0, 1)))
+    assert (r.accepted, r.reason) == (False, "DROP_LENGTH")
+    assert ring.published == [] and not any(ring.memory)
+    # the QP goes on: the next request lands
+    assert host.handle_frame(qsc.write_frame(256, RKEY, b"CUQR", imm=1)).slot == 1
+
+
+@pytest.mark.parametrize("imm", [1, None], ids=["with_immediate", "plain_write"])
+def test_a_slot_still_holding_a_request_is_not_overwritten(imm):
+    qsc, host, ring = make()
+    assert host.handle_frame(qsc.write_frame(256, RKEY, b"first", imm=1)).slot == 1
+    va = 256 if imm is not None else 256 + 2   # a request, or a plain write into the slot
+    r = host.handle_frame(qsc.write_frame(va, RKEY, b"second", imm=imm))
+    assert (r.accepted, r.reason) == (False, "DROP_OVERFLOW")
+    assert ring.slot(1, 8) == b"first\0\0\0" and ring.published == [(1, 5)]
+    # once the dispatcher has taken it, the slot takes the next request
+    ring.take_all()
+    assert host.handle_frame(qsc.write_frame(256, RKEY, b"second", imm=imm)).accepted
+    assert ring.slot(1, 6) == b"second"
+
+
+def test_a_multi_packet_message_into_a_busy_slot_writes_nothing():
+    qsc, host, ring = make(pmtu=256, ring=Ring(num_slots=2, slot_size=1024))
+    assert host.handle_frame(qsc.write_frame(1024, RKEY, b"pending", imm=1)).slot == 1
+    frames = qsc.write_frames(1024, RKEY, bytes(range(200)) * 3, imm=1)
+    results = [host.handle_frame(f) for f in frames]
+    assert [r.reason for r in results] == ["RX_ROCE_ACCEPTED"] * 2 + ["DROP_OVERFLOW"]
+    assert ring.slot(1, 8) == b"pending\0" and ring.published == [(1, 7)]
+    assert host.counters["DROP_OVERFLOW"] == 1
+
+
+@pytest.mark.parametrize("who", ["mac", "ip"])
+def test_packets_from_anyone_but_the_peer_are_dropped(who):
+    qsc, host, ring = make()
+    other = {"mac": {"src_mac": "02:00:00:00:00:66"}, "ip": {"src_ip": "192.168.0.66"}}[who]
+    r = host.handle_frame(_good(qsc, **other))
+    assert (r.accepted, r.reason) == (False, "DROP_PEER")
+    assert ring.published == [] and not any(ring.memory)
+
+
+def test_tver_other_than_zero_is_dropped():
+    qsc, host, ring = make()
+    r = host.handle_frame(_good(qsc, tver=1))
+    assert (r.reason, ring.published) == ("DROP_OPCODE", [])
+
+
+def _with_udp_checksum(frame: bytes, fix: int = 0) -> bytes:
+    """``frame`` with its UDP checksum computed (RFC 768), plus ``fix`` (0: right)."""
+    f = bytearray(frame)
+    udp_len = int.from_bytes(f[38:40], "big")
+    pseudo = f[26:34] + bytes([0, 17]) + f[38:40]
+    f[40:42] = b"\0\0"
+    total = ones_complement_sum(bytes(pseudo) + bytes(f[34:34 + udp_len]))
+    f[40:42] = (((~total & 0xFFFF) or 0xFFFF) ^ fix).to_bytes(2, "big")
+    # the ICRC masks the UDP checksum: it stays right
+    return bytes(f)
+
+
+def test_a_nonzero_udp_checksum_must_verify():
+    qsc, host, ring = make()
+    bad = host.handle_frame(_with_udp_checksum(_good(qsc), fix=0x0100))
+    assert (bad.accepted, bad.reason) == (False, "DROP_UDP") and ring.published == []
+    good = host.handle_frame(_with_udp_checksum(_good(qsc)))
+    assert good.accepted and ring.published == [(1, 32)]
+
+
+def test_messages_sent_from_two_threads_keep_their_psns_consecutive(monkeypatch):
+    """A multi-packet message takes all its PSNs at once: another message sent while it is
+    being built (here: from inside the build of its first packet, standing for a thread
+    switch) comes after it, never between its packets."""
+    qsc, _host, _ring = make(pmtu=256)
+    real = UCQueuePair._frame
+    inner: list[bytes] = []
+
+    def frame(self, opcode, psn, payload, ext=b""):
+        if not inner and opcode == Opcode.RDMA_WRITE_FIRST:
+            inner.extend(qsc.send_frames(bytes(600)))      # the other thread's message
+        return real(self, opcode, psn, payload, ext)
+
+    monkeypatch.setattr(UCQueuePair, "_frame", frame)
+    outer = qsc.write_frames(0, RKEY, bytes(600), imm=0)
+    psns = [parse_frame(f).bth["psn"] for f in outer]
+    assert psns == [0, 1, 2]
+    assert [parse_frame(f).bth["psn"] for f in inner] == [3, 4, 5]
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.binary(max_size=1100), st.integers(0, PSN_MODULUS - 1), st.integers(0, (1 << 32) - 1),
+       st.sampled_from(["send", "write", "write_imm"]))
+def test_frames_from_the_template_equal_the_general_builder(payload, psn, imm, kind):
+    """The per-packet template path builds byte for byte what build_roce_frame builds."""
+    qsc, _host, _ring = make(pmtu=4096, tx_psn=psn)
+    common = dict(dst_mac=HOST_MAC, src_mac=QSC_MAC, src_ip=QSC_IP, dst_ip=HOST_IP,
+                  dest_qp=HOST_QPN, psn=psn, payload=payload)
+    if kind == "send":
+        got, want = qsc.send_frame(payload), build_roce_frame(opcode=Opcode.SEND_ONLY, **common)
+    else:
+        i = imm if kind == "write_imm" else None
+        got = qsc.write_frame(0x1000, RKEY, payload, imm=i)
+        op = Opcode.RDMA_WRITE_ONLY if i is None else Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE
+        want = build_roce_frame(opcode=op, va=0x1000, r_key=RKEY, imm=i, **common)
+    assert got == want

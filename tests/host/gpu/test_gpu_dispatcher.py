@@ -105,7 +105,7 @@ def test_gpu_ring_full_keeps_order_and_request():
         put(ring, i, request("gadd", struct.pack("<ii", i, 1), rid=i))
     put(ring, 4, request("hsub", struct.pack("<ii", 5, 1), rid=4))
     assert d.poll() == 0
-    assert d.forwarded == 2 and d.next_slot == 2 and ring.ready(2) and d.gpu_outstanding == 2
+    assert d.forwarded == 2 and ring.oldest() == 2 and ring.ready(2) and d.gpu_outstanding == 2
     plane.model.step = plane_step
     total = 0
     for _ in range(4):
