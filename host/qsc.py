@@ -19,6 +19,7 @@ the QSC exposes is little-endian (registers, envelope samples, instruction words
 from __future__ import annotations
 
 import array
+import secrets
 import struct
 import sys
 import threading
@@ -61,10 +62,13 @@ from .memory_map import (
 )
 from .roce import PMTU_VALUES, SlotRingLike, UCQueuePair
 from .wire.ethernet import mac_to_int
-from .wire.ipv4 import int_to_ip, ip_to_int
-from .wire.packet import DEFAULT_ROCE_SRC_PORT, parse_frame
+from .wire.ipv4 import IpProtocol, int_to_ip, ip_to_int
+from .wire.packet import DEFAULT_ROCE_SRC_PORT, ROCE_HEADERS_BYTES, parse_frame
 from .wire.roce import path_mtu_code
 from .wire.rpc import HEADER_BYTES
+from .wire.udp import ROCEV2_PORT
+
+_ROCEV2_PORT_BYTES = ROCEV2_PORT.to_bytes(2, "big")
 
 __all__ = ["QSC", "RKeys", "TraceStatus", "DEFAULT_HOST_QPN_BASE", "RX_COUNT_NAMES",
            "TRIGGER_UPLOAD_CHECK"]
@@ -92,9 +96,22 @@ class RKeys:
     regs: int
 
     @classmethod
-    def default(cls, ppu: int) -> RKeys:
-        """Non-zero, distinct keys (a zero key is what an unconfigured QSC holds): ASCII tags
-        ``"RI"``, ``"IM"``, ``"EN"``, ``"RG"`` in the high half, the PPU index in the low half."""
+    def random(cls) -> RKeys:
+        """Four distinct, non-zero keys from the operating system's random source
+        (:mod:`secrets`): what :meth:`QSC.configure` and :meth:`QSC.configure_qp` take by
+        default, so that no one else on the LAN can guess a region's key."""
+        keys: set[int] = set()
+        while len(keys) < 4:
+            keys.add(secrets.randbits(32) or 1)
+        ring, imem, env, regs = keys
+        return cls(ring=ring, imem=imem, env=env, regs=regs)
+
+    @classmethod
+    def fixed(cls, ppu: int) -> RKeys:
+        """Non-zero, distinct, predictable keys (a zero key is what an unconfigured QSC holds):
+        ASCII tags ``"RI"``, ``"IM"``, ``"EN"``, ``"RG"`` in the high half, the index in the low
+        half. For simulations and captures that must replay byte for byte, never for a board
+        on a shared network (use :meth:`random`)."""
         return cls(ring=0x5249_0000 | ppu, imem=0x494D_0000 | ppu, env=0x454E_0000 | ppu,
                    regs=0x5247_0000 | ppu)
 
@@ -227,6 +244,8 @@ class QSC:
         #: peer: QP -> this host's UC QP
         self._extra_qps: dict[int, UCQueuePair] = {}
         self._by_qpn: dict[int, UCQueuePair] = {}
+        #: the R_Keys configure_qp wrote: QP -> region name -> key
+        self._qp_rkeys: dict[int, dict[str, int]] = {}
         self._tx_lock = threading.Lock()
 
     # --- connection and configuration ---------------------------------------------------------
@@ -304,7 +323,8 @@ class QSC:
         control plane for this host (global CLAIM register; :meth:`release` gives it up). Then
         makes the
         host UC QP (``host_qpn`` -> QSC_QPN) and registers ``ring`` on it with ``ring_rkey``.
-        Keys left ``None`` take :meth:`RKeys.default`; ``host_qpn`` defaults to
+        Keys left ``None`` are random (:meth:`RKeys.random`; :meth:`rkeys` tells them);
+        ``host_qpn`` defaults to
         ``DEFAULT_HOST_QPN_BASE + ppu``. ``qsc_qpn`` (24 bits) is written to QSC_QPN first
         when given (the QSC's QPN for this PPU, e.g. 0x2, CUDA-Q's GPU bridge's default remote
         QP; else the QSC keeps its own, ``qpn_base + ppu`` from reset), and ``response_bytes``
@@ -316,7 +336,7 @@ class QSC:
         host claimed the QSC) and :class:`~openqlink.errors.ControlPlaneError`.
         """
         self._check_ppu(ppu)
-        d = RKeys.default(ppu)
+        d = RKeys.random()
         keys = RKeys(ring=d.ring if ring_rkey is None else ring_rkey,
                      imem=d.imem if imem_rkey is None else imem_rkey,
                      env=d.env if env_rkey is None else env_rkey,
@@ -401,9 +421,9 @@ class QSC:
         peer: this host unless ``peer_mac``/``peer_ip`` name another), PPU, then the R_Key of
         each region named in ``rkeys`` (``{"IMEM": key, "ENV": key, "REGS": key}``, any
         subset: the QP's map; a region left out stays closed to it; ``None``: the three
-        :meth:`RKeys.default` keys of index ``qp``), and sets RX_ENABLE. Returns the peer's
-        UC QP (``host_qpn``, default ``DEFAULT_HOST_QPN_BASE + qp``, to the QSC_QPN read
-        back); when the peer is this host, frames for it are routed to it, and
+        random keys, :meth:`RKeys.random`; :meth:`qp_rkeys` tells them), and sets RX_ENABLE.
+        Returns the peer's UC QP (``host_qpn``, default ``DEFAULT_HOST_QPN_BASE + qp``, to
+        the QSC_QPN read back); when the peer is this host, frames for it are routed to it, and
         :meth:`rdma_write` sends through it. The QP sends nothing: RPC responses it SENDs land
         in the PPU's mailbox like those of the PPU's own QP.
 
@@ -418,8 +438,8 @@ class QSC:
                                   f"({self.num_ppus}..{self.num_qps - 1}); a PPU's own QP is "
                                   "set up by configure()")
         self._check_ppu(ppu)
-        d = RKeys.default(qp)
-        keys = {"IMEM": d.imem, "ENV": d.env, "REGS": d.regs} if rkeys is None else rkeys
+        d = RKeys.random()
+        keys = {"IMEM": d.imem, "ENV": d.env, "REGS": d.regs} if rkeys is None else dict(rkeys)
         for name, key in keys.items():
             if name not in ("IMEM", "ENV", "REGS"):
                 raise FieldRangeError("QSC", "rkeys", name,
@@ -442,7 +462,17 @@ class QSC:
             self._by_qpn.pop(old.qpn, None)
         if (mac, ip) == (self.host_mac, self.host_ip):
             self._extra_qps[qp] = self._by_qpn[qpn] = uc
+        self._qp_rkeys[qp] = keys
         return uc
+
+    def qp_rkeys(self, qp: int) -> dict[str, int]:
+        """The R_Keys :meth:`configure_qp` gave extra QP ``qp``: region name -> key. Raises
+        :class:`~openqlink.errors.QlinkError` for a QP it has not configured."""
+        try:
+            return dict(self._qp_rkeys[qp])
+        except KeyError:
+            raise QlinkError(f"QP {qp} is not configured: call QSC.configure_qp({qp}, ...) "
+                             "first") from None
 
     def rdma_write(self, qp: int, va: int, data: bytes, r_key: int,
                    imm: int | None = None) -> None:
@@ -819,19 +849,25 @@ class QSC:
         ``rx_counts``. Never raises for bad input. For a transport that steers RoCE traffic
         itself, as a RoCE NIC does (and the simulation bench), instead of :meth:`poll_rx`.
         """
+        if (len(frame) >= ROCE_HEADERS_BYTES and frame[12:14] == b"\x08\x00"
+                and frame[14] == 0x45 and frame[23] == IpProtocol.UDP
+                and frame[36:38] == _ROCEV2_PORT_BYTES):
+            # RoCEv2 (IPv4 without options, UDP port 4791): to the QP its DestQP names, which
+            # checks everything else. Read at fixed offsets: no parse per request.
+            qp = self._by_qpn.get(int.from_bytes(frame[47:50], "big"))
+            if qp is None:
+                self.rx_counts["roce_unknown_qpn"] += 1
+                return
+            self.rx_counts["roce"] += 1
+            qp.handle_frame(frame)
+            return
         try:
             f = parse_frame(frame)
         except WireFormatError:
             self.rx_counts["malformed"] += 1
             return
         if f.is_roce:
-            assert f.bth is not None
-            qp = self._by_qpn.get(f.bth["dest_qp"])
-            if qp is None:
-                self.rx_counts["roce_unknown_qpn"] += 1
-                return
-            self.rx_counts["roce"] += 1
-            qp.handle_frame(f)
+            self.rx_counts["malformed"] += 1   # RoCEv2 in a form no QP takes (IPv4 options)
         elif f.is_control_response:
             self.rx_counts["control_unexpected"] += 1
         else:

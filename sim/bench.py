@@ -57,7 +57,7 @@ from ..wire.rpc import HEADER_BYTES, Request, Response
 from ..wire.udp import ROCEV2_PORT
 from .channel_map import channel_map, channel_roles, check_build, make_system
 from .handlers import load_function_table
-from .info import configure_extra_qps, sim_info
+from .info import configure_extra_qps, region_rkeys, sim_info
 from .mac import PacketSink, PacketSource
 from .qubit import QubitSystem
 from .report import channel_ppu
@@ -425,7 +425,11 @@ class TB:
         ppus = range(self.num_run)
         info = qsc.connect()
         for n in ppus:
-            qp = qsc.configure(n, self.rings[n], host_qpn=self.host_qpn + n)
+            # The bench's keys are the fixed ones `qlink info` reports (captures replay).
+            keys = region_rkeys(self.params, n, cfg)
+            qp = qsc.configure(n, self.rings[n], host_qpn=self.host_qpn + n,
+                               ring_rkey=keys.ring, imem_rkey=keys.imem, env_rkey=keys.env,
+                               regs_rkey=keys.regs)
             self._ppu_of_qsc_qpn[qp.remote_qpn] = n
         info_qps = sim_info(self.params, self.num_run, cfg)
         configure_extra_qps(qsc, info_qps)

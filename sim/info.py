@@ -3,9 +3,9 @@
 The bench (:mod:`openqlink.sim.bench`) connects a host :class:`~openqlink.qsc.QSC` with the
 run configuration's host MAC and IP (:func:`~openqlink.sim.runner.SimConfig`) and configures
 PPU ``n``'s own QP with host QPN ``host_qpn + n`` and the default R_Keys
-(:meth:`~openqlink.qsc.RKeys.default`), then every extra QP ``q`` (``num_ppus <= q <
+(:meth:`~openqlink.qsc.RKeys.fixed`), then every extra QP ``q`` (``num_ppus <= q <
 num_qps``) as an upload QP of PPU ``q % configured PPUs``: host QPN ``host_qpn + q``, the IMEM
-and ENV keys of :meth:`RKeys.default` of index ``q``, no REGS key (it can upload, not trigger;
+and ENV keys of :meth:`RKeys.fixed` of index ``q``, no REGS key (it can upload, not trigger;
 :func:`configure_extra_qps`); the QSC's own MAC, IP and QPNs come from the build's
 :class:`~openqlink.memory_map.QSCParams`. A capture made against the simulated QSC, or one to be
 replayed into it, is addressed with these values.
@@ -41,7 +41,7 @@ SEND_OPCODES = tuple(op.name for op in Opcode if op.is_send)
 
 
 def region_rkeys(params: QSCParams, ppu: int, cfg: dict | None = None) -> RKeys:
-    """The R_Keys the bench configures for PPU ``ppu``: :meth:`RKeys.default`, each replaced
+    """The R_Keys the bench configures for PPU ``ppu``: :meth:`RKeys.fixed`, each replaced
     by ``cfg["rkeys"][name]`` where the run configuration names the region (``ppu0_imem``,
     ``ppu0_env``, ``ppu0_regs``; the names :func:`sim_info` gives; ``ppu0_ring`` for the
     host's request ring).
@@ -57,7 +57,7 @@ def region_rkeys(params: QSCParams, ppu: int, cfg: dict | None = None) -> RKeys:
                              f"ppuN_imem, ppuN_env, ppuN_regs with N in 0..{params.num_ppus - 1})")
         if not isinstance(key, int) or not 0 <= key < 1 << 32:
             raise ValueError(f"R_Key for {name!r}: {key!r} is not a 32-bit integer")
-    d = RKeys.default(ppu)
+    d = RKeys.fixed(ppu)
     return RKeys(**{part: given.get(f"ppu{ppu}_{part}", getattr(d, part))
                     for part in ("ring", "imem", "env", "regs")})
 
@@ -108,7 +108,7 @@ def sim_info(params: QSCParams, num_configured: int | None = None,
         areas.append({"name": f"ppu{n}_mailbox", "ppu": n, "va": ppu_base(n) + MAILBOX_OFFSET,
                       "length": MAILBOX_BYTES, "rkey": None, "opcodes": list(SEND_OPCODES)})
     for q in range(params.num_ppus, params.num_qps):
-        d = RKeys.default(q)
+        d = RKeys.fixed(q)
         qps.append({"qp": q, "qpn": params.qpn_base + q, "ppu": q % n_cfg,
                     "peer_mac": cfg["host_mac"], "peer_ip": cfg["host_ip"],
                     "peer_qpn": cfg["host_qpn"] + q, "epsn": epsn,

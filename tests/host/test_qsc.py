@@ -3,10 +3,12 @@
 import struct
 import threading
 import time
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from openqlink.dispatch import SlotRing
 from openqlink.errors import FieldRangeError, QlinkError, UploadError, VersionMismatchError
 from openqlink.isa import INSTRUCTION_BYTES, ISA_VERSION, PPUState
 from openqlink.memory_map import (
@@ -31,14 +33,15 @@ from openqlink.wire.rpc import Request, Response
 HOST_MAC, HOST_IP = "02:00:00:00:00:0a", "192.168.0.1"
 
 
-class Ring:
+class Ring(SlotRing):
+    """The dispatcher's ring, recording what the host QP published."""
+
     def __init__(self, num_slots=4, slot_size=256):
-        self.num_slots = num_slots
-        self.slot_size = slot_size
-        self.memory = bytearray(num_slots * slot_size)
+        super().__init__(num_slots, slot_size)
         self.published: list[tuple[int, int]] = []
 
     def publish(self, slot: int, length: int) -> None:
+        super().publish(slot, length)
         self.published.append((slot, length))
 
 
@@ -102,7 +105,7 @@ def test_configure_writes_the_qp_contract(ready):
     assert r[qp_reg(0, "PEER_MAC_HI")] == 0x0200 and r[qp_reg(0, "PEER_MAC_LO")] == 0x0A
     assert r[qp_reg(0, "PEER_IP")] == 0xC0A80001
     assert r[qp_reg(1, "PEER_IP")] == 0                 # PPU 1's QP: not configured
-    keys = RKeys.default(0)
+    keys = qsc.rkeys(0)
     assert r[qp_reg(0, "HOST_QPN")] == 0x200 and r[qp_reg(0, "HOST_RKEY")] == keys.ring
     assert (r[qp_reg(0, "NUM_SLOTS")], r[qp_reg(0, "SLOT_SIZE")]) == (4, 256)
     assert r[ppu_reg(0, "CALL_SLOTS")] == 4         # the PPU's limit of outstanding CALLs
@@ -119,7 +122,7 @@ def test_configure_writes_the_qp_contract(ready):
     with pytest.raises(FieldRangeError):
         qsc.configure(2)
     with pytest.raises(FieldRangeError):
-        qsc.configure(0, Ring(num_slots=0))
+        qsc.configure(0, SimpleNamespace(num_slots=0, slot_size=256, memory=bytearray()))
     assert r[qp_reg(0, "RESPONSE_BYTES")] == 64         # the QSC's own, untouched
 
 
@@ -163,7 +166,7 @@ def test_upload_program_in_pmtu_packets(ready):
     writes = peer.rdma
     assert [w.opcode for w in writes] == [Opcode.RDMA_WRITE_ONLY] * 4
     assert [len(w.payload) for w in writes] == [1024, 1024, 1024, 128]
-    assert all(w.r_key == RKeys.default(0).imem and w.dest_qp == 0x100 for w in writes)
+    assert all(w.r_key == qsc.rkeys(0).imem and w.dest_qp == 0x100 for w in writes)
     base = ppu_base(0) + IMEM_OFFSET
     assert [w.va for w in writes] == [base, base + 1024, base + 2048, base + 3072]
     assert peer.read_memory(base, len(words)) == words
@@ -179,7 +182,7 @@ def test_upload_program_in_pmtu_packets(ready):
     data_w, tail_w = peer.rdma[-2:]
     assert data_w.opcode == Opcode.RDMA_WRITE_ONLY and data_w.va == base + 203 * 16
     assert (tail_w.va, tail_w.payload, tail_w.r_key) == \
-        (ppu_reg(0, "TAIL"), struct.pack("<I", 206), RKeys.default(0).regs)
+        (ppu_reg(0, "TAIL"), struct.pack("<I", 206), qsc.rkeys(0).regs)
     assert peer.regs[ppu_reg(0, "TAIL")] == 206
 
 
@@ -247,7 +250,7 @@ def test_write_envelope(ready):
     assert qsc.write_envelope(0, 100, samples) == 2
     base = ppu_base(0) + ENV_OFFSET
     assert [w.va for w in peer.rdma] == [base + 200, base + 200 + 1024]
-    assert all(w.r_key == RKeys.default(0).env for w in peer.rdma)
+    assert all(w.r_key == qsc.rkeys(0).env for w in peer.rdma)
     assert peer.read_memory(base + 200, 1400) == struct.pack("<700h", *samples)
     with pytest.raises(FieldRangeError, match="even"):
         qsc.write_envelope(0, 3, [0])
@@ -263,7 +266,7 @@ def test_trigger_is_one_write_of_start_time_and_tail(ready):
     qsc.trigger(0, 0x1_2345_6789, tail=42)
     assert len(peer.rdma) == 1
     w = peer.rdma[0]
-    assert w.opcode == Opcode.RDMA_WRITE_ONLY and w.r_key == RKeys.default(0).regs
+    assert w.opcode == Opcode.RDMA_WRITE_ONLY and w.r_key == qsc.rkeys(0).regs
     assert w.va == ppu_reg(0, "START_TIME_LO")
     # bit 31: check the upload, of 0 words here
     assert w.payload == struct.pack("<III", 0x2345_6789, 1, 42 | 1 << 31)
@@ -485,7 +488,7 @@ def test_configure_qp_sets_up_an_extra_qp_with_its_map(ready):
     assert peer.read_memory(ppu_base(1) + IMEM_OFFSET + 16, 40) == b"\x5a" * 40
     # the three default keys of index 3 when no map is given; another peer's QP is not ours
     qsc.configure_qp(2, 0, peer_mac="02:00:00:00:00:0b", peer_ip="192.168.0.2")
-    assert peer.regs[qp_reg(2, "REGS_RKEY")] == RKeys.default(2).regs
+    assert peer.regs[qp_reg(2, "REGS_RKEY")] == qsc.qp_rkeys(2)["REGS"]
     assert peer.regs[qp_reg(2, "PEER_IP")] == 0xC0A80002
     with pytest.raises(QlinkError, match="QP 2 is not configured with this host"):
         qsc.rdma_write(2, ppu_base(0), b"x" * 4, 1)
@@ -513,3 +516,41 @@ def test_read_qp_counters_reads_the_qps_counters(ready):
     assert qsc.read_qp_context(3)["PPU"] == 0
     with pytest.raises(FieldRangeError):
         qsc.read_qp_counters(4)
+
+
+def test_a_zero_length_request_or_a_full_slot_never_raises_out_of_poll_rx(ready):
+    """Anyone who can reach the host's QP (here its own peer) can send a zero-length
+    WRITE_WITH_IMMEDIATE or a request into a slot still full: the receive path drops and
+    counts them, and a control transaction running meanwhile is not disturbed."""
+    qsc, peer, ring = ready
+    peer.send_rpc_request(0, b"", slot=1)
+    req = Request(function_id=1, request_id=2, ptp_timestamp=3, payload=b"").pack()
+    peer.send_rpc_request(0, req, slot=2)
+    peer.send_rpc_request(0, req, slot=2)                   # slot 2 not taken yet
+    assert qsc.poll_rx() == 3
+    assert ring.published == [(2, len(req))]
+    c = qsc.qp(0).counters
+    assert (c["DROP_LENGTH"], c["DROP_OVERFLOW"], c["RX_PUBLISHED"]) == (1, 1, 1)
+    peer.noise_before_response = [peer.rpc_request_frame(0, b"", slot=3)]
+    assert qsc.read_register(0, "PC") == peer.regs[ppu_reg(0, "PC")]
+    assert qsc.qp(0).counters["DROP_LENGTH"] == 2
+
+
+def test_default_rkeys_are_random_per_qp(make):
+    """Predictable default R_Keys let anyone on the LAN write a region: each configure draws
+    its own (non-zero, distinct)."""
+    seen = []
+    for _ in range(2):
+        qsc, peer, _link = make()
+        qsc.connect()
+        qsc.configure(0, Ring())
+        qsc.configure(1)
+        qsc.configure_qp(2, 0)
+        for keys in (qsc.rkeys(0), qsc.rkeys(1)):
+            seen += [keys.ring, keys.imem, keys.env, keys.regs]
+        seen += list(qsc.qp_rkeys(2).values())
+        assert peer.regs[qp_reg(2, "IMEM_RKEY")] == qsc.qp_rkeys(2)["IMEM"]
+    assert 0 not in seen and len(set(seen)) == len(seen) == 22
+    assert RKeys.fixed(1) == RKeys.fixed(1) and RKeys.fixed(1).imem == 0x494D_0001
+    with pytest.raises(QlinkError, match="QP 3 is not configured"):
+        qsc.qp_rkeys(3)

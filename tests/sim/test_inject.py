@@ -98,9 +98,9 @@ def _capture() -> tuple[list[bytes], list[tuple[bool, str | None]]]:
         (write(None, None, MESSAGE[2 * PMTU:], opcode=Opcode.RDMA_WRITE_LAST,
                psn=EPSN + 7), (True, None)),
         # QP 1, the bench's first upload QP: its own IMEM key is in its map, REGS is not
-        (write(imem_va + 1664, RKeys.default(1).imem, QP1_WORDS, dest_qp=QPN_BASE + 1),
+        (write(imem_va + 1664, RKeys.fixed(1).imem, QP1_WORDS, dest_qp=QPN_BASE + 1),
          (True, None)),
-        (write(ppu_base(0) + REGS_OFFSET, RKeys.default(1).regs, bytes(8), dest_qp=QPN_BASE + 1,
+        (write(ppu_base(0) + REGS_OFFSET, RKeys.fixed(1).regs, bytes(8), dest_qp=QPN_BASE + 1,
                psn=EPSN + 1), (False, "DROP_RKEY")),
     ]
     return [f for f, _ in frames], [v for _, v in frames]
@@ -161,7 +161,7 @@ def test_the_overrides_configured_the_qsc(replay):
     for n, c in enumerate(extra_ctx, 1):
         assert (c["QSC_QPN"], c["HOST_QPN"], c["PPU"], c["PEER_IP"], c["RX_EPSN"]) == \
             (QPN_BASE + n, HOST_QPN + n, 0, ip_to_int(HOST_IP), EPSN)
-        assert (c["IMEM_RKEY"], c["REGS_RKEY"]) == (RKeys.default(n).imem, 0)
+        assert (c["IMEM_RKEY"], c["REGS_RKEY"]) == (RKeys.fixed(n).imem, 0)
     assert config["pmtu"] == PMTU and ctx["PMTU"] == 1          # IBTA's code of 256 bytes
 
 
