@@ -1,0 +1,226 @@
+"""Per-request cost of the host's real-time path, against the floor of its transport.
+
+One request at a time, as a PPU's CALL arrives: the QSC side sends a UC
+RDMA_WRITE_ONLY_WITH_IMMEDIATE of a 32-byte RPC request (24-byte header, two int32 arguments)
+into the next ring slot, and the host runs its whole path, all in this one thread:
+
+    frame in -> UCQueuePair.handle_frame (headers, checksums, ICRC, QP checks, ring slot)
+    -> Dispatcher.poll (RPC header, HOST_CALL handler ``add``, response) -> UC SEND_ONLY built
+    with its ICRC (UCQueuePair.send_frame) -> frame out
+
+until the response frame is in the QSC side's hands. The floor is the same transport with the
+host echoing a prebuilt response frame: receive, send, nothing else. The ratio says what the
+host's own work costs on top of moving the frames.
+
+Transports:
+
+* ``memory``: :func:`openqlink.bridges.base.transport_pair` (in-process queues);
+* ``veth``: a veth pair in a network namespace of its own, the host on one end through
+  :class:`openqlink.bridges.rawsock.RawSocketTransport` (AF_PACKET), the QSC side on the other:
+  the kernel's network path, as the ``raw`` bridge meets a board. Needs root (CAP_NET_ADMIN)
+  and the ``ip`` command; skipped with the reason otherwise.
+
+Usage: python benchmarks/host_dispatch.py [--requests N] [--transport memory veth]
+       python benchmarks/host_dispatch.py --json OUT      (memory only; writes
+       {"p50_us", "p99_us", "floor_p50_us", "ratio", "requests"})
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import gc
+import json
+import os
+import shutil
+import statistics
+import struct
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from openqlink.bridges.base import FrameTransport, transport_pair
+from openqlink.dispatch import Dispatcher, FunctionTable, SlotRing
+from openqlink.roce import UCQueuePair
+from openqlink.wire.roce import slot_immediate
+from openqlink.wire.rpc import STATUS_OK, PayloadType, Request, Response, fnv1a32
+
+HOST_MAC, HOST_IP, HOST_QPN = "02:00:00:00:00:0a", "10.77.0.1", 0x200
+QSC_MAC, QSC_IP, QSC_QPN = "02:4e:56:51:00:02", "10.77.0.2", 0x100
+RING_RKEY = 0x1BADC0DE
+NUM_SLOTS, SLOT_SIZE = 16, 256
+WARMUP = 500
+
+
+def _table() -> FunctionTable:
+    table = FunctionTable()
+
+    @table.host_call("add", args=[PayloadType.INT32, PayloadType.INT32],
+                     results=[PayloadType.INT32])
+    def add(a: int, b: int) -> int:
+        return a + b
+
+    return table
+
+
+def _requests(qsc_qp: UCQueuePair, n: int) -> list[bytes]:
+    """``n`` request frames as the gateware sends them: request k into slot k % NUM_SLOTS."""
+    out = []
+    for k in range(n):
+        slot = k % NUM_SLOTS
+        req = Request(fnv1a32("add"), k, k, struct.pack("<ii", k, 1)).pack()
+        out.append(qsc_qp.write_frame(slot * SLOT_SIZE, RING_RKEY, req,
+                                      imm=slot_immediate(qsc_qp.tx_psn, slot)))
+    return out
+
+
+def _percentiles(samples_ns: list[int]) -> tuple[float, float]:
+    q = statistics.quantiles(samples_ns, n=100, method="inclusive")
+    return q[49] / 1e3, q[98] / 1e3
+
+
+def measure(host_t: FrameTransport, qsc_send: Callable[[bytes], None],
+            qsc_recv: Callable[[], bytes], requests: int, host_mac: str,
+            qsc_mac: str) -> dict:
+    """Full path and floor over one pair of endpoints; times in us."""
+    qsc_qp = UCQueuePair(qsc_mac, QSC_IP, QSC_QPN, host_mac, HOST_IP, HOST_QPN)
+    host_qp = UCQueuePair(host_mac, HOST_IP, HOST_QPN, qsc_mac, QSC_IP, QSC_QPN)
+    ring = SlotRing(NUM_SLOTS, SLOT_SIZE)
+    host_qp.register_ring(ring, RING_RKEY)
+    dispatcher = Dispatcher(_table(), ring,
+                            lambda slot, data: host_t.send_frame(host_qp.send_frame(data)))
+    frames = _requests(qsc_qp, requests + WARMUP)
+
+    def full(frame: bytes) -> bytes:
+        qsc_send(frame)
+        got = None
+        while got is None:
+            got = host_t.recv_frame(0)
+        host_qp.handle_frame(got)
+        dispatcher.poll()
+        return qsc_recv()
+
+    prebuilt = host_qp.send_frame(Response(STATUS_OK, 0, 0, b"\0" * 4).pack())
+
+    def floor(frame: bytes) -> bytes:
+        qsc_send(frame)
+        got = None
+        while got is None:
+            got = host_t.recv_frame(0)
+        host_t.send_frame(prebuilt)
+        return qsc_recv()
+
+    results = {}
+    for name, step in (("full", full), ("floor", floor)):
+        samples = []
+        gc.collect()
+        for k, frame in enumerate(frames):
+            t0 = time.perf_counter_ns()
+            step(frame)
+            dt = time.perf_counter_ns() - t0
+            if k >= WARMUP:
+                samples.append(dt)
+        results[name] = _percentiles(samples)
+    # every request was answered OK
+    ok = dispatcher.counts
+    if sum(ok.values()) != requests + WARMUP or len(ok) != 1:
+        raise SystemExit(f"unexpected outcomes: {dict(ok)}")
+    p50, p99 = results["full"]
+    f50, f99 = results["floor"]
+    return {"p50_us": round(p50, 2), "p99_us": round(p99, 2), "floor_p50_us": round(f50, 2),
+            "floor_p99_us": round(f99, 2), "ratio": round(p50 / f50, 2), "requests": requests}
+
+
+def run_memory(requests: int) -> dict:
+    host_t, qsc_t = transport_pair()
+
+    def recv() -> bytes:
+        frame = None
+        while frame is None:
+            frame = qsc_t.recv_frame(0)
+        return frame
+
+    return measure(host_t, qsc_t.send_frame, recv, requests, HOST_MAC, QSC_MAC)
+
+
+@contextlib.contextmanager
+def _veth_pair() -> Iterator[tuple[str, str]]:
+    """A veth pair in a fresh network namespace, entered by this process; yields the two
+    interface names. Raises OSError with the reason when it cannot be made."""
+    if os.geteuid() != 0:
+        raise OSError("needs root (CAP_NET_ADMIN) to make a veth pair")
+    if shutil.which("ip") is None:
+        raise OSError("needs the ip command (iproute2)")
+    name = f"oqlbench{uuid.uuid4().hex[:6]}"
+    subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
+    try:
+        fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
+        own = os.open("/proc/self/ns/net", os.O_RDONLY)
+        os.setns(fd, os.CLONE_NEWNET)
+        try:
+            for cmd in (["ip", "link", "add", "vhost", "type", "veth", "peer", "name", "vqsc"],
+                        ["ip", "link", "set", "vhost", "up"], ["ip", "link", "set", "vqsc", "up"],
+                        ["ip", "link", "set", "lo", "up"]):
+                subprocess.run(cmd, check=True, capture_output=True)
+            yield "vhost", "vqsc"
+        finally:
+            os.setns(own, os.CLONE_NEWNET)
+            os.close(fd)
+            os.close(own)
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+
+
+def run_veth(requests: int) -> dict:
+    from openqlink.bridges.rawsock import RawSocketTransport
+
+    with _veth_pair() as (host_if, qsc_if), RawSocketTransport(host_if) as host_t, \
+            RawSocketTransport(qsc_if) as qsc_t:
+
+        def recv() -> bytes:
+            while True:
+                frame = qsc_t.recv_frame(1.0)
+                if frame is None:
+                    raise SystemExit("veth: no response within 1 s")
+                if frame[14:15] == b"\x45":     # IPv4: ours (IPv6 router noise is not)
+                    return frame
+
+        return measure(host_t, qsc_t.send_frame, recv, requests, host_t.mac, qsc_t.mac)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--requests", type=int, default=20000)
+    parser.add_argument("--transport", nargs="+", choices=["memory", "veth"],
+                        default=["memory", "veth"])
+    parser.add_argument("--json", type=Path, metavar="OUT",
+                        help="run the in-memory transport only and write its figures here")
+    args = parser.parse_args()
+    if args.json is not None:
+        out = run_memory(args.requests)
+        args.json.write_text(json.dumps(out, indent=2) + "\n")
+        print(json.dumps(out))
+        return
+    table = Table(title=f"host dispatcher, one request at a time ({args.requests} requests; "
+                        f"Python {sys.version.split()[0]})")
+    for col in ("transport", "p50 us", "p99 us", "floor p50 us", "floor p99 us", "ratio"):
+        table.add_column(col, justify="right")
+    for name in args.transport:
+        try:
+            r = run_memory(args.requests) if name == "memory" else run_veth(args.requests)
+        except OSError as exc:
+            table.add_row(name, f"skipped: {exc}", "", "", "", "")
+            continue
+        table.add_row(name, f"{r['p50_us']:.1f}", f"{r['p99_us']:.1f}",
+                      f"{r['floor_p50_us']:.1f}", f"{r['floor_p99_us']:.1f}", f"{r['ratio']:.2f}")
+    Console().print(table)
+
+
+if __name__ == "__main__":
+    main()
