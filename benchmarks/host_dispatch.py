@@ -15,10 +15,10 @@ host's own work costs on top of moving the frames.
 Transports:
 
 * ``memory``: :func:`openqlink.bridges.base.transport_pair` (in-process queues);
-* ``veth``: a veth pair in a network namespace of its own, the host on one end through
-  :class:`openqlink.bridges.rawsock.RawSocketTransport` (AF_PACKET), the QSC side on the other:
-  the kernel's network path, as the ``raw`` bridge meets a board. Needs root (CAP_NET_ADMIN)
-  and the ``ip`` command; skipped with the reason otherwise.
+* ``veth``: a veth pair in a network namespace of its own (``unshare --net``), the host on one
+  end through :class:`openqlink.bridges.rawsock.RawSocketTransport` (AF_PACKET), the QSC side
+  on the other: the kernel's network path, as the ``raw`` bridge meets a board. Needs root and
+  the ``unshare`` and ``ip`` commands; skipped with the reason otherwise.
 
 Usage: python benchmarks/host_dispatch.py [--requests N] [--transport memory veth]
        python benchmarks/host_dispatch.py --json OUT      (memory only; writes
@@ -28,7 +28,6 @@ Usage: python benchmarks/host_dispatch.py [--requests N] [--transport memory vet
 from __future__ import annotations
 
 import argparse
-import contextlib
 import gc
 import json
 import os
@@ -37,9 +36,9 @@ import statistics
 import struct
 import subprocess
 import sys
+import tempfile
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
@@ -97,12 +96,16 @@ def measure(host_t: FrameTransport, qsc_send: Callable[[bytes], None],
                             lambda slot, data: host_t.send_frame(host_qp.send_frame(data)))
     frames = _requests(qsc_qp, requests + WARMUP)
 
+    def host_recv() -> bytes:
+        # the next IPv4 frame (on a veth, the kernel's IPv6 neighbour discovery is not ours)
+        while True:
+            got = host_t.recv_frame(0)
+            if got is not None and got[12:14] == b"\x08\x00":
+                return got
+
     def full(frame: bytes) -> bytes:
         qsc_send(frame)
-        got = None
-        while got is None:
-            got = host_t.recv_frame(0)
-        host_qp.handle_frame(got)
+        host_qp.handle_frame(host_recv())
         dispatcher.poll()
         return qsc_recv()
 
@@ -110,9 +113,7 @@ def measure(host_t: FrameTransport, qsc_send: Callable[[bytes], None],
 
     def floor(frame: bytes) -> bytes:
         qsc_send(frame)
-        got = None
-        while got is None:
-            got = host_t.recv_frame(0)
+        host_recv()
         host_t.send_frame(prebuilt)
         return qsc_recv()
 
@@ -149,46 +150,47 @@ def run_memory(requests: int) -> dict:
     return measure(host_t, qsc_t.send_frame, recv, requests, HOST_MAC, QSC_MAC)
 
 
-@contextlib.contextmanager
-def _veth_pair() -> Iterator[tuple[str, str]]:
-    """A veth pair in a fresh network namespace, entered by this process; yields the two
-    interface names. Raises OSError with the reason when it cannot be made."""
+def _veth_pair() -> tuple[str, str]:
+    """Make the veth pair ``vhost``/``vqsc`` (up) in this process's network namespace."""
+    for cmd in (["ip", "link", "add", "vhost", "type", "veth", "peer", "name", "vqsc"],
+                ["ip", "link", "set", "vhost", "up"], ["ip", "link", "set", "vqsc", "up"]):
+        subprocess.run(cmd, check=True, capture_output=True)
+    return "vhost", "vqsc"
+
+
+def _veth_in_namespace(requests: int) -> dict:
+    """The measurement over a veth pair in a network namespace of its own: this script again,
+    under ``unshare --net`` (the namespace and its pair vanish with the process).
+    Raises OSError with the reason when that cannot be done here."""
     if os.geteuid() != 0:
-        raise OSError("needs root (CAP_NET_ADMIN) to make a veth pair")
-    if shutil.which("ip") is None:
-        raise OSError("needs the ip command (iproute2)")
-    name = f"oqlbench{uuid.uuid4().hex[:6]}"
-    subprocess.run(["ip", "netns", "add", name], check=True, capture_output=True)
-    try:
-        fd = os.open(f"/var/run/netns/{name}", os.O_RDONLY)
-        own = os.open("/proc/self/ns/net", os.O_RDONLY)
-        os.setns(fd, os.CLONE_NEWNET)
-        try:
-            for cmd in (["ip", "link", "add", "vhost", "type", "veth", "peer", "name", "vqsc"],
-                        ["ip", "link", "set", "vhost", "up"], ["ip", "link", "set", "vqsc", "up"],
-                        ["ip", "link", "set", "lo", "up"]):
-                subprocess.run(cmd, check=True, capture_output=True)
-            yield "vhost", "vqsc"
-        finally:
-            os.setns(own, os.CLONE_NEWNET)
-            os.close(fd)
-            os.close(own)
-    finally:
-        subprocess.run(["ip", "netns", "delete", name], capture_output=True)
+        raise OSError("needs root (CAP_NET_ADMIN, CAP_SYS_ADMIN) for a network namespace")
+    for tool in ("unshare", "ip"):
+        if shutil.which(tool) is None:
+            raise OSError(f"needs the {tool} command (util-linux, iproute2)")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "veth.json"
+        run = subprocess.run(["unshare", "--net", sys.executable, __file__, "--requests",
+                              str(requests), "--inside-netns", str(out)],
+                             capture_output=True, text=True)
+        if run.returncode != 0 or not out.exists():
+            raise OSError(f"veth run failed: {(run.stderr or run.stdout).strip()[-300:]}")
+        return json.loads(out.read_text())
 
 
 def run_veth(requests: int) -> dict:
+    """Inside the namespace: host on ``vhost`` through the raw bridge, the QSC side on
+    ``vqsc``."""
     from openqlink.bridges.rawsock import RawSocketTransport
 
-    with _veth_pair() as (host_if, qsc_if), RawSocketTransport(host_if) as host_t, \
-            RawSocketTransport(qsc_if) as qsc_t:
+    host_if, qsc_if = _veth_pair()
+    with RawSocketTransport(host_if) as host_t, RawSocketTransport(qsc_if) as qsc_t:
 
         def recv() -> bytes:
             while True:
                 frame = qsc_t.recv_frame(1.0)
                 if frame is None:
                     raise SystemExit("veth: no response within 1 s")
-                if frame[14:15] == b"\x45":     # IPv4: ours (IPv6 router noise is not)
+                if frame[12:14] == b"\x08\x00":     # IPv4: ours
                     return frame
 
         return measure(host_t, qsc_t.send_frame, recv, requests, host_t.mac, qsc_t.mac)
@@ -201,7 +203,11 @@ def main() -> None:
                         default=["memory", "veth"])
     parser.add_argument("--json", type=Path, metavar="OUT",
                         help="run the in-memory transport only and write its figures here")
+    parser.add_argument("--inside-netns", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.inside_netns is not None:
+        args.inside_netns.write_text(json.dumps(run_veth(args.requests)))
+        return
     if args.json is not None:
         out = run_memory(args.requests)
         args.json.write_text(json.dumps(out, indent=2) + "\n")
@@ -213,7 +219,8 @@ def main() -> None:
         table.add_column(col, justify="right")
     for name in args.transport:
         try:
-            r = run_memory(args.requests) if name == "memory" else run_veth(args.requests)
+            r = (run_memory(args.requests) if name == "memory"
+                 else _veth_in_namespace(args.requests))
         except OSError as exc:
             table.add_row(name, f"skipped: {exc}", "", "", "", "")
             continue
