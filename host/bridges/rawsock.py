@@ -11,6 +11,7 @@ receives every frame the interface receives, minus those this host sends. It nee
 
 from __future__ import annotations
 
+import os
 import select
 import socket
 import struct
@@ -76,6 +77,8 @@ class RawSocketTransport(FrameTransport):
         addr = self._sock.getsockname()[4]
         self.mac = ":".join(f"{b:02x}" for b in addr[:6])
         self._recv_lock = threading.Lock()
+        # close() writes here to wake a receiver blocked in select()
+        self._wake_r, self._wake_w = os.pipe()
         self.closed = False
 
     def fileno(self) -> int:
@@ -88,13 +91,19 @@ class RawSocketTransport(FrameTransport):
         self._sock.send(bytes(frame))
 
     def recv_frame(self, timeout_s: float | None = None) -> bytes | None:
+        """The next frame received (FCS stripped), or ``None`` after ``timeout_s`` seconds
+        (``None``: wait as long as it takes). Raises :class:`TransportClosedError` when the
+        transport is closed, also while a call waits here (:meth:`close` wakes it)."""
         if self.closed:
             raise TransportClosedError(f"recv_frame on closed RawSocketTransport({self.ifname})")
         deadline = None if timeout_s is None else self.now_s() + max(0.0, timeout_s)
         with self._recv_lock:
             while True:
                 wait = None if deadline is None else max(0.0, deadline - self.now_s())
-                ready, _, _ = select.select([self._sock], [], [], wait)
+                ready, _, _ = select.select([self._sock, self._wake_r], [], [], wait)
+                if self.closed:
+                    raise TransportClosedError(f"RawSocketTransport({self.ifname}) was closed "
+                                               "while receiving")
                 if not ready:
                     return None
                 frame, address = self._sock.recvfrom(_MAX_FRAME_BYTES)
@@ -104,6 +113,13 @@ class RawSocketTransport(FrameTransport):
                     return None
 
     def close(self) -> None:
-        if not self.closed:
-            self.closed = True
+        """Close the socket; a receiver waiting in :meth:`recv_frame` wakes and raises
+        :class:`TransportClosedError`. Idempotent."""
+        if self.closed:
+            return
+        self.closed = True
+        os.write(self._wake_w, b"x")
+        with self._recv_lock:         # the receiver has left select(): the fds can go
             self._sock.close()
+            os.close(self._wake_r)
+            os.close(self._wake_w)

@@ -107,3 +107,27 @@ def test_unknown_interface_raises(netns):
 
     with pytest.raises(OSError):
         in_netns(netns, lambda: RawSocketTransport("nosuchif0"))
+
+
+def test_close_wakes_a_receiver_waiting_without_timeout(netns):
+    """close() from another thread must end a recv_frame(None) that waits on a quiet link
+    (it used to wait for ever)."""
+    from openqlink.bridges.rawsock import RawSocketTransport
+
+    a = in_netns(netns, lambda: RawSocketTransport("qa"))
+    got: dict = {}
+
+    def receive():
+        try:
+            got["frame"] = a.recv_frame(None)
+        except TransportClosedError as exc:
+            got["error"] = exc
+
+    t = threading.Thread(target=receive, daemon=True)
+    t.start()
+    t.join(0.2)
+    assert t.is_alive(), "the receiver should be waiting"
+    a.close()
+    t.join(5)
+    assert not t.is_alive(), "close() did not wake the receiver"
+    assert isinstance(got.get("error"), TransportClosedError)
