@@ -29,12 +29,16 @@ written; the return value is the response status (0 ok, > 0 handler error).
 
 from __future__ import annotations
 
-import dis
+import hashlib
 import inspect
 import re
+import types
+import uuid
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
+
+import numpy as np
 
 from ..dispatch import FunctionEntry, TypeDesc
 from ..errors import CompileError, DispatchError
@@ -142,21 +146,69 @@ def _numba_type(name: str, pointer: bool) -> Any:
     return types.CPointer(t) if pointer else t
 
 
-def _function_fingerprint(func: Callable[..., Any]) -> list[str]:
-    """What a Python handler's code depends on: its source, bytecode, constants, and the value of
-    every global it names that is a plain number, string or bool."""
+def _code_objects(code: types.CodeType) -> Iterator[types.CodeType]:
+    """``code`` and the code objects nested in it (inner functions, lambdas, comprehensions)."""
+    yield code
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            yield from _code_objects(const)
+
+
+def _value_fingerprint(value: Any, seen: set[int]) -> str:
+    """What a handler may compile in from ``value`` (numba freezes globals, closure cells and
+    defaults as constants): plain values by ``repr``, arrays by dtype, shape and a hash of their
+    bytes, functions and numba dispatchers by their own fingerprint, modules by name. Anything
+    else gets a fresh random part: such a handler is compiled again each time rather than
+    served a stale cubin."""
+    if value is None or isinstance(value, bool | int | float | complex | str | bytes):
+        return repr(value)
+    if isinstance(value, tuple | list):
+        inner = ",".join(_value_fingerprint(v, seen) for v in value)
+        return f"{type(value).__name__}({inner})"
+    if isinstance(value, types.ModuleType):
+        return f"module:{value.__name__}"
+    if isinstance(value, np.ndarray):
+        return (f"ndarray:{value.dtype.str}:{value.shape}:"
+                f"{hashlib.sha256(np.ascontiguousarray(value).tobytes()).hexdigest()}")
+    if isinstance(value, np.generic):
+        return f"{value.dtype.str}:{value!r}"
+    func = getattr(value, "py_func", value)     # a numba dispatcher's Python function
+    if isinstance(func, types.FunctionType):
+        if id(func) in seen:
+            return f"recursive:{func.__qualname__}"
+        return "fn:" + "|".join(_function_fingerprint(func, seen))
+    return f"uncacheable:{type(value).__qualname__}:{uuid.uuid4().hex}"
+
+
+def _function_fingerprint(func: Callable[..., Any], seen: set[int] | None = None) -> list[str]:
+    """What a Python handler's compiled code depends on: its source, bytecode and constants (its
+    nested code objects' too), its default arguments, the values in its closure cells, and the
+    value of every global it names, functions it calls included (see
+    :func:`_value_fingerprint`)."""
+    seen = set() if seen is None else seen
+    seen.add(id(func))
     code = func.__code__
-    parts = [func.__qualname__, code.co_code.hex(), repr(code.co_consts)]
+    parts = [func.__qualname__]
+    for c in _code_objects(code):
+        parts += [c.co_code.hex(), repr([k for k in c.co_consts
+                                         if not isinstance(k, types.CodeType)])]
     try:
         parts.append(inspect.getsource(func))
     except (OSError, TypeError):
         parts.append("<no source>")
+    parts.append("defaults=" + _value_fingerprint(func.__defaults__, seen))
+    kwdefaults = sorted((func.__kwdefaults__ or {}).items())
+    parts.append("kwdefaults=" + _value_fingerprint(kwdefaults, seen))
+    for name, cell in zip(code.co_freevars, func.__closure__ or (), strict=True):
+        try:
+            parts.append(f"cell {name}={_value_fingerprint(cell.cell_contents, seen)}")
+        except ValueError:     # an empty cell
+            parts.append(f"cell {name} empty")
     glb = getattr(func, "__globals__", {})
-    for ins in dis.get_instructions(func):
-        if ins.opname in ("LOAD_GLOBAL", "LOAD_NAME") and isinstance(ins.argval, str):
-            value = glb.get(ins.argval)
-            if isinstance(value, int | float | str | bool):
-                parts.append(f"{ins.argval}={value!r}")
+    names = sorted({n for c in _code_objects(code) for n in c.co_names})
+    for name in names:
+        if name in glb:
+            parts.append(f"{name}={_value_fingerprint(glb[name], seen)}")
     return parts
 
 
@@ -164,9 +216,10 @@ class NumbaHandler(DeviceHandler):
     """A handler written in Python, compiled by numba-cuda; see the module docstring for how the
     schema's arguments and results map onto the function's parameters and return value.
 
-    The cache key covers the function's source, bytecode and constants and the plain values of
-    the globals it names; a change inside another function it calls is not seen: pass
-    ``cache=False`` to :class:`~openqlink.gpu.DispatchProgram` while editing such code.
+    The cache key covers the function's source, bytecode and constants, its default arguments,
+    its closure cells and the globals it names (arrays by content, the functions it calls by
+    their own code, values it cannot fingerprint by a fresh random part: those compile again
+    each time).
     """
 
     def __init__(self, func: Callable[..., Any], symbol: str | None = None):
