@@ -85,6 +85,10 @@ class ControlClient:
     on_frame : callable(bytes) | None
         Receives every frame read while waiting that is not a control response to this client.
         ``None``: such frames are appended to :attr:`other_frames`.
+    max_other_frames : int
+        How many of those it keeps (default 1024): beyond that the oldest go, counted in
+        ``counters["other_frames_dropped"]``, so that traffic nobody reads cannot grow the
+        host's memory without bound.
 
     Attributes
     ----------
@@ -93,16 +97,18 @@ class ControlClient:
         :meth:`openqlink.qsc.QSC.poll_rx`) must not read from it while another thread holds it.
     counters : dict[str, int]
         ``requests``, ``responses``, ``timeouts`` (attempts that got no response), ``retries``,
-        ``sequence_resyncs``, ``stale_responses``, ``routed_frames``.
+        ``sequence_resyncs``, ``stale_responses``, ``routed_frames``,
+        ``other_frames_dropped``.
     other_frames : collections.deque[bytes]
-        Frames kept when ``on_frame`` is ``None``.
+        Frames kept when ``on_frame`` is ``None``, the latest ``max_other_frames``.
     """
 
     def __init__(self, transport: FrameTransport, *, local_mac: str | bytes | int,
                  local_ip: str | int, qsc_mac: str | bytes | int, qsc_ip: str | int,
                  local_port: int = DEFAULT_LOCAL_PORT, qsc_port: int = CONTROL_PORT,
                  timeout_s: float = 0.2, retries: int = 3, sequence_check: bool = True,
-                 on_frame: Callable[[bytes], None] | None = None, first_seq: int = 0):
+                 on_frame: Callable[[bytes], None] | None = None, first_seq: int = 0,
+                 max_other_frames: int = 1024):
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be positive, not {timeout_s}")
         if retries < 0:
@@ -121,11 +127,14 @@ class ControlClient:
         self.retries = retries
         self.sequence_check = sequence_check
         self.on_frame = on_frame
-        self.other_frames: collections.deque[bytes] = collections.deque()
+        if max_other_frames < 0:
+            raise ValueError(f"max_other_frames must be at least 0, not {max_other_frames}")
+        self.other_frames: collections.deque[bytes] = collections.deque(
+            maxlen=max_other_frames)
         self.lock = threading.RLock()
         self.counters: dict[str, int] = dict.fromkeys(
             ("requests", "responses", "timeouts", "retries", "sequence_resyncs",
-             "stale_responses", "routed_frames"), 0)
+             "stale_responses", "routed_frames", "other_frames_dropped"), 0)
         self._seq = first_seq & 0xFFFF
         self._synced = False
 
@@ -245,6 +254,8 @@ class ControlClient:
         """Hand a frame that is not a response of this client to ``on_frame``."""
         self.counters["routed_frames"] += 1
         if self.on_frame is None:
+            if len(self.other_frames) == self.other_frames.maxlen:
+                self.counters["other_frames_dropped"] += 1
             self.other_frames.append(frame)
         else:
             self.on_frame(frame)

@@ -25,6 +25,7 @@ None of this needs a GPU or a driver: only the ``[gpu]`` extra's packages.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import logging
@@ -326,6 +327,7 @@ class LinkCache:
         path = self._path(key)
         if path is None or self._disk_failed:
             return
+        tmp = None
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp")
@@ -335,6 +337,9 @@ class LinkCache:
         except OSError as exc:
             self._disk_failed = True
             log.warning("link cache: cannot write %s (%s); caching in memory only", path, exc)
+            if tmp is not None:
+                with contextlib.suppress(OSError):   # no half-written file left behind
+                    os.unlink(tmp)
 
     def clear_memory(self) -> None:
         """Forget the in-memory entries (the disk copies stay)."""

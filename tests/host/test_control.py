@@ -97,6 +97,25 @@ def test_stale_responses_are_dropped_and_other_frames_are_routed(link):
     assert routed == [other, other] and client.counters["routed_frames"] == 3
 
 
+def test_frames_nobody_reads_are_kept_within_a_bound(virtual_qsc):
+    """Without on_frame, the frames read while waiting are kept for the application; traffic
+    it never reads must not grow the host's memory without bound."""
+    host_end, peer = virtual_qsc()
+    client = ControlClient(host_end, local_mac=HOST_MAC, local_ip=HOST_IP,
+                           qsc_mac=peer.params.mac, qsc_ip=peer.params.ip, timeout_s=0.05,
+                           max_other_frames=3)
+    frames = [build_udp_frame(dst_mac=HOST_MAC, src_mac=peer.params.mac, src_ip=peer.params.ip,
+                              dst_ip=HOST_IP, src_port=4791, dst_port=1234, payload=bytes([i]))
+              for i in range(5)]
+    peer.noise_before_response = frames
+    client.read(SCRATCH)
+    assert list(client.other_frames) == frames[2:]
+    assert client.counters["other_frames_dropped"] == 2
+    with pytest.raises(ValueError, match="max_other_frames"):
+        ControlClient(host_end, local_mac=HOST_MAC, local_ip=HOST_IP, qsc_mac=peer.params.mac,
+                      qsc_ip=peer.params.ip, max_other_frames=-1)
+
+
 def test_write_without_ack_and_argument_checks(link):
     client, peer = link
     client.write(SCRATCH, 0x77, ack=False)

@@ -1,8 +1,9 @@
-"""The cache key of a numba DEVICE_CALL handler covers everything its compiled code depends on.
+"""The GPU build caches, checked on the host (no GPU needed): handler keys, the link cache.
 
-A cubin served from the cache for another function is a silent wrong answer on the GPU, so two
-handlers that compile differently must never share a key. No GPU is needed: the key is computed
-on the host before anything is compiled.
+The cache key of a numba DEVICE_CALL handler covers everything its compiled code depends on: a
+cubin served from the cache for another function is a silent wrong answer on the GPU, so two
+handlers that compile differently must never share a key, computed on the host before anything
+is compiled.
 """
 
 from __future__ import annotations
@@ -81,3 +82,19 @@ def test_a_value_it_cannot_fingerprint_is_never_served_from_the_cache():
         return a + thing.value
 
     assert key(handler) != key(handler)
+
+
+def test_a_failed_cache_write_leaves_no_partial_file(tmp_path, monkeypatch):
+    """A disk write that fails half-way (full disk, here: the final rename) must not leave its
+    temporary file in the cache folder; the entry stays cached in memory."""
+    from openqlink.gpu import toolchain
+
+    cache = toolchain.LinkCache(tmp_path)
+
+    def fail(src, dst):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(toolchain.os, "replace", fail)
+    cache.put("k" * 64, b"cubin")
+    assert list(tmp_path.iterdir()) == []
+    assert cache.get("k" * 64) == b"cubin"
