@@ -209,11 +209,16 @@ class ControlClient:
         addr = pairs[0][0]
         with self.lock:
             seqs: set[int] = set()
+            seq = None
             for attempt in range(self.retries + 1):
                 if attempt:
                     self.counters["retries"] += 1
-                seq = self._take_seq()
-                seqs.add(seq)
+                if seq is None:
+                    # A retry after a time-out keeps its sequence number: if the request did
+                    # arrive and only its response was lost, the QSC answers the retransmission
+                    # without running its writes again.
+                    seq = self._take_seq()
+                    seqs.add(seq)
                 check = self.sequence_check and self._synced
                 flags = Flags.ACK_REQUEST | (Flags.SEQUENCE_CHECK if check else 0)
                 self._send(cmd, seq, flags, pairs)
@@ -225,6 +230,7 @@ class ControlClient:
                     self.counters["sequence_resyncs"] += 1
                     self._seq = (resp["latched_seq"] + 1) & 0xFFFF
                     self._synced = True
+                    seq = None          # the next attempt takes the QSC's next number
                     continue
                 # a block stops at its failing pair: the response's last
                 at = resp["pairs"][-1][0]

@@ -16,10 +16,15 @@ Checks in Holoscan Sensor Bridge's order (its RTL's priority), the first failing
 * a command byte that is none of WR_DWORD, RD_DWORD, WR_BLOCK, RD_BLOCK: BAD_COMMAND, the reply's
   ``cmd`` the byte as it came (no response bit);
 * flags other than ACK_REQUEST | SEQUENCE_CHECK: status BAD_FLAGS, nothing done;
-* SEQUENCE_CHECK set and ``seq`` != last latched ``seq`` + 1 (mod 2**16): SEQUENCE_ERROR, nothing
-  done (the first request after reset is always accepted). None of these three latches ``seq``.
-  Every other request is *accepted*: its ``seq`` becomes ``latched_seq``, except that an address
-  error (BAD_ADDRESS, found here or by the PPU side's READ) leaves the latch as it was;
+* SEQUENCE_CHECK set and ``seq`` equal to the latched ``seq``: a *retransmission* of the last
+  accepted request, whose reply was lost (an openqlink extension; Holoscan Sensor Bridge's RTL
+  answers SEQUENCE_ERROR): it is answered as the original was, OK, without executing its writes
+  again (a TRIGGER retried runs once); its reads are done again. The latch stays;
+* SEQUENCE_CHECK set and ``seq`` neither the latched ``seq`` nor the latched ``seq`` + 1 (mod
+  2**16): SEQUENCE_ERROR, nothing done (the first request after reset is always accepted). None
+  of these three latches ``seq``. Every other request is *accepted*: its ``seq`` becomes
+  ``latched_seq``, except that an address error (BAD_ADDRESS, found here or by the PPU side's
+  READ) leaves the latch as it was;
 * the claim (an openqlink extension, the global CLAIM register): while the QSC is claimed, a
   request whose source MAC or IP is not the owner's is *foreign*: a write command (WR_DWORD,
   WR_BLOCK) is answered CLAIMED and not done; a read is done. Foreign requests neither check
@@ -229,6 +234,7 @@ class ControlPlane(wiring.Component):
         is_read = Signal()
         seq_next = Signal(16, init=1)       # last_seq + 1
         seq_bad = Signal()
+        retransmit = Signal()               # the latched seq again: writes not executed
         flags_bad = Signal()
         in_ppu = Signal()
         aligned = Signal()
@@ -298,6 +304,9 @@ class ControlPlane(wiring.Component):
 
             with m.State("CHECK"):
                 foreign_now = claimed & ((req.src_ip != owner_ip) | (req.src_mac != owner_mac))
+                seq_checked = (req.flags & Flags.SEQUENCE_CHECK).any() & have_seq & ~foreign_now
+                with m.If(first):   # the first pair's verdict holds for the whole request
+                    m.d.sync += retransmit.eq(seq_checked & (req.seq == last_seq))
                 m.d.sync += [
                     foreign.eq(foreign_now),
                     is_write.eq((req.cmd == Command.WR_DWORD) | (req.cmd == Command.WR_BLOCK)),
@@ -309,8 +318,8 @@ class ControlPlane(wiring.Component):
                     ack.eq((req.flags & Flags.ACK_REQUEST).any()),
                     flags_bad.eq((req.flags & ~Const(_KNOWN_FLAGS, 8)).any()),
                     # another host's requests neither check nor latch the owner's sequence
-                    seq_bad.eq((req.flags & Flags.SEQUENCE_CHECK).any() & have_seq &
-                               (req.seq != seq_next) & ~foreign_now & first),
+                    seq_bad.eq(seq_checked & (req.seq != seq_next) & (req.seq != last_seq) &
+                               first),
                     in_ppu.eq((req.addr[24:] >= num_windows) &
                               (req.addr[24:] < num_windows + num_ppus)),
                 ]
@@ -318,7 +327,7 @@ class ControlPlane(wiring.Component):
 
             with m.State("WAIT"):
                 m.d.sync += access.eq(~cmd_bad & ~flags_bad & ~seq_bad & ~(foreign & is_write) &
-                                      aligned & ~claim_reg)
+                                      ~(retransmit & is_write) & aligned & ~claim_reg)
                 m.next = "DECODE"
 
             with m.State("DECODE"):
@@ -358,7 +367,7 @@ class ControlPlane(wiring.Component):
                     m.next = "REPLY"
                     # an accepted write claims the QSC for its source (it is the owner's, or
                     # the QSC is unclaimed); the owner's write of 0 to CLAIM releases it
-                    with m.If(is_write):
+                    with m.If(is_write & ~retransmit):
                         m.d.sync += [claimed.eq(1), owner_mac.eq(req.src_mac),
                                      owner_ip.eq(req.src_ip)]
                         with m.If(claim_reg & (req.data == 0)):

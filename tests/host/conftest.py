@@ -3,10 +3,12 @@
 The peer lives in this conftest and is handed out by fixtures (``virtual_qsc``,
 ``threaded_qsc``), so the tests need no import path to it whatever pytest's import mode.
 
-It answers control requests as Holoscan Sensor Bridge's control bus does (sequence check against
-the latched sequence number, ACK_REQUEST, BAD_ADDRESS for unmapped addresses), keeps a sparse byte
-memory of the PPU windows written by RDMA, records every RoCE packet it accepts, and can send RPC
-requests to the host as the gateware would (UC RDMA_WRITE_ONLY_WITH_IMMEDIATE into a ring slot).
+It answers control requests as the QSC's control plane does (Holoscan Sensor Bridge's sequence
+check against the latched sequence number, with the QSC's answer to a retransmission: the latched
+number again runs no write twice; ACK_REQUEST, BAD_ADDRESS for unmapped addresses), keeps a
+sparse byte memory of the PPU windows written by RDMA, records every RoCE packet it accepts, and
+can send RPC requests to the host as the gateware would (UC RDMA_WRITE_ONLY_WITH_IMMEDIATE into a
+ring slot).
 Faults can be injected: dropped responses, stale responses and unrelated frames before a response.
 """
 
@@ -102,6 +104,7 @@ class QSCPeer:
             for k in range(0, self.params.trace_depth, 2):
                 self.regs[trace_addr(n, k)] = 0
         self.latched_seq = 0
+        self.have_seq = False                   # no request latched since reset
         self.memory: dict[int, int] = {}        # byte address -> byte (PPU windows)
         self.rdma: list[RoceRecord] = []
         self.mailbox: list[tuple[int, bytes]] = []   # (ppu, SEND payload)
@@ -218,14 +221,17 @@ class QSCPeer:
         block = cmd in (Command.WR_BLOCK, Command.RD_BLOCK)
         pairs = req["pairs"] if block else [(req["addr"], req["data"])]
         done: list[tuple[int, int]] = []
-        if req["flags"] & Flags.SEQUENCE_CHECK and seq != (self.latched_seq + 1) & 0xFFFF:
+        checked = bool(req["flags"] & Flags.SEQUENCE_CHECK) and self.have_seq
+        # the latched seq again: a retransmission, answered without running its writes again
+        retransmit = checked and seq == self.latched_seq
+        if checked and not retransmit and seq != (self.latched_seq + 1) & 0xFFFF:
             status = Status.SEQUENCE_ERROR
             done = [(pairs[0][0], 0)]
         elif cmd not in tuple(Command):
             status = Status.BAD_COMMAND
             done = [(pairs[0][0], 0)]
         else:
-            self.latched_seq = seq
+            self.latched_seq, self.have_seq = seq, True
             write = cmd in (Command.WR_DWORD, Command.WR_BLOCK)
             status = Status.OK
             for addr, data in pairs:            # in order, up to the first error
@@ -234,6 +240,8 @@ class QSCPeer:
                     status = Status.PPU_TIMEOUT
                 elif addr not in self.regs:
                     status = Status.BAD_ADDRESS
+                elif write and retransmit:
+                    pass
                 elif write:
                     self.reg_writes.append((addr, data))
                     if addr not in self.read_only:

@@ -80,6 +80,22 @@ def test_lost_responses_are_retried_and_give_up_after_the_limit(link):
     assert peer.regs[SCRATCH] == 3
 
 
+def test_a_write_whose_response_was_lost_runs_once(link):
+    """A retry keeps the sequence number: the QSC knows it for the request it already ran (a
+    TRIGGER whose acknowledgement was lost must not start the program twice)."""
+    client, peer = link
+    client.write(SCRATCH, 1)                 # synchronised: later requests are checked
+    peer.reg_writes.clear()
+    peer.drop_responses = 1                  # executed, its response lost
+    client.write(SCRATCH, 2)
+    assert peer.reg_writes == [(SCRATCH, 2)], "the retry ran the write again"
+    seqs = [r["seq"] for r in peer.control_log[-2:]]
+    assert seqs[0] == seqs[1] and client.counters["retries"] == 1
+    # the next request takes the next number and runs
+    client.write(SCRATCH, 3)
+    assert peer.reg_writes == [(SCRATCH, 2), (SCRATCH, 3)] and peer.regs[SCRATCH] == 3
+
+
 def test_stale_responses_are_dropped_and_other_frames_are_routed(link):
     client, peer = link
     client.read(SCRATCH)

@@ -257,7 +257,7 @@ def test_sequence_check():
         req(Command.WR_DWORD, scratch, 1, flags=ACK | SEQ, seq=0xFFFE),  # first: always accepted
         req(Command.WR_DWORD, scratch, 2, flags=ACK | SEQ, seq=0xFFFF),
         req(Command.WR_DWORD, scratch, 3, flags=ACK | SEQ, seq=0x0000),  # wraps
-        req(Command.WR_DWORD, scratch, 4, flags=ACK | SEQ, seq=0x0000),  # repeated: refused
+        req(Command.WR_DWORD, scratch, 4, flags=ACK | SEQ, seq=0x0000),  # retransmitted
         req(Command.WR_DWORD, scratch, 5, flags=ACK | SEQ, seq=0x0005),  # jump: refused
         req(Command.RD_DWORD, scratch, flags=SEQ, seq=0x0001),
         req(Command.RD_DWORD, 0x20, flags=SEQ, seq=0x0002),              # bad address
@@ -269,13 +269,46 @@ def test_sequence_check():
         (0x84, 0, scratch, 0, 0xFFFE),
         (0x84, 0, scratch, 0, 0xFFFF),
         (0x84, 0, scratch, 0, 0x0000),
+        (0x84, 0, scratch, 0, 0x0000),                   # answered OK, not done again
         (0x84, Status.SEQUENCE_ERROR, scratch, 0, 0x0000),
-        (0x84, Status.SEQUENCE_ERROR, scratch, 0, 0x0000),
-        (0x94, 0, scratch, 3, 0x0001),
+        (0x94, 0, scratch, 3, 0x0001),                   # 3: the retransmission wrote nothing
         (0x94, Status.BAD_ADDRESS, 0x20, 0, 0x0001),     # an address error: not latched
         (0x94, Status.SEQUENCE_ERROR, scratch, 0, 0x0001),
         (0x94, 0, scratch, 3, 0x0100),
         (0x94, 0, scratch, 3, 0x0101),
+    ]
+
+
+def test_a_retransmitted_request_is_answered_without_running_its_writes_again():
+    """A host whose acknowledgement was lost sends the request again with the same sequence
+    number: a TRIGGER (a PPU write) must run once. Reads of a retransmission are done again;
+    a block's every pair is answered; the latch does not move; a claim is not taken by it."""
+    trigger = ppu_reg(0, "TRIGGER")
+    pc = ppu_reg(0, "PC")
+    scratch = global_reg("SCRATCH")
+    answers = {pc >> 3: (0x42, 0)}
+    block = dict(req(Command.WR_BLOCK, scratch, 9, flags=ACK | SEQ, seq=12), pairs=1)
+    # (a retransmission carries the same bytes; 7 here shows that nothing is written)
+    block_again = dict(block, data=7)
+    replies, bus = run([
+        req(Command.WR_DWORD, trigger, 1, flags=ACK | SEQ, seq=10),
+        req(Command.WR_DWORD, trigger, 1, flags=ACK | SEQ, seq=10),      # its ack was lost
+        req(Command.RD_DWORD, pc, flags=SEQ, seq=11),
+        req(Command.RD_DWORD, pc, flags=SEQ, seq=11),                    # read again
+        block, block_again,
+        req(Command.RD_DWORD, scratch, flags=SEQ, seq=13),
+        req(Command.WR_DWORD, scratch, 5, flags=ACK | SEQ, seq=13, **OTHER),  # not the owner
+    ], read_answers=answers)
+    assert [c[0] for c in bus] == [BusOp.WRITE, BusOp.READ, BusOp.READ]
+    assert brief(replies) == [
+        (0x84, 0, trigger, 0, 10),
+        (0x84, 0, trigger, 0, 10),
+        (0x94, 0, pc, 0x42, 11),
+        (0x94, 0, pc, 0x42, 11),
+        (Command.WR_BLOCK | 0x80, 0, scratch, 0, 12),
+        (Command.WR_BLOCK | 0x80, 0, scratch, 0, 12),
+        (0x94, 0, scratch, 9, 13),
+        (0x84, Status.CLAIMED, scratch, 0, 13),            # the owner keeps its claim
     ]
 
 
