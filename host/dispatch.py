@@ -673,7 +673,7 @@ class Dispatcher:
         self.gpu: GPUPlane | None = gpu
         self._gpu_pending: deque[int] = deque()  # host slots of forwarded requests, in order
         self._started = False
-        self._checked_entries = -1
+        self._checked: tuple[int, int, int] | None = None
         self._refuse_unsupported()
 
     def attach_gpu(self, gpu: GPUPlane) -> None:
@@ -682,7 +682,6 @@ class Dispatcher:
         if self._started and self.gpu is not None:
             raise DispatchError("a GPU data plane is already attached and started")
         self.gpu = gpu
-        self._checked_entries = -1
 
     @property
     def gpu_processed(self) -> int:
@@ -728,8 +727,10 @@ class Dispatcher:
         return dict(out)
 
     def _refuse_unsupported(self) -> None:
-        # Entries are only ever added: the table is checked again when it has grown.
-        if len(self.table) == self._checked_entries:
+        # Entries are only ever added: a table is checked again when it has grown (or when
+        # another table or data plane took its place).
+        checked = (id(self.table), len(self.table), id(self.gpu))
+        if checked == self._checked:
             return
         bad = self.table.unsupported()
         if self.gpu is not None:
@@ -742,7 +743,7 @@ class Dispatcher:
                                     "(Dispatcher(..., gpu=openqlink.gpu.GPUDataPlane(...)))")
             raise DispatchError(f"{names}: GRAPH_LAUNCH entries are not supported; HOST_CALL "
                                 "runs on the host, DEVICE_CALL on the GPU data plane")
-        self._checked_entries = len(self.table)
+        self._checked = checked
 
     def _device_request(self, buf: bytes) -> bytes | None:
         """The bytes to forward when ``buf`` is a well-formed DEVICE_CALL request, else None

@@ -413,3 +413,17 @@ def test_a_response_the_transport_cannot_deliver_becomes_an_error_response():
     assert d.poll() == 1
     assert sent == [(3, Response(STATUS_HANDLER_ERROR, 9, 77))]
     assert d.counts == {Outcome.HANDLER_ERROR: 1} and d.send_errors == 0
+
+
+def test_a_table_put_in_place_later_is_checked_again():
+    """poll() checks the table only when it changes; a table of the same size put in place of
+    the first (here one with a DEVICE_CALL entry and no GPU data plane) is still refused."""
+    _, ring, sink, d = make()
+    assert d.poll() == 0
+    other = FunctionTable()
+    for name in ("a", "b"):
+        other.device_call(name)
+    assert len(other) == len(d.table)
+    d.table = other
+    with pytest.raises(DispatchError, match="need the GPU dispatch path"):
+        d.poll()

@@ -84,8 +84,12 @@ def test_connect_refuses_other_versions(make, version, match):
 
 def test_connect_accepts_other_minor_and_checks_num_ppus(make):
     qsc, peer, _ = make()
-    peer.regs[global_reg("VERSION")] = version_word(ISA_VERSION) ^ (5 << 16)
-    qsc.connect()
+    other_minor = version_word(ISA_VERSION) ^ (5 << 16)
+    peer.regs[global_reg("VERSION")] = other_minor
+    peer.regs[global_reg("NUM_PPUS")], peer.regs[global_reg("NUM_QPS")] = 3, 5
+    assert qsc.connect() == other_minor and qsc.version == other_minor
+    # without params, the QSC's own counts are adopted
+    assert (qsc.num_ppus, qsc.num_qps) == (3, 5)
     qsc2, peer2, _ = make(QSCParams(num_ppus=1))
     peer2.regs[global_reg("NUM_PPUS")] = 3
     with pytest.raises(VersionMismatchError, match="NUM_PPUS"):

@@ -164,6 +164,17 @@ def test_attach_gpu_later():
     d.attach_gpu(plane)
     d.start()
     assert plane.running
+    # the table put in place and the plane attached after construction serve a request
+    ring = d.ring
+    put(ring, 0, request("gadd", struct.pack("<ii", 40, 2), rid=3))
+    d.poll()
+    assert d.forwarded == 1
+    while d.gpu_outstanding:
+        plane.model.step()
+        d.poll()
+    (slot, resp), = d.send_response.sent
+    assert slot == 0 and (resp.status, resp.request_id, resp.result) == \
+        (0, 3, struct.pack("<i", 42))
 
 
 def test_foreign_handler_address_refused():

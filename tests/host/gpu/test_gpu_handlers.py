@@ -7,7 +7,7 @@ from gpumodel import P, popcount8, sum4
 
 from openqlink.dispatch import DispatchMode, FunctionEntry, TypeDesc
 from openqlink.errors import CompileError, DispatchError
-from openqlink.gpu import CudaHandler, NumbaHandler, numba_handler
+from openqlink.gpu import CudaHandler, DispatchProgram, NumbaHandler, cubin_symbols, numba_handler
 from openqlink.gpu.handlers import numba_adapter_source
 
 ARCH = "sm_90"
@@ -38,11 +38,20 @@ def test_adapter_source_unpacks_at_payload_offsets():
     assert "const int64_t r0 = static_cast<int64_t>(ret);" in src
 
 
-def test_numba_handlers_compile_with_their_adapter():
+def test_numba_handlers_compile_with_their_adapter_and_link():
+    """Each handler gives its numba LTO-IR and its adapter's, and the two link into a dispatch
+    program whose function table points at the adapter (run on the GPU by test_gpu_launch)."""
     for fn, args, results in ((popcount8, (TypeDesc.bits(8),), (P.UINT8,)),
                               (sum4, (TypeDesc.array(P.ARRAY_INT32, 4),), (P.INT32, P.UINT8))):
-        inputs = NumbaHandler(fn).compile(entry(args, results, None), ARCH)
+        e = entry(args, results, NumbaHandler(fn))
+        inputs = e.handler.compile(e, ARCH)
         assert [i.name for i in inputs] == ["numba_h.ltoir", "numba_adapter_h.cu"]
+        assert all(len(i.ltoir) > 64 for i in inputs)
+        prog = DispatchProgram(ARCH, cache=False)
+        prog.add(e)
+        linked = prog.link()
+        assert linked.cubin[:4] == b"\x7fELF"
+        assert linked.fnptr_symbols["h"] in cubin_symbols(linked.cubin)
 
 
 def test_numba_return_types_refused():
