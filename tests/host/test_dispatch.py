@@ -421,7 +421,7 @@ def test_a_table_put_in_place_later_is_checked_again():
     _, ring, sink, d = make()
     assert d.poll() == 0
     other = FunctionTable()
-    for name in ("a", "b"):
+    for name in ("a", "b", "c"):
         other.device_call(name)
     assert len(other) == len(d.table)
     d.table = other
