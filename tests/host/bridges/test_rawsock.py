@@ -73,12 +73,15 @@ def recv_matching(transport, want: bytes, timeout_s: float = 2.0) -> bytes | Non
     return None
 
 
-def test_frames_cross_a_veth_pair_both_ways(netns):
+@pytest.mark.parametrize("ring", [256, 0], ids=["packet_mmap_ring", "recvfrom"])
+def test_frames_cross_a_veth_pair_both_ways(netns, ring):
     from openqlink.bridges.rawsock import RawSocketTransport
 
-    a, b = in_netns(netns, lambda: (RawSocketTransport("qa"),
-                                    RawSocketTransport("qb", promiscuous=True)))
+    a, b = in_netns(netns, lambda: (RawSocketTransport("qa", rx_ring_frames=ring),
+                                    RawSocketTransport("qb", promiscuous=True,
+                                                       rx_ring_frames=ring)))
     try:
+        assert a.rx_ring == b.rx_ring == bool(ring)
         assert a.mac != b.mac and len(a.mac) == 17
         small = build_udp_frame(dst_mac=b.mac, src_mac=a.mac, src_ip="10.0.0.1",
                                 dst_ip="10.0.0.2", src_port=1, dst_port=8192, payload=b"ping")
@@ -100,6 +103,34 @@ def test_frames_cross_a_veth_pair_both_ways(netns):
         a.send_frame(small)
     with pytest.raises(TransportClosedError):
         b.recv_frame(0)
+
+
+def test_a_burst_arrives_whole_and_in_order_through_the_ring(netns):
+    """Frames queued while nobody reads are taken from the ring in order, each once, and the
+    ring's frames are handed back to the kernel (more frames than the ring holds pass)."""
+    from openqlink.bridges.rawsock import RawSocketTransport
+
+    a, b = in_netns(netns, lambda: (RawSocketTransport("qa"),
+                                    RawSocketTransport("qb", rx_ring_frames=16)))
+    try:
+        got = []
+        for burst in range(4):
+            frames = [build_udp_frame(dst_mac=b.mac, src_mac=a.mac, src_ip="10.0.0.1",
+                                      dst_ip="10.0.0.2", src_port=1, dst_port=2,
+                                      payload=bytes([burst, i]) * 20) for i in range(12)]
+            for f in frames:
+                a.send_frame(f)
+            while len(got) < 12 * (burst + 1):
+                f = b.recv_frame(2.0)
+                assert f is not None, "a frame of the burst did not arrive"
+                got.append(f)
+            assert got[-12:] == frames
+        assert b.recv_frame(0.05) is None and b.truncated == 0
+        with pytest.raises(ValueError, match="power of 2"):
+            RawSocketTransport("lo", rx_ring_frames=3)
+    finally:
+        a.close()
+        b.close()
 
 
 def test_unknown_interface_raises(netns):
