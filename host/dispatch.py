@@ -507,7 +507,8 @@ class SlotRing:
             raise DispatchError(f"slot {slot} still holds an unprocessed request")
         self._flags[slot] = length
         self._order.append(slot)
-        self._wakeup.set()
+        if not self._wakeup.is_set():   # set() takes a lock: only when a waiter may sleep
+            self._wakeup.set()
 
     def ready(self, slot: int) -> bool:
         """True when slot ``slot`` holds a published request."""

@@ -452,6 +452,8 @@ class UCQueuePair:
 
     def _receive_write(self, op: Opcode, psn: int, reth: tuple[int, int, int] | None,
                        imm: int | None, payload: bytes) -> RxResult:
+        if op is Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE and reth is not None:
+            return self._receive_request(psn, reth, imm, payload)
         mtu = self.pmtu_bytes
         if reth is not None:
             va, r_key, dma_len = reth
@@ -520,6 +522,48 @@ class UCQueuePair:
             return RxResult(False, "DROP_OVERFLOW", int(op), psn)
         self.counters["RX_PUBLISHED"] += 1
         return RxResult(True, "RX_ROCE_ACCEPTED", int(op), psn, slot, msg.dma_len, gap)
+
+
+    def _receive_request(self, psn: int, reth: tuple[int, int, int], imm: int | None,
+                         payload: bytes) -> RxResult:
+        """RDMA_WRITE_ONLY_WITH_IMMEDIATE, the one packet of an RPC request: the checks of
+        :meth:`_receive_write` for it, without gathering a message."""
+        va, r_key, dma_len = reth
+        ring = self._ring
+        if ring is None or r_key != self._ring_rkey:
+            raise _Drop("DROP_RKEY")
+        offset = va - self._ring_va
+        size = ring.slot_size
+        if offset < 0 or offset + dma_len > self._ring_bytes:
+            raise _Drop("DROP_VA")
+        n = len(payload)
+        if n != dma_len or n > self.pmtu_bytes:
+            raise _Drop("DROP_LENGTH")
+        assert imm is not None  # the opcode carries an ImmDt
+        slot = imm & 0xFFF
+        if slot >= ring.num_slots or offset != slot * size or n > size:
+            raise _Drop("DROP_VA")
+        if n == 0:
+            raise _Drop("DROP_LENGTH")   # no request to publish
+        if ring.ready(slot):
+            raise _Drop("DROP_OVERFLOW")
+        counters = self.counters
+        gap = psn != self.rx_epsn
+        if gap:
+            counters["PSN_GAP"] += 1
+        self.rx_epsn = (psn + 1) % PSN_MODULUS
+        self._msg = None                  # an ONLY packet ends any open message
+        counters["RX_ROCE_ACCEPTED"] += 1
+        memoryview(ring.memory).cast("B")[offset:offset + n] = payload
+        op = int(Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE)
+        try:
+            ring.publish(slot, n)
+        except Exception:
+            log.exception("ring.publish(%d, %d) raised; the request is dropped", slot, n)
+            counters["DROP_OVERFLOW"] += 1
+            return RxResult(False, "DROP_OVERFLOW", op, psn)
+        counters["RX_PUBLISHED"] += 1
+        return RxResult(True, "RX_ROCE_ACCEPTED", op, psn, slot, n, gap)
 
 
 _U16 = struct.Struct("!H")
