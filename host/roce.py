@@ -186,6 +186,9 @@ class UCQueuePair:
     rx_epsn : int
         The PSN expected next.
 
+    The addresses, QPNs, P_Key and UDP source port are fixed at construction: the packet
+    template made then holds them (make another QP to change them).
+
     Sending is thread safe: a message takes its whole run of PSNs at once, under a lock, so
     messages sent from several threads never interleave their PSNs. :meth:`handle_frame` must
     be called from one thread at a time.
