@@ -6,6 +6,7 @@ Commands::
     qlink disasm FILE [--base N] [--function NAME ...] [--board NAME]
     qlink sim [--ppus N] [--qubits Q] [--samples-per-cycle S] [--model F] PROGRAM...
               [--json F] [--pcap F] [--waves F] [--seed N] [--simulator SIM] [...]
+              [--tap NAME [--tap-hold-s S]]
     qlink sim --inject FILE.pcap [--ppus N] [--gap-cycles N] [--json F] [--pcap F]
               [--dump-regions DIR] [--qsc-mac M] [--qsc-ip A] [--host-mac M] [...]
     qlink info [--ppus N] [--json] [--qsc-mac M] [--rkey REGION=KEY] [...]
@@ -344,6 +345,15 @@ def isa_tables_command(output: Path | None) -> None:
               help="Serve the program's CALLs from the GPU unified dispatch kernel: the "
               "DEVICE_CALL handlers of the handlers file's device_table() (needs a GPU and "
               "the [gpu] extra; one PPU only).")
+@click.option("--tap", "tap", default=None, metavar="NAME",
+              help="Attach the simulated QSC's Ethernet port to the Linux TAP interface NAME "
+              "(it must exist in this network namespace and be up; root): the kernel's frames "
+              "go into the QSC, the QSC's to the kernel (ping reaches it), and the host drives "
+              "it through the kernel with the raw bridge (AF_PACKET), in wall-clock time. "
+              "Give NAME the host's address, 192.168.0.1/24 (docs/simulation.md).")
+@click.option("--tap-hold-s", type=click.FloatRange(min=0), default=None, metavar="S",
+              help="With --tap: after the program, keep the QSC on the TAP until the kernel "
+              "has sent it nothing for S seconds of wall-clock time [default 0].")
 @click.option("--quiet", is_flag=True, help="Print only the final status line.")
 @click.option("--inject", "inject_path", type=click.Path(exists=True, dir_okay=False,
               path_type=Path), default=None, metavar="FILE.pcap",
@@ -364,8 +374,9 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
                 json_path: Path | None, pcap_path: Path | None, waves_path: Path | None,
                 seed: int, host_turnaround_ns: int, build_dir: Path | None,
                 verilog_path: Path | None, simulator: str, max_run_us: float, gpu: bool,
-                quiet: bool, inject_path: Path | None, gap_cycles: int | None,
-                dump_dir: Path | None, **setup) -> None:
+                tap: str | None, tap_hold_s: float | None, quiet: bool,
+                inject_path: Path | None, gap_cycles: int | None, dump_dir: Path | None,
+                **setup) -> None:
     """Simulate PROGRAM end to end: the QSC gateware's Verilog on Icarus or Verilator (cocotb)
     against the host package and its dispatcher. With --ppus N, PPU n runs the n-th PROGRAM
     (each with its own QP, ring, dispatcher and qubit model), all triggered at one start time.
@@ -373,6 +384,9 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
 
     With --inject FILE.pcap instead of PROGRAM: replay a capture into the configured QSC and
     print each frame's verdict (accepted, or the drop counter that counted it).
+
+    With --tap NAME: the QSC's port is the TAP interface NAME, and the host reaches it through
+    the kernel with the raw bridge.
 
     Exit status 0 when every PPU ends DONE (with --inject: when the replay ran, whatever was
     dropped), 1 otherwise, 2 for bad input."""
@@ -382,6 +396,14 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
     from .sim.runner import run_sim
 
     ctx = click.get_current_context()
+    if tap_hold_s is not None and tap is None:
+        raise click.UsageError("--tap-hold-s: only with --tap", ctx=ctx)
+    if tap is not None and inject_path is not None:
+        raise click.UsageError("--tap runs a PROGRAM with its host on the TAP; --inject "
+                               "replays a capture: give one or the other", ctx=ctx)
+    if tap is not None and gpu:
+        raise click.UsageError("--gpu serves the simulated host's CALLs; with --tap the host "
+                               "is the raw bridge: give one or the other", ctx=ctx)
     if inject_path is not None:
         if programs:
             raise click.UsageError("--inject replays a capture into the configured QSC and "
@@ -431,7 +453,8 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
                           pcap_path=pcap_path, waves_path=waves_path, params=params,
                           build_dir=build_dir, seed=seed, qubits=qubits, model=model,
                           host_turnaround_ns=host_turnaround_ns, verilog_path=verilog_path,
-                          max_run_ns=round(max_run_us * 1000), gpu=gpu, simulator=simulator)
+                          max_run_ns=round(max_run_us * 1000), gpu=gpu, simulator=simulator,
+                          tap=tap, tap_hold_s=tap_hold_s or 0.0)
     except AssemblerError as exc:
         _fail(str(exc))
         return

@@ -14,6 +14,13 @@ Parts (cocotb's driver / monitor / model / checker split):
   start time, so their events share the one DTD timeline.
 * The NIC's steering: RoCE packets for the host's QPs go to the dispatcher path, the rest (control
   plane) to the host's transport, as a RoCE NIC splits RDMA traffic from its UDP sockets.
+* With ``cfg["tap"]`` (``qlink sim --tap NAME``) the QSC's port is the Linux TAP interface of
+  that name instead (:class:`~openqlink.sim.tap.TapDevice`): every frame the kernel sends out of
+  it goes into the QSC's receive port at line rate, every frame the QSC sends is written to it,
+  and the host talks to the QSC through the kernel with the raw bridge
+  (:class:`~openqlink.bridges.rawsock.RawSocketTransport` on the TAP), in a thread of its own
+  and in wall-clock time: its CALLs are served as they arrive, with no modelled turnaround (see
+  :meth:`TB.run`).
 * The dispatcher path: one :class:`openqlink.dispatch.Dispatcher` per PPU (its program's
   function table, its ring, its mailbox), stepped by a coroutine, each request handled
   ``host_turnaround_ns`` (modelled: PCIe, polling and handler time of a real host) after its
@@ -34,6 +41,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -135,6 +143,13 @@ class TB:
         self.gpu_service_ns: list[int] = []
         self.gpu_start_s = 0.0
         self.gpu_warmup = 0
+        #: The TAP the QSC's port is attached to (``cfg["tap"]``), or None: the in-process wire.
+        self.tap = None
+        #: Simulated time in ns as the TAP pump last saw it: the host thread's clock of the
+        #: simulation (it may not call into the simulator).
+        self._tap_sim_ns = 0.0
+        #: Wall-clock time (``time.monotonic()``) of the last frame from the kernel.
+        self._tap_last_rx_s = 0.0
 
     # --- time ---------------------------------------------------------------------------------
 
@@ -167,7 +182,10 @@ class TB:
         dut.dtd_rst.value = 0
         self.source = PacketSource(dut, "rx", dut.rti_clk, on_sent=self._on_host_frame)
         self.sink = PacketSink(dut, "tx", dut.rti_clk, on_frame=self._on_qsc_frame)
-        self.transport = SimTransport(self.source)
+        if self.cfg.get("tap"):
+            self._attach_tap(self.cfg["tap"])
+        else:
+            self.transport = SimTransport(self.source)
         cocotb.start_soon(self._ptd_monitor())
 
     def _adc(self, n: int):
@@ -205,23 +223,136 @@ class TB:
             })
 
     def _on_qsc_frame(self, frame: bytes, _t: int) -> None:
-        """A frame left the QSC's tx port: steer it as a RoCE NIC would."""
+        """A frame left the QSC's tx port: steer it as a RoCE NIC would (with a TAP: hand it
+        to the kernel, which steers it)."""
         self._record(frame)
         f = parse_frame(frame)
-        if f.udp is not None and f.udp["dst_port"] == ROCEV2_PORT and f.bth is not None:
-            if f.bth["opcode"] == Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE:
-                req = Request.unpack(f.payload)
-                ppu = self._ppu_of_host_qpn.get(f.bth["dest_qp"], 0)
-                self._requests[(ppu, req.request_id)] = {
-                    "function": self._function_names[ppu].get(req.function_id,
-                                                              f"{req.function_id:#010x}"),
-                    "function_id": req.function_id, "t_ns": self.now_ns(),
-                    "args": req.payload.hex(),
-                }
+        roce = f.udp is not None and f.udp["dst_port"] == ROCEV2_PORT and f.bth is not None
+        if roce and f.bth["opcode"] == Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE:
+            req = Request.unpack(f.payload)
+            ppu = self._ppu_of_host_qpn.get(f.bth["dest_qp"], 0)
+            self._requests[(ppu, req.request_id)] = {
+                "function": self._function_names[ppu].get(req.function_id,
+                                                          f"{req.function_id:#010x}"),
+                "function_id": req.function_id, "t_ns": self.now_ns(),
+                "args": req.payload.hex(),
+            }
+        if self.tap is not None:
+            self.tap.write(frame)
+        elif roce:
             self._roce_in.append((self.now_ns(), frame))
             self._roce_wake.set()
         else:
             self.transport.deliver(frame)
+
+    # --- the TAP (cfg["tap"]) -----------------------------------------------------------------
+
+    def _attach_tap(self, name: str) -> None:
+        """Attach the QSC's port to the TAP interface ``name``, and the host to the same
+        interface through the raw bridge. The host's MAC is the interface's: the QSC sends its
+        replies and CALLs to it, and the kernel takes them as its own.
+
+        Raises :class:`~openqlink.sim.tap.TapError` when the TAP cannot be opened and
+        :class:`OSError` when the raw socket cannot (no ``CAP_NET_RAW``)."""
+        from ..bridges.rawsock import RawSocketTransport
+        from .tap import TapDevice
+
+        self.tap = TapDevice(name)
+        try:
+            self.transport = RawSocketTransport(name)
+        except BaseException:
+            self.tap.close()
+            raise
+        self.cfg["host_mac"] = self.transport.mac
+        self._tap_last_rx_s = time.monotonic()
+        cocotb.start_soon(self._tap_pump())
+
+    async def _tap_pump(self) -> None:
+        """Every ``cfg["tap_poll_ns"]`` of simulated time: move the frames the kernel has
+        queued on the TAP to the QSC's receive port (padded to 60 bytes, as a NIC puts a short
+        frame on the wire; the source drives them back to back at line rate), and publish the
+        simulated time to the host thread."""
+        from .tap import pad_frame
+
+        period = self.cfg["tap_poll_ns"]
+        tap = self.tap
+        while not tap.closed:
+            await Timer(period, "ns")
+            self._tap_sim_ns = self.now_ns()
+            while (frame := tap.read()) is not None:
+                self._tap_last_rx_s = time.monotonic()
+                self.source.send(pad_frame(frame))
+
+    async def _in_host_thread(self, session: Callable[[], dict]) -> dict:
+        """Run ``session`` in a thread of its own while the simulation goes on, and return what
+        it returns (or raise what it raised). A host on the TAP waits for the kernel, so it
+        cannot run in a ``cocotb.bridge`` thread: the simulator stands still while one runs."""
+        out: dict = {}
+
+        def target() -> None:
+            try:
+                out["value"] = session()
+            except BaseException as exc:  # handed to the simulator's thread
+                out["error"] = exc
+
+        thread = threading.Thread(target=target, name="qlink-tap-host", daemon=True)
+        thread.start()
+        while thread.is_alive():
+            await Timer(self.cfg["tap_poll_ns"], "ns")
+        if "error" in out:
+            raise out["error"]
+        return out["value"]
+
+    async def _tap_hold(self) -> None:
+        """Keep the QSC on the TAP after the host's session until the kernel has sent it
+        nothing for ``cfg["tap_hold_s"]`` seconds of wall-clock time (0: not at all), so that
+        it can still be pinged or watched."""
+        hold_s = self.cfg.get("tap_hold_s") or 0
+        ended = time.monotonic()
+        while time.monotonic() - max(ended, self._tap_last_rx_s) < hold_s:
+            await Timer(self.cfg["tap_poll_ns"], "ns")
+
+    def _host_now_ns(self) -> float:
+        """Simulated time in ns as the host's session sees it: from the simulator in a bridge
+        thread (which runs while the simulator waits), from the TAP pump's last look in the
+        TAP's host thread (which may not call into the simulator)."""
+        return self._tap_sim_ns if self.tap is not None else self.now_ns()
+
+    def _host_wait_ns(self, ns: int) -> None:
+        """Let ``ns`` of simulated time pass on the host's side. In a bridge thread: sleep in
+        the simulator (the dispatcher path serves the CALLs meanwhile). With a TAP: serve what
+        the QSC sends meanwhile, as a host on a NIC does: route each frame (an RPC request
+        into its ring) and step every dispatcher, waiting on the socket at most 10 ms (wall
+        clock) at a time."""
+        if self.tap is None:
+            self._sleep_ns(ns)
+            return
+        until_ns = self._tap_sim_ns + ns
+        while True:
+            frame = self.transport.recv_frame(0.01)
+            if frame is not None:
+                self.qsc.handle_frame(frame)
+                self.qsc.poll_rx()
+            for dispatcher in self.dispatchers:
+                dispatcher.poll()
+            if self._tap_sim_ns >= until_ns:
+                return
+
+    def _tap_results(self) -> dict:
+        """What went through the TAP (the ``tap`` key of the results)."""
+        assert self.tap is not None
+        return {
+            "interface": self.tap.name,
+            "host_mac": self.cfg["host_mac"],
+            "host_ip": self.cfg["host_ip"],
+            "frames_from_kernel": self.tap.frames_read,
+            "frames_to_kernel": self.tap.frames_written,
+            "write_errors": self.tap.write_errors,
+            "host_rx_counts": dict(self.qsc.rx_counts),
+            "hold_s": self.cfg.get("tap_hold_s") or 0,
+            "note": "the host ran on the raw bridge through the kernel, in wall-clock time: "
+                    "its turnaround is not modelled, and two runs differ",
+        }
 
     # --- the dispatcher path ------------------------------------------------------------------
 
@@ -410,7 +541,7 @@ class TB:
             return {"qubits": list(targets)}
         return {"qubit": targets[0], "p1": round(system.p1(targets[0], sample), 6)}
 
-    # --- the host session (runs in a bridge thread) -------------------------------------------
+    # --- the host session (runs in a bridge thread, or a thread of its own with a TAP) --------
 
     @resume
     async def _sleep_ns(self, ns: int) -> None:
@@ -418,8 +549,8 @@ class TB:
 
     def host_session(self) -> dict:
         """The host's side of the run: connect, configure and upload every running PPU,
-        trigger them all with one start time, poll until each has ended (or the run limit),
-        read their registers and the counters."""
+        trigger them all with one start time, poll until each has ended (or the run limit:
+        ``cfg["max_run_ns"]`` of simulated time), read their registers and the counters."""
         cfg = self.cfg
         qsc = self.qsc
         ppus = range(self.num_run)
@@ -442,7 +573,7 @@ class TB:
         start = qsc.timeline(0) + cfg["start_margin_cycles"]
         for n in ppus:
             qsc.trigger(n, start, len(self.programs[n].instructions))
-        deadline_ns = self.now_ns() + cfg["max_run_ns"]
+        deadline_ns = self._host_now_ns() + cfg["max_run_ns"]
         statuses: dict[int, object] = {}
         running = list(ppus)
         while True:
@@ -453,10 +584,10 @@ class TB:
             if not running:
                 limit_reached = False
                 break
-            if self.now_ns() > deadline_ns:
+            if self._host_now_ns() > deadline_ns:
                 limit_reached = True
                 break
-            self._sleep_ns(cfg["status_poll_ns"])
+            self._host_wait_ns(cfg["status_poll_ns"])
         registers = []
         for n in ppus:
             regs = qsc.read_registers(n)
@@ -484,6 +615,8 @@ class TB:
         gpu = cfg.get("gpu", False)
         if gpu and self.num_run > 1:
             raise ValueError("the GPU dispatch path serves one PPU: run one program with --gpu")
+        if gpu and self.tap is not None:
+            raise ValueError("the GPU dispatch path is the simulated host's: not with a TAP")
         self.programs = [assemble(Path(p).read_text(), filename=p, params=self.params)
                          for p in paths]
         self.program = self.programs[0]
@@ -494,8 +627,11 @@ class TB:
             names.update({e.function_id: e.name for e in table.entries()})
         self.rings = [SlotRing(cfg["num_slots"], cfg["slot_size"]) for _ in range(self.num_run)]
         self.ring = self.rings[0]
+        # On a TAP the QSC answers in simulated time, thousands of times slower than a board:
+        # the control plane's time-out is cfg["tap_timeout_s"] of wall-clock time there.
+        timeout = {} if self.tap is None else {"timeout_s": cfg["tap_timeout_s"]}
         self.qsc = QSC(self.transport, params=self.params, host_mac=cfg["host_mac"],
-                       host_ip=cfg["host_ip"], pmtu_bytes=cfg["pmtu"])
+                       host_ip=cfg["host_ip"], pmtu_bytes=cfg["pmtu"], **timeout)
         # Results land in the PPU's 64-byte mailbox, after the 24-byte response header.
         self.dispatchers = [
             Dispatcher(tables[n], self.rings[n],
@@ -512,11 +648,18 @@ class TB:
             self._warm_up_gpu(cfg.get("gpu_warmup", 100))
         host_log = _LogCollector()
         logging.getLogger("openqlink").addHandler(host_log)
-        cocotb.start_soon(self._dispatch_loop())
         try:
-            host = await bridge(self.host_session)()
+            if self.tap is None:
+                cocotb.start_soon(self._dispatch_loop())
+                host = await bridge(self.host_session)()
+            else:
+                host = await self._in_host_thread(self.host_session)
+                await self._tap_hold()
         finally:
             logging.getLogger("openqlink").removeHandler(host_log)
+            if self.tap is not None:
+                self.transport.close()
+                self.tap.close()
         await Timer(1, "us")
         if self.pcap is not None:
             self.pcap.close()
@@ -528,9 +671,10 @@ class TB:
             "program": cfg["program"],
             "params": cfg["params"],
             "model": {
-                "host_turnaround_ns": self.turnaround_ns,
+                "host_turnaround_ns": self.turnaround_ns if self.tap is None else None,
                 "host_turnaround_note": "modelled: the simulated host answers this long after "
-                                        "the request's last byte reaches it",
+                                        "the request's last byte reaches it"
+                if self.tap is None else "not modelled: the host answered through the TAP",
                 "qubits": self.qubit_count,
                 "channel_map": channel_map(self.qubit_count),
                 "qubit": self.qubit.describe(),
@@ -552,6 +696,7 @@ class TB:
             "dispatcher": {"processed": sum(d.processed for d in self.dispatchers)},
             "ppus": ppus,
             **({"gpu": gpu} if gpu is not None else {}),
+            **({"tap": self._tap_results()} if self.tap is not None else {}),
         }
 
     def _ppu_results(self, n: int, status, registers: dict, program: str,

@@ -94,8 +94,15 @@ def print_report(results: dict, console: Console | None = None) -> None:
                         f"{r['request_id']:#010x}", str(r["status"]),
                         str(r["round_trip_cycles"]), f"{r['round_trip_ns']:.1f}")
         console.print(rpc)
-        console.print(f"host turnaround: {model['host_turnaround_ns']} ns "
-                      f"[italic](modelled, not measured)[/italic]")
+        if "tap" not in results:
+            console.print(f"host turnaround: {model['host_turnaround_ns']} ns "
+                          f"[italic](modelled, not measured)[/italic]")
+    tap = results.get("tap")
+    if tap is not None:
+        console.print(f"TAP {tap['interface']}: {tap['frames_from_kernel']} frames from the "
+                      f"kernel, {tap['frames_to_kernel']} to it; the host (raw bridge, "
+                      f"{tap['host_mac']} {tap['host_ip']}) answered in wall-clock time "
+                      "[italic](its turnaround not modelled)[/italic]")
     period_ns = 1e9 / results["params"]["dtd_clk_hz"]
     for p in ppus:
         regs = p.get("registers", {})

@@ -249,6 +249,13 @@ def SimConfig(**overrides) -> dict:
         "gpu": False,
         "qubits": 1,
         "model": None,
+        # With a TAP (run_sim's ``tap``): the interface, how long the QSC stays on it after the
+        # host's session while the kernel talks to it (wall-clock s), how often the bench looks
+        # for the kernel's frames (simulated ns), the control plane's time-out (wall-clock s).
+        "tap": None,
+        "tap_hold_s": 0.0,
+        "tap_poll_ns": 100,
+        "tap_timeout_s": 30.0,
     }
     cfg.update(overrides)
     return cfg
@@ -337,7 +344,8 @@ def run_sim(program: str | Path | Sequence[str | Path], *,
             waves_path: str | Path | None = None, params: QSCParams | None = None,
             build_dir: str | Path | None = None, verilog_path: str | Path | None = None,
             qubits: int = 1, model: Mapping | str | Path | None = None,
-            simulator: str = DEFAULT_SIMULATOR, **bench: object) -> dict:
+            simulator: str = DEFAULT_SIMULATOR, tap: str | None = None,
+            tap_hold_s: float = 0.0, **bench: object) -> dict:
     """Simulate ``program`` end to end and return the results dictionary.
 
     Parameters
@@ -368,6 +376,19 @@ def run_sim(program: str | Path | Sequence[str | Path], *,
     simulator : str
         ``"icarus"`` (default) or ``"verilator"``; both give the same results
         (:func:`run_bench` says where each builds).
+    tap : str, optional
+        Attach the QSC's Ethernet port to this Linux TAP interface, which must exist in this
+        process's network namespace and be up (:mod:`openqlink.sim.tap`; root): the kernel's
+        frames go into the QSC at line rate, the QSC's to the kernel, and the host talks to the
+        QSC through the kernel with the raw bridge
+        (:class:`~openqlink.bridges.rawsock.RawSocketTransport`), in wall-clock time (its
+        turnaround is not modelled; two runs differ). The host's MAC is the interface's, its
+        IP ``host_ip`` (default 192.168.0.1: give the interface that address). Not with
+        ``gpu``.
+    tap_hold_s : float
+        With ``tap``: after the host's session, keep the QSC on the TAP until the kernel has
+        sent it nothing for this many seconds of wall-clock time (default 0: the run ends with
+        the session), e.g. to ping it.
     **bench
         Overrides of :func:`SimConfig` (``seed``, ``host_turnaround_ns``, ...). PPU ``n``'s
         qubit model has seed ``seed + n``.
@@ -385,9 +406,10 @@ def run_sim(program: str | Path | Sequence[str | Path], *,
         A program does not assemble (checked before anything is built).
     SimulationError
         More programs than the build has PPUs, a handlers count that fits neither rule,
-        ``gpu`` with more than one program, a model or build that does not fit ``qubits``
-        (the message names the key), an unknown simulator, the simulator or cocotb failed, or
-        the bench raised.
+        ``gpu`` with more than one program or with ``tap``, a TAP that cannot be attached
+        (one line: missing, down, not a TAP, taken, not permitted), a model or build that does
+        not fit ``qubits`` (the message names the key), an unknown simulator, the simulator or
+        cocotb failed, or the bench raised.
     """
     check_simulator(simulator)
     programs = [Path(p).resolve() for p in
@@ -415,6 +437,16 @@ def run_sim(program: str | Path | Sequence[str | Path], *,
     gpu = bool(bench.get("gpu", False))
     if gpu and len(programs) > 1:
         raise SimulationError(f"the GPU dispatch path serves one PPU, not {len(programs)}")
+    if tap is not None:
+        if gpu:
+            raise SimulationError("a TAP's host is the raw bridge: the GPU dispatch path "
+                                  "serves the simulated host only")
+        from .tap import TapError, check_tap
+
+        try:
+            check_tap(tap)
+        except TapError as exc:
+            raise SimulationError(str(exc)) from None
     resolved: list[Path | None] = []
     for prog, hand in zip(programs, handler_list, strict=True):
         assemble(prog.read_text(), filename=str(prog), params=params)
@@ -430,6 +462,8 @@ def run_sim(program: str | Path | Sequence[str | Path], *,
             raise SimulationError(f"--gpu needs a CUDA GPU: {why}")
     cfg = SimConfig(**bench)
     cfg.update({
+        "tap": tap,
+        "tap_hold_s": tap_hold_s,
         "qubits": qubits,
         "model": model_data,
         "program": str(programs[0]),
