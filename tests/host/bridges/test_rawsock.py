@@ -1,67 +1,38 @@
 """openqlink.bridges.rawsock on a veth pair inside a throw-away network namespace (root only)."""
 
-import ctypes
 import os
 import shutil
-import subprocess
 import threading
 
 import pytest
+from netns import in_netns, ip
 
 from openqlink.bridges import TransportClosedError
 from openqlink.wire.packet import build_udp_frame
-
-CLONE_NEWNET = 0x40000000
 
 pytestmark = pytest.mark.skipif(
     not hasattr(os, "geteuid") or os.geteuid() != 0 or shutil.which("ip") is None,
     reason="needs root and iproute2 to make a veth pair in a network namespace")
 
 
-def _ip(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
-
-
 @pytest.fixture
 def netns():
     name = f"oqltest{os.getpid()}"
-    if _ip("netns", "add", name).returncode:
+    if ip("netns", "add", name).returncode:
         pytest.skip("cannot create a network namespace here")
     try:
         for cmd in (["netns", "exec", name, "sysctl", "-qw", "net.ipv6.conf.all.disable_ipv6=1"],
                     ["netns", "exec", name, "sysctl", "-qw",
                      "net.ipv6.conf.default.disable_ipv6=1"]):
-            _ip(*cmd)
-        r = _ip("-n", name, "link", "add", "qa", "type", "veth", "peer", "name", "qb")
+            ip(*cmd)
+        r = ip("-n", name, "link", "add", "qa", "type", "veth", "peer", "name", "qb")
         if r.returncode:
             pytest.skip(f"cannot create a veth pair: {r.stderr.strip()}")
         for dev in ("qa", "qb"):
-            assert _ip("-n", name, "link", "set", dev, "up").returncode == 0
+            assert ip("-n", name, "link", "set", dev, "up").returncode == 0
         yield name
     finally:
-        _ip("netns", "del", name)
-
-
-def in_netns(name, fn):
-    """Run ``fn`` in a thread that has joined namespace ``name``; sockets it makes stay there."""
-    out: dict = {}
-
-    def run():
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            with open(f"/run/netns/{name}") as fh:
-                if libc.setns(fh.fileno(), CLONE_NEWNET) != 0:
-                    raise OSError(ctypes.get_errno(), "setns")
-            out["value"] = fn()
-        except BaseException as e:  # handed to the test thread
-            out["error"] = e
-
-    t = threading.Thread(target=run)
-    t.start()
-    t.join(timeout=30)
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
+        ip("netns", "del", name)
 
 
 def recv_matching(transport, want: bytes, timeout_s: float = 2.0) -> bytes | None:

@@ -12,7 +12,6 @@ Verilog; skipped with the reason otherwise.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import select
@@ -21,13 +20,13 @@ import socket
 import struct
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
+from netns import in_netns, ip
 
 from openqlink.cli import main
 from openqlink.memory_map import QSCParams
@@ -41,7 +40,6 @@ PROGRAM = ROOT / "firmware" / "active_reset.s"
 TAP = "qtap0"
 HOST_IP = "192.168.0.1"
 QSC_IP = QSCParams().ip
-CLONE_NEWNET = 0x40000000
 #: Wall-clock limits: building the top and simulating it take about a minute on 2 cores.
 RUN_LIMIT_S = 900
 #: After the program, the QSC stays on the TAP until the kernel has been quiet this long.
@@ -52,10 +50,6 @@ needs_root = pytest.mark.skipif(
     reason="needs root and iproute2 to make a TAP in a network namespace")
 
 
-def _ip(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
-
-
 @pytest.fixture
 def tap_netns():
     """A network namespace with the TAP ``qtap0`` up at 192.168.0.1/24, IPv6 off, and ping
@@ -63,46 +57,23 @@ def tap_netns():
     if not os.path.exists("/dev/net/tun"):
         pytest.skip("/dev/net/tun is missing (no TUN/TAP driver here)")
     name = f"oqltap{os.getpid()}"
-    made = _ip("netns", "add", name)
+    made = ip("netns", "add", name)
     if made.returncode:
         pytest.skip(f"cannot create a network namespace here: {made.stderr.strip()}")
     try:
         for key, value in (("net.ipv6.conf.all.disable_ipv6", "1"),
                            ("net.ipv6.conf.default.disable_ipv6", "1"),
                            ("net.ipv4.ping_group_range", "0 0")):
-            done = _ip("netns", "exec", name, "sysctl", "-qw", f"{key}={value}")
+            done = ip("netns", "exec", name, "sysctl", "-qw", f"{key}={value}")
             assert done.returncode == 0, done.stderr
-        made = _ip("-n", name, "tuntap", "add", "dev", TAP, "mode", "tap")
+        made = ip("-n", name, "tuntap", "add", "dev", TAP, "mode", "tap")
         if made.returncode:
             pytest.skip(f"cannot create a TAP interface: {made.stderr.strip()}")
-        assert _ip("-n", name, "addr", "add", f"{HOST_IP}/24", "dev", TAP).returncode == 0
-        assert _ip("-n", name, "link", "set", TAP, "up").returncode == 0
+        assert ip("-n", name, "addr", "add", f"{HOST_IP}/24", "dev", TAP).returncode == 0
+        assert ip("-n", name, "link", "set", TAP, "up").returncode == 0
         yield name
     finally:
-        _ip("netns", "del", name)
-
-
-def in_netns(name: str, fn: Callable[[], object], timeout_s: float = 30.0):
-    """Run ``fn`` in a thread that has joined namespace ``name`` and return what it returns."""
-    out: dict = {}
-
-    def run() -> None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            with open(f"/run/netns/{name}") as fh:
-                if libc.setns(fh.fileno(), CLONE_NEWNET) != 0:
-                    raise OSError(ctypes.get_errno(), "setns")
-            out["value"] = fn()
-        except BaseException as e:  # handed to the test thread
-            out["error"] = e
-
-    t = threading.Thread(target=run)
-    t.start()
-    t.join(timeout=timeout_s)
-    assert not t.is_alive(), f"{fn} did not end within {timeout_s} s"
-    if "error" in out:
-        raise out["error"]
-    return out["value"]
+        ip("netns", "del", name)
 
 
 def kernel_ping(dst: str, count: int, *, stop: Callable[[], bool],
@@ -164,7 +135,7 @@ def test_the_kernel_pings_the_qsc_and_the_raw_bridge_runs_a_program(tap_netns, t
     # (a) the kernel's pings: three answered, each with the request's payload
     assert len(answered) == 3, output
     assert set(answered.values()) == {b"openqlink tap"}
-    (link,) = json.loads(_ip("-n", tap_netns, "-j", "link", "show", TAP).stdout)
+    (link,) = json.loads(ip("-n", tap_netns, "-j", "link", "show", TAP).stdout)
     tap_mac = mac_to_int(link["address"])
     frames = [parse_frame(f) for _, f in read_pcap(tmp_path / "wire.pcap")]
     qsc_mac = mac_to_int(QSCParams().mac)
