@@ -42,7 +42,7 @@ from ..errors import DispatchError, GPUError
 from ..wire.rpc import HEADER_BYTES, PayloadType
 from .driver import Device, DeviceMemory, Module, PinnedMemory, Stream
 from .handlers import DeviceHandler
-from .loopback import CTX_BYTES, LoopbackRing
+from .loopback import CTX_BYTES, LoopbackRing, check_host_order
 from .program import (
     LOOPBACK_BRIDGE,
     DispatchKernel,
@@ -259,10 +259,12 @@ class GPUDataPlane:
         allocate the rings and launch the persistent kernel.
 
         ``max_result_bytes`` caps what a handler may write (default ``slot_size - 24``).
-        Raises :class:`DispatchError` (bad entry, foreign address, already running),
+        Raises :class:`~openqlink.errors.HostOrderError` on a host that is not x86 (before any
+        GPU work), :class:`DispatchError` (bad entry, foreign address, already running),
         :class:`~openqlink.errors.CompileError` / :class:`~openqlink.errors.LinkError`,
         :class:`~openqlink.errors.GPUError`.
         """
+        check_host_order()
         if self.running:
             raise DispatchError("the GPU data plane is already running")
         items = self._resolve(list(entries) if entries is not None else self.program.entries)
