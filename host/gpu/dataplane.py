@@ -328,8 +328,10 @@ class GPUDataPlane:
     def stop(self, timeout_s: float = 10.0) -> int:
         """Set the shutdown flag, wait for the kernel to exit; returns the processed count.
 
-        Responses not yet collected are dropped. Raises :class:`GPUError` when the kernel has
-        not exited after ``timeout_s`` (it keeps running; the buffers are kept) or faulted.
+        Every request posted before the call is answered before the kernel exits (the bridge
+        looks at the next slot again once it has seen the flag); :meth:`poll_response` returns
+        those responses afterwards. Raises :class:`GPUError` when the kernel has not exited
+        after ``timeout_s`` (it keeps running; the buffers are kept) or faulted.
         """
         if self._stream is None or self.ring is None:
             return self._final_processed

@@ -109,6 +109,9 @@ enum cudaq_rx_dev_status_t { CUDAQ_RX_DEV_READY = 0, CUDAQ_RX_DEV_SHUTDOWN = 1 }
 extern "C" __device__ void* cudaq_dev_transport_attach(void* storage, void* ctx,
                                                        volatile int* shutdown_flag);
 // Blocks until a request is ready (READY: *out_request, *out_response set) or shutdown.
+// openqlink's bridges return SHUTDOWN only when no request posted before the shutdown flag was
+// set is left: once they see the flag they look at the next request once more and hand it out
+// if it is there, so every request posted before the host stops the kernel is answered.
 // Frames are at least 8-byte aligned (the loopback bridge's: header at 8 mod 16, so the
 // arguments and the result start 16-byte aligned).
 extern "C" __device__ cudaq_rx_dev_status_t cudaq_dev_rx_poll(void* session, void** out_request,
@@ -134,6 +137,14 @@ static __device__ __forceinline__ uint64_t qlink_globaltimer_ns() {
 static __device__ __forceinline__ uint64_t qlink_load_acquire_sys(const volatile uint64_t* p) {
     uint64_t v;
     asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// A 32-bit flag with acquire semantics at system scope (what the host stored before it is seen
+// by the loads that follow).
+static __device__ __forceinline__ int qlink_load_acquire_sys_s32(const volatile int* p) {
+    int v;
+    asm volatile("ld.acquire.sys.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
 

@@ -4,14 +4,91 @@ before its fix. Tests that need a GPU skip without one; the others compile and l
 
 from __future__ import annotations
 
+import ctypes
+import time
+
 import pytest
-from gpumodel import device_entries
+from gpumodel import device_entries, request
 
 from openqlink.errors import HostOrderError
-from openqlink.gpu import GPUDataPlane, HostMemory, LoopbackRing
+from openqlink.gpu import (
+    LOOPBACK_BRIDGE,
+    DispatchKernel,
+    GPUDataPlane,
+    HostMemory,
+    LoopbackRing,
+    TransportBridge,
+    gpu_available,
+)
 from openqlink.gpu.loopback import check_host_order
+from openqlink.gpu.program import builtin_launch
+from openqlink.wire.rpc import Response
 
 ARCH = "sm_90"
+_OK, _WHY = gpu_available()
+needs_gpu = pytest.mark.skipif(not _OK, reason=f"no CUDA driver or GPU: {_WHY}")
+
+HANG_GUARD_S = 20.0  # a kernel that never answers fails the test instead of hanging it
+
+
+def wait_response(plane: GPUDataPlane) -> tuple[int, Response]:
+    """The next response; fails at once when the kernel has faulted or exited."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    spins = 0
+    while (got := plane.poll_response()) is None:
+        spins += 1
+        if spins % 1024 == 0 and plane._stream is not None and plane._stream.done():
+            raise AssertionError(f"the kernel exited (processed {plane.processed})")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no response from the kernel (processed {plane.processed})")
+    return got[0], Response.unpack(got[1])
+
+
+def call(plane: GPUDataPlane, data: bytes) -> Response:
+    plane.submit(data)
+    return wait_response(plane)[1]
+
+
+def one_thread_kernel() -> DispatchKernel:
+    """The built-in kernel launched <<<1, 1>>> (CUDA-Q's launch: the bridge's one-lane path)."""
+    builtin = DispatchKernel.builtin()
+    return DispatchKernel(builtin.source, builtin.entry, builtin_launch, builtin.name)
+
+
+# ---- a request posted just before stop() ----
+
+@pytest.mark.parametrize("single_thread", [False, True], ids=["warp", "one-thread"])
+@pytest.mark.gpu
+@needs_gpu
+def test_request_posted_just_before_stop_is_answered(single_thread):
+    # The bridge reads the shutdown flag after every empty poll here (SHUTDOWN_SPINS=1), and
+    # the host stores the request's sequence word and, at once, the shutdown flag (two ctypes
+    # stores, as stop() right after submit() without the Python between them), so the flag
+    # often lands between a poll that found the slot empty and the flag read that follows it.
+    # The request posted before the flag must still be answered, in every round.
+    bridge = TransportBridge(LOOPBACK_BRIDGE.name, LOOPBACK_BRIDGE.source,
+                             ("-DQLINK_LOOPBACK_SHUTDOWN_SPINS=1",))
+    plane = GPUDataPlane(num_slots=4, slot_size=64, bridge=bridge,
+                         kernel=one_thread_kernel() if single_thread else None)
+    plane.add(device_entries()[1])  # rpc_increment
+    try:
+        for rnd in range(60):
+            plane.start()
+            ring = plane.ring
+            # The kernel is polling slot 1 (sequence 2) once the first response is back.
+            assert call(plane, request("rpc_increment", bytes(8), rid=1)).status == 0
+            msg = request("rpc_increment", bytes([rnd] * 8), rid=2)
+            ctypes.memmove(ring.request_host_address(1), msg, len(msg))
+            word = ring.rx_seq[1]
+            flag = ctypes.c_int32.from_address(ring.memory.host_ptr)  # shutdown_flag
+            word.value = 2  # the request is posted (x86: its bytes are seen first) ...
+            flag.value = 1  # ... then the host stops the kernel
+            assert plane.stop() == 2, f"round {rnd}: the request posted before stop() was lost"
+            assert ring.tx_seq[1].value == 2
+            assert Response.unpack(ring.read_response(1)) == \
+                Response(0, 2, 0, bytes([rnd + 1] * 8))
+    finally:
+        plane.close()
 
 
 # ---- a host CPU that does not keep its stores in order ----
