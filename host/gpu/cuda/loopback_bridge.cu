@@ -37,8 +37,9 @@
 // The request is staged in shared memory (device memory for slots above
 // QLINK_LOOPBACK_SMEM_BYTES, default 1024) in the slot's own layout, so the kernel and the
 // handler touch on-chip memory only; tx_publish copies the staged response into the pinned
-// slot with 16-byte strong stores spread over the lanes, fences, and the leader stores the
-// sequence word.
+// slot with 16-byte strong stores spread over the lanes; the lanes meet (__syncwarp, which orders
+// their stores before what the leader does next), and the leader fences and stores the sequence
+// word: the release pattern of the PTX model, cumulative over every lane's stores.
 //
 // Compile-time options: QLINK_LOOPBACK_LINE_POLL (1 default, 0: the two-round-trip poll);
 // QLINK_LOOPBACK_SHUTDOWN_SPINS (256 default: empty polls between two reads of the shutdown
@@ -304,12 +305,14 @@ extern "C" __device__ void cudaq_dev_tx_publish(void* session, void* response) {
         }
         qlink_store_relaxed_sys_v4(dst + off, v);
     }
+    // Every lane's stores, then the leader's fence and sequence word: the lanes meet first
+    // (bar.warp.sync orders each lane's stores before what the leader does after it), so the
+    // leader's fence + store is a release of all of them, not of its own stores only.
+    __syncwarp(s->mask);
 #ifdef QLINK_LOOPBACK_TRACE
     const uint64_t t_copied_out = qlink_globaltimer_ns();
 #endif
-    if (!one_line) {
-        qlink_loopback_fence();  // every lane that stored (one instruction for the warp)
-    }
+    if (!one_line && rank == 0) qlink_loopback_fence();
 #ifdef QLINK_LOOPBACK_TRACE
     const uint64_t t_fenced = qlink_globaltimer_ns();
 #endif

@@ -5,6 +5,7 @@ before its fix. Tests that need a GPU skip without one; the others compile and l
 from __future__ import annotations
 
 import ctypes
+import re
 import time
 
 import pytest
@@ -14,6 +15,7 @@ from openqlink.errors import HostOrderError
 from openqlink.gpu import (
     LOOPBACK_BRIDGE,
     DispatchKernel,
+    DispatchProgram,
     GPUDataPlane,
     HostMemory,
     LoopbackRing,
@@ -89,6 +91,47 @@ def test_request_posted_just_before_stop_is_answered(single_thread):
                 Response(0, 2, 0, bytes([rnd + 1] * 8))
     finally:
         plane.close()
+
+
+# ---- the lanes' response stores before the leader's sequence word ----
+
+def _linked_ptx(bridge: TransportBridge) -> str:
+    """The PTX of the dispatch module (kernel, bridge, call unit) linked for sm_90."""
+    from cuda.bindings import nvjitlink
+    program = DispatchProgram(ARCH, bridge=bridge, cache=False)
+    handle = nvjitlink.create(3, [f"-arch={ARCH}", "-lto", "-ptx"])
+    try:
+        for item in program.compile_inputs():
+            nvjitlink.add_data(handle, nvjitlink.InputType.LTOIR, item.ltoir, len(item.ltoir),
+                               item.name)
+        nvjitlink.complete(handle)
+        buf = bytearray(nvjitlink.get_linked_ptx_size(handle))
+        nvjitlink.get_linked_ptx(handle, buf)
+    finally:
+        nvjitlink.destroy(handle)
+    return bytes(buf).rstrip(b"\0").decode()
+
+
+@pytest.mark.parametrize("fence", [0, 1])
+def test_lanes_response_stores_are_ordered_before_the_sequence_word(fence):
+    # tx_publish: every lane stores its part of the response (st.relaxed.sys.v4), then the
+    # leader stores the sequence word (st.volatile.u64). A fence by each lane orders its own
+    # stores only; the lanes must meet (bar.warp.sync) before the leader's fence and store, or
+    # the host may see the word before another lane's bytes.
+    bridge = TransportBridge(LOOPBACK_BRIDGE.name, LOOPBACK_BRIDGE.source,
+                             (f"-DQLINK_LOOPBACK_FENCE={fence}",))
+    lines = [ln.strip() for ln in _linked_ptx(bridge).splitlines()]
+    copies = [i for i, ln in enumerate(lines) if ln.startswith("st.relaxed.sys.global.v4")]
+    assert copies, "no response copy found in the linked PTX"
+    last_copy = copies[-1]
+    word = next(i for i in range(last_copy, len(lines))
+                if re.match(r"st\.volatile\.global\.u64\b", lines[i]))
+    between = lines[last_copy + 1:word]
+    syncs = [i for i, ln in enumerate(between) if ln.startswith("bar.warp.sync")]
+    fences = [i for i, ln in enumerate(between)
+              if re.match(r"(membar\.sys|fence\.(sc|acq_rel)\.sys)\b", ln)]
+    assert syncs, "no bar.warp.sync between the lanes' stores and the sequence word"
+    assert fences and fences[-1] > syncs[0], "no fence after the lanes meet"
 
 
 # ---- a host CPU that does not keep its stores in order ----
