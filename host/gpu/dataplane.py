@@ -144,6 +144,7 @@ class GPUDataPlane:
         self._program: DispatchProgram | None = None
         self._module: Module | None = None
         self._addresses: dict[str, int] = {}
+        self._handed_out = False  # get_device_handler() gave addresses in the loaded module
         self._stream: Stream | None = None
         self._pinned: PinnedMemory | None = None
         self._dev_buffers: list[DeviceMemory] = []
@@ -193,9 +194,17 @@ class GPUDataPlane:
         if self._module is None:
             linked = self.link()
             module = self.device.load(linked.cubin)
-            module.function(linked.kernel.entry)  # resolve now: nothing loads lazily later
-            self._addresses = {name: module.read_u64(sym)
-                               for name, sym in linked.fnptr_symbols.items()}
+            try:
+                module.function(linked.kernel.entry)  # resolve now: nothing loads lazily later
+                addresses = {name: module.read_u64(sym)
+                             for name, sym in linked.fnptr_symbols.items()}
+            except BaseException:
+                try:
+                    module.unload()
+                except Exception as exc:  # pragma: no cover - the driver failed twice
+                    log.warning("unloading a module that failed to resolve: %s", exc)
+                raise
+            self._addresses = addresses
             self._module = module
         return self._module
 
@@ -205,6 +214,7 @@ class GPUDataPlane:
         if name not in self.program:
             raise DispatchError(f"no DEVICE_CALL handler {name!r} in the dispatch program")
         self._load()
+        self._handed_out = True
         return self._addresses[name]
 
     def owns_address(self, address: int) -> bool:
@@ -262,76 +272,117 @@ class GPUDataPlane:
         Raises :class:`~openqlink.errors.HostOrderError` on a host that is not x86 (before any
         GPU work), :class:`DispatchError` (bad entry, foreign address, already running),
         :class:`~openqlink.errors.CompileError` / :class:`~openqlink.errors.LinkError`,
-        :class:`~openqlink.errors.GPUError`.
+        :class:`~openqlink.errors.GPUError`. A start that fails leaves nothing behind: the
+        buffers and the stream it made are freed, and the module is unloaded and the CUDA
+        primary context released (both are taken again by the next use), unless
+        :meth:`get_device_handler` has handed out addresses in that module (then :meth:`close`
+        gives them back) or the previous run's rings are still held (a restart that failed
+        before freeing them).
         """
         check_host_order()
         if self.running:
             raise DispatchError("the GPU data plane is already running")
-        items = self._resolve(list(entries) if entries is not None else self.program.entries)
-        if not items:
-            raise DispatchError("the device function table is empty")
-        for e, _ in items:
-            if e.arg_len_bytes > self.slot_size - HEADER_BYTES:
-                raise DispatchError(f"{e.name!r} takes {e.arg_len_bytes} argument bytes; a "
-                                    f"{self.slot_size}-byte slot holds "
-                                    f"{self.slot_size - HEADER_BYTES}")
-        cap = self.slot_size - HEADER_BYTES
-        if max_result_bytes is not None:
-            if max_result_bytes < 0:
-                raise DispatchError(f"max_result_bytes must be >= 0, not {max_result_bytes}")
-            cap = min(cap, max_result_bytes)
-        self.max_result_len = cap
-        module = self._load()
-        self._free_buffers()  # a restart: the previous run's rings and table
+        allocating = False
+        try:
+            items = self._resolve(list(entries) if entries is not None
+                                  else self.program.entries)
+            if not items:
+                raise DispatchError("the device function table is empty")
+            for e, _ in items:
+                if e.arg_len_bytes > self.slot_size - HEADER_BYTES:
+                    raise DispatchError(f"{e.name!r} takes {e.arg_len_bytes} argument bytes; a "
+                                        f"{self.slot_size}-byte slot holds "
+                                        f"{self.slot_size - HEADER_BYTES}")
+            cap = self.slot_size - HEADER_BYTES
+            if max_result_bytes is not None:
+                if max_result_bytes < 0:
+                    raise DispatchError(f"max_result_bytes must be >= 0, not "
+                                        f"{max_result_bytes}")
+                cap = min(cap, max_result_bytes)
+            module = self._load()
+            allocating = True
+            self._free_buffers()  # a restart: the previous run's rings and table
+            self._launch(module, items, cap)
+        except BaseException:
+            self._undo_start(allocating)
+            raise
+
+    def _undo_start(self, allocating: bool) -> None:
+        """Give back what a failed :meth:`start` took, in reverse order. The error being raised
+        is the one to report, so a failure while giving back is logged only."""
+        stream, self._stream = self._stream, None
+        steps = [stream.destroy if stream is not None else None,
+                 self._free_buffers if allocating else None]
+        # Keep the module and context while handed-out addresses name the module, or while the
+        # previous run's rings (not freed: the call failed before) live in the context.
+        previous_rings = not allocating and (self._pinned is not None or bool(self._dev_buffers))
+        if not (self._handed_out or previous_rings):
+            steps += [self._unload, self._release_device]
+        for step in steps:
+            if step is None:
+                continue
+            try:
+                step()
+            except Exception as exc:  # pragma: no cover - the driver failed twice
+                log.warning("cleaning up after a failed start: %s", exc)
+
+    def _launch(self, module: Module, items: list[tuple[FunctionEntry, int | None]],
+                cap: int) -> None:
+        """Allocate the rings, staging buffers, context and table, and launch the kernel; every
+        allocation is recorded on ``self`` as soon as it exists, so that :meth:`start` frees it
+        if a later step fails."""
         table = b"".join(pack_device_entry(e, self._addresses[e.name] if a is None else a)
                          for e, a in items)
         dev = self.device
         dev.make_current()
+        kernel = self.program.kernel
+        function = module.function(kernel.entry)
         self._pinned = dev.alloc_pinned(LoopbackRing.size_for(self.num_slots, self.slot_size))
         self.ring = LoopbackRing(self._pinned, self.num_slots, self.slot_size)
-        rx_stage = dev.alloc(self.ring.stride)  # used when a slot is too large for shared memory
-        tx_stage = dev.alloc(self.ring.stride)
-        self._dev_buffers = [rx_stage, tx_stage]
+        # The request and response staging buffers, used when a slot is too large for shared
+        # memory, then the transport context, the table and the timing ring.
+        rx_stage = self._dev_alloc(self.ring.stride)
+        tx_stage = self._dev_alloc(self.ring.stride)
         if self.trace_capacity:
-            self._trace = dev.alloc(64 * self.trace_capacity)
-            self._dev_buffers.append(self._trace)
-        ctx = dev.alloc(CTX_BYTES)
+            self._trace = self._dev_alloc(64 * self.trace_capacity)
+        ctx = self._dev_alloc(CTX_BYTES)
         ctx.upload(self.ring.ctx_bytes(rx_stage.ptr, tx_stage.ptr,
                                        self._trace.ptr if self._trace is not None else 0,
                                        self.trace_capacity))
-        dtable = dev.alloc(len(table))
+        dtable = self._dev_alloc(len(table))
         dtable.upload(table)
-        self._dev_buffers += [ctx, dtable]
         if self.timing_capacity:
-            self._timing = dev.alloc(8 * self.timing_capacity)
-            self._dev_buffers.append(self._timing)
-        kernel = self.program.kernel
+            self._timing = self._dev_alloc(8 * self.timing_capacity)
+        self.max_result_len = cap
         stream = dev.stream()
+        self._stream = stream
         args = LaunchArgs(
-            function=module.function(kernel.entry), stream=stream.handle,
+            function=function, stream=stream.handle,
             transport_ctx=ctx.ptr, table=dtable.ptr, count=len(items),
             max_arg_len=self.slot_size - HEADER_BYTES, max_result_len=cap,
             shutdown_flag=self.ring.shutdown_device_ptr,
             processed=self.ring.processed_device_ptr,
             timing_ns=self._timing.ptr if self._timing is not None else 0,
             timing_capacity=self.timing_capacity)
-        try:
-            kernel.launcher()(args)
-        except Exception:
-            stream.destroy()
-            self._free_buffers()
-            raise
-        self._stream = stream
+        kernel.launcher()(args)
         log.info("dispatch kernel %s running on %s (%s): %d entries, %d x %d-byte slots",
                  kernel.entry, dev.name, self.arch, len(items), self.num_slots, self.slot_size)
+
+    def _dev_alloc(self, size_bytes: int) -> DeviceMemory:
+        """A device allocation owned by this run (freed by :meth:`_free_buffers`)."""
+        buf = self.device.alloc(size_bytes)
+        self._dev_buffers.append(buf)
+        return buf
 
     def stop(self, timeout_s: float = 10.0) -> int:
         """Set the shutdown flag, wait for the kernel to exit; returns the processed count.
 
         Every request posted before the call is answered before the kernel exits (the bridge
         looks at the next slot again once it has seen the flag); :meth:`poll_response` returns
-        those responses afterwards. Raises :class:`GPUError` when the kernel has not exited
-        after ``timeout_s`` (it keeps running; the buffers are kept) or faulted.
+        those responses afterwards. The module stays loaded and the CUDA context retained, for
+        another :meth:`start`; :meth:`close` gives them back. Raises :class:`GPUError` when the
+        kernel has not exited after ``timeout_s`` (it keeps running; the buffers are kept) or
+        faulted.
         """
         if self._stream is None or self.ring is None:
             return self._final_processed
@@ -365,24 +416,43 @@ class GPUDataPlane:
         return _ring_order([values[8 * i:8 * i + 6] for i in range(cap)], self.processed)
 
     def _free_buffers(self) -> None:
-        for b in self._dev_buffers:
-            b.free()
-        self._dev_buffers = []
+        """Free the run's device buffers and pinned rings (each one once, also when freeing
+        another fails: the first error is raised at the end)."""
+        buffers, self._dev_buffers = self._dev_buffers, []
+        pinned, self._pinned = self._pinned, None
         self._timing = None
         self._trace = None
-        if self._pinned is not None:
-            self._pinned.free()
-            self._pinned = None
         self.ring = None
+        first: BaseException | None = None
+        for b in (*buffers, *([pinned] if pinned is not None else [])):
+            try:
+                b.free()
+            except Exception as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
+    def _unload(self) -> None:
+        if self._module is not None:
+            module, self._module = self._module, None
+            self._addresses = {}
+            self._handed_out = False
+            module.unload()
+
+    def _release_device(self) -> None:
+        if self._device is not None:
+            device, self._device = self._device, None
+            device.release()
 
     def close(self) -> None:
-        """Stop the kernel if it runs, free the buffers and unload the module."""
+        """Stop the kernel if it runs, free the buffers, unload the module and release the CUDA
+        primary context (``cuDevicePrimaryCtxRelease``); the plane can be started again (it
+        retains the context and loads the module anew). Raises :class:`GPUError` as
+        :meth:`stop` does (nothing is freed then: the kernel may still use it)."""
         self.stop()
         self._free_buffers()
-        if self._module is not None:
-            self._module.unload()
-            self._module = None
-            self._addresses = {}
+        self._unload()
+        self._release_device()
 
     def __enter__(self) -> GPUDataPlane:
         return self
