@@ -40,7 +40,15 @@ from typing import Any
 from ..dispatch import DispatchMode, FunctionEntry, TypeDesc
 from ..errors import DispatchError, GPUError
 from ..wire.rpc import HEADER_BYTES, PayloadType
-from .driver import Device, DeviceMemory, Module, PinnedMemory, Stream
+from .driver import (
+    Device,
+    DeviceMemory,
+    Module,
+    PinnedMemory,
+    Stream,
+    function_attribute,
+    set_function_attribute,
+)
 from .handlers import DeviceHandler
 from .loopback import CTX_BYTES, LoopbackRing, check_host_order
 from .program import (
@@ -53,12 +61,19 @@ from .program import (
 )
 from .toolchain import LinkCache
 
-__all__ = ["GPUDataPlane", "ENTRY_BYTES", "pack_device_entry"]
+__all__ = ["GPUDataPlane", "ENTRY_BYTES", "HANDLER_GUARD_BYTES", "pack_device_entry"]
 
 log = logging.getLogger(__name__)
 
 #: Size of one device function-table entry (``cudaq_function_entry_t``).
 ENTRY_BYTES = 168
+#: Bytes of a handler's private output area past ``max_result_len`` (rounded up to 16): what a
+#: handler writes there is dropped; past them the GPU faults the kernel (``start``).
+HANDLER_GUARD_BYTES = 8192
+
+
+def _align16(n: int) -> int:
+    return (n + 15) // 16 * 16
 
 
 def pack_device_entry(entry: FunctionEntry, address: int) -> bytes:
@@ -268,9 +283,18 @@ class GPUDataPlane:
         """Build the device function table from ``entries`` (default: every handler added),
         allocate the rings and launch the persistent kernel.
 
-        ``max_result_bytes`` caps what a handler may write (default ``slot_size - 24``).
+        ``max_result_bytes`` caps what a handler may write (default ``slot_size - 24``). Each
+        handler writes into a private output area of ``max_result_len`` (rounded up to 16) plus
+        :data:`HANDLER_GUARD_BYTES` bytes at the end of the kernel's shared memory (dynamic
+        shared memory, after everything the kernel and the bridge keep there); the kernel copies
+        at most ``max_result_len`` bytes of it into the response. A handler that writes past
+        ``max_result_len`` thus never reaches the function table or the kernel's state: within
+        the guard its extra bytes are dropped, beyond the shared memory the GPU faults the
+        kernel (:meth:`stop` then raises :class:`GPUError`).
+
         Raises :class:`~openqlink.errors.HostOrderError` on a host that is not x86 (before any
-        GPU work), :class:`DispatchError` (bad entry, foreign address, already running),
+        GPU work), :class:`DispatchError` (bad entry, foreign address, already running, a
+        private output area larger than the GPU's shared memory per block),
         :class:`~openqlink.errors.CompileError` / :class:`~openqlink.errors.LinkError`,
         :class:`~openqlink.errors.GPUError`. A start that fails leaves nothing behind: the
         buffers and the stream it made are freed, and the module is unloaded and the CUDA
@@ -337,6 +361,8 @@ class GPUDataPlane:
         dev.make_current()
         kernel = self.program.kernel
         function = module.function(kernel.entry)
+        out_bytes = _align16(cap) + HANDLER_GUARD_BYTES
+        self._reserve_handler_area(function, out_bytes)
         self._pinned = dev.alloc_pinned(LoopbackRing.size_for(self.num_slots, self.slot_size))
         self.ring = LoopbackRing(self._pinned, self.num_slots, self.slot_size)
         # The request and response staging buffers, used when a slot is too large for shared
@@ -363,7 +389,7 @@ class GPUDataPlane:
             shutdown_flag=self.ring.shutdown_device_ptr,
             processed=self.ring.processed_device_ptr,
             timing_ns=self._timing.ptr if self._timing is not None else 0,
-            timing_capacity=self.timing_capacity)
+            timing_capacity=self.timing_capacity, handler_out_bytes=out_bytes)
         kernel.launcher()(args)
         log.info("dispatch kernel %s running on %s (%s): %d entries, %d x %d-byte slots",
                  kernel.entry, dev.name, self.arch, len(items), self.num_slots, self.slot_size)
@@ -373,6 +399,22 @@ class GPUDataPlane:
         buf = self.device.alloc(size_bytes)
         self._dev_buffers.append(buf)
         return buf
+
+    def _reserve_handler_area(self, function: Any, out_bytes: int) -> None:
+        """Let ``function`` launch with ``out_bytes`` of dynamic shared memory (the handlers'
+        private output area). Raises :class:`DispatchError` when the GPU has less shared memory
+        per block than the kernel's own plus ``out_bytes``."""
+        static = function_attribute(function, "SHARED_SIZE_BYTES")
+        most = self.device.attribute("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN")
+        if static + out_bytes > most:
+            room = most - static - HANDLER_GUARD_BYTES
+            raise DispatchError(
+                f"handler output area of {out_bytes} bytes (max_result_len rounded up to 16, "
+                f"plus a {HANDLER_GUARD_BYTES}-byte guard) does not fit beside the kernel's "
+                f"{static} bytes of shared memory ({most} per block on {self.device.name}); "
+                f"pass max_result_bytes of at most {max(room, 0) // 16 * 16}")
+        if out_bytes > function_attribute(function, "MAX_DYNAMIC_SHARED_SIZE_BYTES"):
+            set_function_attribute(function, "MAX_DYNAMIC_SHARED_SIZE_BYTES", out_bytes)
 
     def stop(self, timeout_s: float = 10.0) -> int:
         """Set the shutdown flag, wait for the kernel to exit; returns the processed count.

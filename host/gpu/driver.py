@@ -5,7 +5,8 @@
   allocations: :class:`PinnedMemory` (``cuMemHostAlloc(DEVICEMAP | PORTABLE)``: host memory
   the kernel reads and writes through its device address), :class:`DeviceMemory`; modules
   (:class:`Module`) and non-blocking streams (:class:`Stream`).
-* :func:`launch` -- ``cuLaunchKernel`` with ``(value, ctypes type)`` parameters.
+* :func:`launch` -- ``cuLaunchKernel`` with ``(value, ctypes type)`` parameters (and dynamic
+  shared memory, :func:`function_attribute` / :func:`set_function_attribute` for its limit).
 
 Nothing leaks on an error path: a constructor whose second driver call fails gives back what its
 first one took (the pinned allocation, the device allocation, the retained primary context)
@@ -43,6 +44,8 @@ __all__ = [
     "Module",
     "Stream",
     "launch",
+    "function_attribute",
+    "set_function_attribute",
 ]
 
 
@@ -324,6 +327,14 @@ class Device:
         self.context = None
         _check("cuDevicePrimaryCtxRelease", _driver().cuDevicePrimaryCtxRelease(self.handle))
 
+    def attribute(self, name: str) -> int:
+        """``cuDeviceGetAttribute``: ``CU_DEVICE_ATTRIBUTE_<name>`` of this device
+        (``"MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"``: bytes). Raises :class:`GPUError`."""
+        drv = _driver()
+        attr = getattr(drv.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}")
+        return int(_check(f"cuDeviceGetAttribute({name})",
+                          drv.cuDeviceGetAttribute(attr, self.handle)))
+
     def driver_version(self) -> int:
         """The driver's CUDA version as ``1000 * major + 10 * minor`` (13000 for 13.0)."""
         return int(_check("cuDriverGetVersion", _driver().cuDriverGetVersion()))
@@ -350,12 +361,29 @@ def _release_quietly(call: str, fn: Any, handle: Any) -> None:
         log.warning("%s on an error path failed: %s", call, exc)
 
 
+def function_attribute(function: Any, name: str) -> int:
+    """``cuFuncGetAttribute``: the attribute ``CU_FUNC_ATTRIBUTE_<name>`` of a kernel
+    (``"SHARED_SIZE_BYTES"``: its static shared memory, bytes). Raises :class:`GPUError`."""
+    drv = _driver()
+    attr = getattr(drv.CUfunction_attribute, f"CU_FUNC_ATTRIBUTE_{name}")
+    return int(_check(f"cuFuncGetAttribute({name})", drv.cuFuncGetAttribute(attr, function)))
+
+
+def set_function_attribute(function: Any, name: str, value: int) -> None:
+    """``cuFuncSetAttribute``: set ``CU_FUNC_ATTRIBUTE_<name>`` of a kernel
+    (``"MAX_DYNAMIC_SHARED_SIZE_BYTES"``: the dynamic shared memory a launch may ask for,
+    bytes). Raises :class:`GPUError`."""
+    drv = _driver()
+    attr = getattr(drv.CUfunction_attribute, f"CU_FUNC_ATTRIBUTE_{name}")
+    _check(f"cuFuncSetAttribute({name})", drv.cuFuncSetAttribute(function, attr, int(value)))
+
+
 def launch(function: Any, stream: Any, *, grid: Sequence[int] = (1, 1, 1),
            block: Sequence[int] = (1, 1, 1), params: Sequence[tuple[int, Any]] = (),
            shared_bytes: int = 0) -> None:
     """``cuLaunchKernel(function)`` on ``stream`` (a :class:`Stream` or ``CUstream``) with
-    ``params`` as ``(value, ctypes type)`` pairs, in the kernel's parameter order. Raises
-    :class:`GPUError`."""
+    ``params`` as ``(value, ctypes type)`` pairs, in the kernel's parameter order, and
+    ``shared_bytes`` of dynamic shared memory. Raises :class:`GPUError`."""
     handle = stream.handle if isinstance(stream, Stream) else stream
     values = tuple(v for v, _ in params)
     types = tuple(t for _, t in params)

@@ -89,8 +89,9 @@ static_assert(sizeof(qlink_handler_schema) == 148, "cudaq_handler_schema_t is 14
 static_assert(sizeof(qlink_function_entry) == 168, "function entry is 168 bytes");
 
 // A DEVICE_CALL handler: reads arg_len bytes at `in`, writes at most max_result_len bytes at
-// `out` (straight into the response slot, after its 24-byte header), stores how many it wrote
-// in *result_len and returns the response status (0 ok, > 0 handler error).
+// `out` (the built-in kernel's private output area, 16-byte aligned, which it copies into the
+// response after its 24-byte header), stores how many it wrote in *result_len and returns the
+// response status (0 ok, > 0 handler error).
 typedef int (*qlink_device_rpc_fn)(const void* in, void* out, uint32_t arg_len,
                                    uint32_t max_result_len, uint32_t* result_len);
 

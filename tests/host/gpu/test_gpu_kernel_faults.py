@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import ctypes
 import re
+import struct
 import time
 
 import pytest
-from gpumodel import device_entries, request
+from gpumodel import ADD_SRC, P, device_entries, request
 
+from openqlink.dispatch import DispatchMode, FunctionEntry
 from openqlink.errors import HostOrderError
 from openqlink.gpu import (
     LOOPBACK_BRIDGE,
+    CudaHandler,
     DispatchKernel,
     DispatchProgram,
     GPUDataPlane,
@@ -22,6 +25,7 @@ from openqlink.gpu import (
     TransportBridge,
     gpu_available,
 )
+from openqlink.gpu.dataplane import HANDLER_GUARD_BYTES
 from openqlink.gpu.loopback import check_host_order
 from openqlink.gpu.program import builtin_launch
 from openqlink.wire.rpc import Response
@@ -132,6 +136,85 @@ def test_lanes_response_stores_are_ordered_before_the_sequence_word(fence):
               if re.match(r"(membar\.sys|fence\.(sc|acq_rel)\.sys)\b", ln)]
     assert syncs, "no bar.warp.sync between the lanes' stores and the sequence word"
     assert fences and fences[-1] > syncs[0], "no fence after the lanes meet"
+
+
+# ---- a handler writing past max_result_len ----
+
+SPILL_SRC = r'''
+#include "openqlink_dispatch.cuh"
+// Writes SPILL bytes past max_result_len (0xEE), and claims a 4-byte result.
+extern "C" __device__ int spill(const void*, void* out, uint32_t, uint32_t max_result_len,
+                                uint32_t* result_len) {
+    uint8_t* o = static_cast<uint8_t*>(out);
+    for (uint32_t i = 0; i < max_result_len + SPILL; ++i) o[i] = 0xEE;
+    *result_len = 4;
+    return 0;
+}
+'''
+
+
+def _spill_entry() -> FunctionEntry:
+    return FunctionEntry("spill", DispatchMode.DEVICE_CALL, (), (P.INT32,),
+                         CudaHandler(SPILL_SRC, options=(f"-DSPILL={HANDLER_GUARD_BYTES}u",)))
+
+
+@pytest.mark.parametrize("single_thread", [False, True], ids=["warp", "one-thread"])
+@pytest.mark.gpu
+@needs_gpu
+def test_handler_writing_past_its_result_leaves_the_table_intact(single_thread):
+    # 64-byte slots: the request and response are staged in shared memory, the table (seven
+    # entries) is copied into shared memory and held in the lanes' registers.
+    plane = GPUDataPlane(num_slots=4, slot_size=64,
+                         kernel=one_thread_kernel() if single_thread else None)
+    for e in device_entries():
+        plane.add(e)
+    plane.add(_spill_entry())
+    plane.start()
+    try:
+        for rnd in range(3):
+            got = call(plane, request("spill", b"", rid=10 * rnd))
+            assert got == Response(0, 10 * rnd, 0, b"\xee" * 4)
+            assert call(plane, request("add_i32", struct.pack("<ii", 2, 40), rid=1)) == \
+                Response(0, 1, 0, struct.pack("<i", 42))
+            assert call(plane, request("rpc_increment", bytes(range(8)), rid=2)).result == \
+                bytes(range(1, 9))
+            assert call(plane, request("fail7", b"", rid=3)) == Response(7, 3, 0)
+            assert call(plane, request("too_big", b"", rid=4)) == Response(1, 4, 0)
+            assert call(plane, request("mul", struct.pack("<iq", -6, 7), rid=5)).result == \
+                struct.pack("<q", -42)
+            got = call(plane, request("sum4", struct.pack("<4i", 1, 0, 3, -40), rid=7))
+            assert got.status == 0 and got.result == struct.pack("<iB", -36, 3)
+    finally:
+        plane.close()
+
+
+@pytest.mark.gpu
+@needs_gpu
+def test_handler_writing_past_its_result_large_slots_and_table():
+    # 2048-byte slots: the staging buffers are device memory, next to the transport context
+    # and the device table; 40 entries: the table is searched in global memory.
+    plane = GPUDataPlane(num_slots=2, slot_size=2048, inline_handlers=False)
+    plane.add_handler("add_i32", CudaHandler(ADD_SRC), args=(P.INT32, P.INT32),
+                      results=(P.INT32,))
+    plane.add(device_entries()[1])  # rpc_increment
+    plane.add(_spill_entry())
+    add = plane.get_device_handler("add_i32")
+    aliases = [FunctionEntry(f"add_{i}", DispatchMode.DEVICE_CALL, (P.INT32, P.INT32),
+                             (P.INT32,), add) for i in range(37)]
+    entries = [*plane.program.entries, *aliases]
+    assert len(entries) == 40
+    plane.start(entries)
+    try:
+        for rnd in range(2):
+            assert call(plane, request("spill", b"", rid=rnd)) == \
+                Response(0, rnd, 0, b"\xee" * 4)
+            for i in (0, 17, 36):
+                assert call(plane, request(f"add_{i}", struct.pack("<ii", i, 1), rid=i)) == \
+                    Response(0, i, 0, struct.pack("<i", i + 1))
+            assert call(plane, request("rpc_increment", bytes(8), rid=99)).result == \
+                bytes([1] * 8)
+    finally:
+        plane.close()
 
 
 # ---- a host CPU that does not keep its stores in order ----
