@@ -20,6 +20,7 @@ __all__ = [
     "DispatchError",
     "GPUError",
     "GPUUnavailableError",
+    "HostOrderError",
     "CompileError",
     "LinkError",
 ]
@@ -159,6 +160,28 @@ class GPUUnavailableError(GPUError):
     def __init__(self, message: str, *, code: str = ""):
         self.code = code
         super().__init__(message)
+
+
+class HostOrderError(GPUError):
+    """The host CPU does not keep its stores in program order for other agents, which the GPU
+    loopback ring relies on: the host writes a request's bytes, then its sequence word, with
+    plain stores, and the GPU takes the word as the sign that the bytes are there. x86-64 (TSO)
+    keeps that order; a weakly ordered CPU (aarch64, as on GH200 and GB200, or POWER, RISC-V)
+    may make the word visible first, and the kernel would then answer stale bytes. Raised
+    before any GPU work.
+
+    Attributes
+    ----------
+    machine : str
+        The machine the host reported (``platform.machine()``, e.g. ``"aarch64"``).
+    """
+
+    def __init__(self, machine: str):
+        self.machine = machine
+        super().__init__(
+            f"the GPU loopback ring needs a host CPU that keeps stores in order (x86-64, TSO); "
+            f"this host is {machine!r}, whose stores other agents (the GPU) may see out of "
+            "order: a request's sequence word could arrive before its bytes. Not supported.")
 
 
 class CompileError(GPUError):

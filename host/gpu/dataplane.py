@@ -40,9 +40,17 @@ from typing import Any
 from ..dispatch import DispatchMode, FunctionEntry, TypeDesc
 from ..errors import DispatchError, GPUError
 from ..wire.rpc import HEADER_BYTES, PayloadType
-from .driver import Device, DeviceMemory, Module, PinnedMemory, Stream
+from .driver import (
+    Device,
+    DeviceMemory,
+    Module,
+    PinnedMemory,
+    Stream,
+    function_attribute,
+    set_function_attribute,
+)
 from .handlers import DeviceHandler
-from .loopback import CTX_BYTES, LoopbackRing
+from .loopback import CTX_BYTES, LoopbackRing, check_host_order
 from .program import (
     LOOPBACK_BRIDGE,
     DispatchKernel,
@@ -53,12 +61,19 @@ from .program import (
 )
 from .toolchain import LinkCache
 
-__all__ = ["GPUDataPlane", "ENTRY_BYTES", "pack_device_entry"]
+__all__ = ["GPUDataPlane", "ENTRY_BYTES", "HANDLER_GUARD_BYTES", "pack_device_entry"]
 
 log = logging.getLogger(__name__)
 
 #: Size of one device function-table entry (``cudaq_function_entry_t``).
 ENTRY_BYTES = 168
+#: Bytes of a handler's private output area past ``max_result_len`` (rounded up to 16): what a
+#: handler writes there is dropped; past them the GPU faults the kernel (``start``).
+HANDLER_GUARD_BYTES = 8192
+
+
+def _align16(n: int) -> int:
+    return (n + 15) // 16 * 16
 
 
 def pack_device_entry(entry: FunctionEntry, address: int) -> bytes:
@@ -144,6 +159,7 @@ class GPUDataPlane:
         self._program: DispatchProgram | None = None
         self._module: Module | None = None
         self._addresses: dict[str, int] = {}
+        self._handed_out = False  # get_device_handler() gave addresses in the loaded module
         self._stream: Stream | None = None
         self._pinned: PinnedMemory | None = None
         self._dev_buffers: list[DeviceMemory] = []
@@ -193,9 +209,17 @@ class GPUDataPlane:
         if self._module is None:
             linked = self.link()
             module = self.device.load(linked.cubin)
-            module.function(linked.kernel.entry)  # resolve now: nothing loads lazily later
-            self._addresses = {name: module.read_u64(sym)
-                               for name, sym in linked.fnptr_symbols.items()}
+            try:
+                module.function(linked.kernel.entry)  # resolve now: nothing loads lazily later
+                addresses = {name: module.read_u64(sym)
+                             for name, sym in linked.fnptr_symbols.items()}
+            except BaseException:
+                try:
+                    module.unload()
+                except Exception as exc:  # pragma: no cover - the driver failed twice
+                    log.warning("unloading a module that failed to resolve: %s", exc)
+                raise
+            self._addresses = addresses
             self._module = module
         return self._module
 
@@ -205,6 +229,7 @@ class GPUDataPlane:
         if name not in self.program:
             raise DispatchError(f"no DEVICE_CALL handler {name!r} in the dispatch program")
         self._load()
+        self._handed_out = True
         return self._addresses[name]
 
     def owns_address(self, address: int) -> bool:
@@ -258,76 +283,148 @@ class GPUDataPlane:
         """Build the device function table from ``entries`` (default: every handler added),
         allocate the rings and launch the persistent kernel.
 
-        ``max_result_bytes`` caps what a handler may write (default ``slot_size - 24``).
-        Raises :class:`DispatchError` (bad entry, foreign address, already running),
+        ``max_result_bytes`` caps what a handler may write (default ``slot_size - 24``). Each
+        handler writes into a private output area of ``max_result_len`` (rounded up to 16) plus
+        :data:`HANDLER_GUARD_BYTES` bytes at the end of the kernel's shared memory (dynamic
+        shared memory, after everything the kernel and the bridge keep there); the kernel copies
+        at most ``max_result_len`` bytes of it into the response. A handler that writes past
+        ``max_result_len`` thus never reaches the function table or the kernel's state: within
+        the guard its extra bytes are dropped, beyond the shared memory the GPU faults the
+        kernel (:meth:`stop` then raises :class:`GPUError`).
+
+        Raises :class:`~openqlink.errors.HostOrderError` on a host that is not x86 (before any
+        GPU work), :class:`DispatchError` (bad entry, foreign address, already running, a
+        private output area larger than the GPU's shared memory per block),
         :class:`~openqlink.errors.CompileError` / :class:`~openqlink.errors.LinkError`,
-        :class:`~openqlink.errors.GPUError`.
+        :class:`~openqlink.errors.GPUError`. A start that fails leaves nothing behind: the
+        buffers and the stream it made are freed, and the module is unloaded and the CUDA
+        primary context released (both are taken again by the next use), unless
+        :meth:`get_device_handler` has handed out addresses in that module (then :meth:`close`
+        gives them back) or the previous run's rings are still held (a restart that failed
+        before freeing them).
         """
+        check_host_order()
         if self.running:
             raise DispatchError("the GPU data plane is already running")
-        items = self._resolve(list(entries) if entries is not None else self.program.entries)
-        if not items:
-            raise DispatchError("the device function table is empty")
-        for e, _ in items:
-            if e.arg_len_bytes > self.slot_size - HEADER_BYTES:
-                raise DispatchError(f"{e.name!r} takes {e.arg_len_bytes} argument bytes; a "
-                                    f"{self.slot_size}-byte slot holds "
-                                    f"{self.slot_size - HEADER_BYTES}")
-        cap = self.slot_size - HEADER_BYTES
-        if max_result_bytes is not None:
-            if max_result_bytes < 0:
-                raise DispatchError(f"max_result_bytes must be >= 0, not {max_result_bytes}")
-            cap = min(cap, max_result_bytes)
-        self.max_result_len = cap
-        module = self._load()
-        self._free_buffers()  # a restart: the previous run's rings and table
+        allocating = False
+        try:
+            items = self._resolve(list(entries) if entries is not None
+                                  else self.program.entries)
+            if not items:
+                raise DispatchError("the device function table is empty")
+            for e, _ in items:
+                if e.arg_len_bytes > self.slot_size - HEADER_BYTES:
+                    raise DispatchError(f"{e.name!r} takes {e.arg_len_bytes} argument bytes; a "
+                                        f"{self.slot_size}-byte slot holds "
+                                        f"{self.slot_size - HEADER_BYTES}")
+            cap = self.slot_size - HEADER_BYTES
+            if max_result_bytes is not None:
+                if max_result_bytes < 0:
+                    raise DispatchError(f"max_result_bytes must be >= 0, not "
+                                        f"{max_result_bytes}")
+                cap = min(cap, max_result_bytes)
+            module = self._load()
+            allocating = True
+            self._free_buffers()  # a restart: the previous run's rings and table
+            self._launch(module, items, cap)
+        except BaseException:
+            self._undo_start(allocating)
+            raise
+
+    def _undo_start(self, allocating: bool) -> None:
+        """Give back what a failed :meth:`start` took, in reverse order. The error being raised
+        is the one to report, so a failure while giving back is logged only."""
+        stream, self._stream = self._stream, None
+        steps = [stream.destroy if stream is not None else None,
+                 self._free_buffers if allocating else None]
+        # Keep the module and context while handed-out addresses name the module, or while the
+        # previous run's rings (not freed: the call failed before) live in the context.
+        previous_rings = not allocating and (self._pinned is not None or bool(self._dev_buffers))
+        if not (self._handed_out or previous_rings):
+            steps += [self._unload, self._release_device]
+        for step in steps:
+            if step is None:
+                continue
+            try:
+                step()
+            except Exception as exc:  # pragma: no cover - the driver failed twice
+                log.warning("cleaning up after a failed start: %s", exc)
+
+    def _launch(self, module: Module, items: list[tuple[FunctionEntry, int | None]],
+                cap: int) -> None:
+        """Allocate the rings, staging buffers, context and table, and launch the kernel; every
+        allocation is recorded on ``self`` as soon as it exists, so that :meth:`start` frees it
+        if a later step fails."""
         table = b"".join(pack_device_entry(e, self._addresses[e.name] if a is None else a)
                          for e, a in items)
         dev = self.device
         dev.make_current()
+        kernel = self.program.kernel
+        function = module.function(kernel.entry)
+        out_bytes = _align16(cap) + HANDLER_GUARD_BYTES
+        self._reserve_handler_area(function, out_bytes)
         self._pinned = dev.alloc_pinned(LoopbackRing.size_for(self.num_slots, self.slot_size))
         self.ring = LoopbackRing(self._pinned, self.num_slots, self.slot_size)
-        rx_stage = dev.alloc(self.ring.stride)  # used when a slot is too large for shared memory
-        tx_stage = dev.alloc(self.ring.stride)
-        self._dev_buffers = [rx_stage, tx_stage]
+        # The request and response staging buffers, used when a slot is too large for shared
+        # memory, then the transport context, the table and the timing ring.
+        rx_stage = self._dev_alloc(self.ring.stride)
+        tx_stage = self._dev_alloc(self.ring.stride)
         if self.trace_capacity:
-            self._trace = dev.alloc(64 * self.trace_capacity)
-            self._dev_buffers.append(self._trace)
-        ctx = dev.alloc(CTX_BYTES)
+            self._trace = self._dev_alloc(64 * self.trace_capacity)
+        ctx = self._dev_alloc(CTX_BYTES)
         ctx.upload(self.ring.ctx_bytes(rx_stage.ptr, tx_stage.ptr,
                                        self._trace.ptr if self._trace is not None else 0,
                                        self.trace_capacity))
-        dtable = dev.alloc(len(table))
+        dtable = self._dev_alloc(len(table))
         dtable.upload(table)
-        self._dev_buffers += [ctx, dtable]
         if self.timing_capacity:
-            self._timing = dev.alloc(8 * self.timing_capacity)
-            self._dev_buffers.append(self._timing)
-        kernel = self.program.kernel
+            self._timing = self._dev_alloc(8 * self.timing_capacity)
+        self.max_result_len = cap
         stream = dev.stream()
+        self._stream = stream
         args = LaunchArgs(
-            function=module.function(kernel.entry), stream=stream.handle,
+            function=function, stream=stream.handle,
             transport_ctx=ctx.ptr, table=dtable.ptr, count=len(items),
             max_arg_len=self.slot_size - HEADER_BYTES, max_result_len=cap,
             shutdown_flag=self.ring.shutdown_device_ptr,
             processed=self.ring.processed_device_ptr,
             timing_ns=self._timing.ptr if self._timing is not None else 0,
-            timing_capacity=self.timing_capacity)
-        try:
-            kernel.launcher()(args)
-        except Exception:
-            stream.destroy()
-            self._free_buffers()
-            raise
-        self._stream = stream
+            timing_capacity=self.timing_capacity, handler_out_bytes=out_bytes)
+        kernel.launcher()(args)
         log.info("dispatch kernel %s running on %s (%s): %d entries, %d x %d-byte slots",
                  kernel.entry, dev.name, self.arch, len(items), self.num_slots, self.slot_size)
+
+    def _dev_alloc(self, size_bytes: int) -> DeviceMemory:
+        """A device allocation owned by this run (freed by :meth:`_free_buffers`)."""
+        buf = self.device.alloc(size_bytes)
+        self._dev_buffers.append(buf)
+        return buf
+
+    def _reserve_handler_area(self, function: Any, out_bytes: int) -> None:
+        """Let ``function`` launch with ``out_bytes`` of dynamic shared memory (the handlers'
+        private output area). Raises :class:`DispatchError` when the GPU has less shared memory
+        per block than the kernel's own plus ``out_bytes``."""
+        static = function_attribute(function, "SHARED_SIZE_BYTES")
+        most = self.device.attribute("MAX_SHARED_MEMORY_PER_BLOCK_OPTIN")
+        if static + out_bytes > most:
+            room = most - static - HANDLER_GUARD_BYTES
+            raise DispatchError(
+                f"handler output area of {out_bytes} bytes (max_result_len rounded up to 16, "
+                f"plus a {HANDLER_GUARD_BYTES}-byte guard) does not fit beside the kernel's "
+                f"{static} bytes of shared memory ({most} per block on {self.device.name}); "
+                f"pass max_result_bytes of at most {max(room, 0) // 16 * 16}")
+        if out_bytes > function_attribute(function, "MAX_DYNAMIC_SHARED_SIZE_BYTES"):
+            set_function_attribute(function, "MAX_DYNAMIC_SHARED_SIZE_BYTES", out_bytes)
 
     def stop(self, timeout_s: float = 10.0) -> int:
         """Set the shutdown flag, wait for the kernel to exit; returns the processed count.
 
-        Responses not yet collected are dropped. Raises :class:`GPUError` when the kernel has
-        not exited after ``timeout_s`` (it keeps running; the buffers are kept) or faulted.
+        Every request posted before the call is answered before the kernel exits (the bridge
+        looks at the next slot again once it has seen the flag); :meth:`poll_response` returns
+        those responses afterwards. The module stays loaded and the CUDA context retained, for
+        another :meth:`start`; :meth:`close` gives them back. Raises :class:`GPUError` when the
+        kernel has not exited after ``timeout_s`` (it keeps running; the buffers are kept) or
+        faulted.
         """
         if self._stream is None or self.ring is None:
             return self._final_processed
@@ -361,24 +458,43 @@ class GPUDataPlane:
         return _ring_order([values[8 * i:8 * i + 6] for i in range(cap)], self.processed)
 
     def _free_buffers(self) -> None:
-        for b in self._dev_buffers:
-            b.free()
-        self._dev_buffers = []
+        """Free the run's device buffers and pinned rings (each one once, also when freeing
+        another fails: the first error is raised at the end)."""
+        buffers, self._dev_buffers = self._dev_buffers, []
+        pinned, self._pinned = self._pinned, None
         self._timing = None
         self._trace = None
-        if self._pinned is not None:
-            self._pinned.free()
-            self._pinned = None
         self.ring = None
+        first: BaseException | None = None
+        for b in (*buffers, *([pinned] if pinned is not None else [])):
+            try:
+                b.free()
+            except Exception as exc:
+                first = first or exc
+        if first is not None:
+            raise first
+
+    def _unload(self) -> None:
+        if self._module is not None:
+            module, self._module = self._module, None
+            self._addresses = {}
+            self._handed_out = False
+            module.unload()
+
+    def _release_device(self) -> None:
+        if self._device is not None:
+            device, self._device = self._device, None
+            device.release()
 
     def close(self) -> None:
-        """Stop the kernel if it runs, free the buffers and unload the module."""
+        """Stop the kernel if it runs, free the buffers, unload the module and release the CUDA
+        primary context (``cuDevicePrimaryCtxRelease``); the plane can be started again (it
+        retains the context and loads the module anew). Raises :class:`GPUError` as
+        :meth:`stop` does (nothing is freed then: the kernel may still use it)."""
         self.stop()
         self._free_buffers()
-        if self._module is not None:
-            self._module.unload()
-            self._module = None
-            self._addresses = {}
+        self._unload()
+        self._release_device()
 
     def __enter__(self) -> GPUDataPlane:
         return self

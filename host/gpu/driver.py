@@ -5,7 +5,14 @@
   allocations: :class:`PinnedMemory` (``cuMemHostAlloc(DEVICEMAP | PORTABLE)``: host memory
   the kernel reads and writes through its device address), :class:`DeviceMemory`; modules
   (:class:`Module`) and non-blocking streams (:class:`Stream`).
-* :func:`launch` -- ``cuLaunchKernel`` with ``(value, ctypes type)`` parameters.
+* :func:`launch` -- ``cuLaunchKernel`` with ``(value, ctypes type)`` parameters (and dynamic
+  shared memory, :func:`function_attribute` / :func:`set_function_attribute` for its limit).
+
+Nothing leaks on an error path: a constructor whose second driver call fails gives back what its
+first one took (the pinned allocation, the device allocation, the retained primary context)
+before raising. :meth:`Device.release` gives back the primary context that :class:`Device`
+retained (``cuDevicePrimaryCtxRelease``); once every holder has released it, the driver destroys
+it with everything still allocated in it.
 
 Every failing driver call raises :class:`openqlink.errors.GPUError` naming the call and the
 driver's error; a missing driver or GPU raises :class:`openqlink.errors.GPUUnavailableError`.
@@ -20,11 +27,14 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import logging
 import os
 from collections.abc import Sequence
 from typing import Any
 
 from ..errors import GPUError, GPUUnavailableError
+
+log = logging.getLogger(__name__)
 
 __all__ = [
     "gpu_available",
@@ -34,6 +44,8 @@ __all__ = [
     "Module",
     "Stream",
     "launch",
+    "function_attribute",
+    "set_function_attribute",
 ]
 
 
@@ -91,6 +103,9 @@ class PinnedMemory:
 
     :attr:`host_ptr` is its host address, :attr:`device_ptr` the address kernels use (the same
     under unified addressing). :meth:`view` gives a ctypes array over it.
+
+    Raises :class:`GPUError` when the allocation or the device mapping fails; when the mapping
+    fails, the allocation is freed (``cuMemFreeHost``) before the error is raised.
     """
 
     def __init__(self, device: Device, size_bytes: int):
@@ -98,11 +113,16 @@ class PinnedMemory:
         device.make_current()
         flags = drv.CU_MEMHOSTALLOC_DEVICEMAP | drv.CU_MEMHOSTALLOC_PORTABLE
         self.size_bytes = size_bytes
-        self.host_ptr = int(_check("cuMemHostAlloc", drv.cuMemHostAlloc(size_bytes, flags)))
-        self.device_ptr = int(_check("cuMemHostGetDevicePointer",
-                                     drv.cuMemHostGetDevicePointer(self.host_ptr, 0)))
-        ctypes.memset(self.host_ptr, 0, size_bytes)
         self._device = device
+        self.host_ptr = int(_check("cuMemHostAlloc", drv.cuMemHostAlloc(size_bytes, flags)))
+        try:
+            self.device_ptr = int(_check("cuMemHostGetDevicePointer",
+                                         drv.cuMemHostGetDevicePointer(self.host_ptr, 0)))
+        except BaseException:
+            _release_quietly("cuMemFreeHost", drv.cuMemFreeHost, self.host_ptr)
+            self.host_ptr = self.device_ptr = 0
+            raise
+        ctypes.memset(self.host_ptr, 0, size_bytes)
 
     def view(self, ctype: Any = ctypes.c_uint8, offset_bytes: int = 0,
              count: int | None = None) -> Any:
@@ -116,6 +136,7 @@ class PinnedMemory:
         return (ctype * count).from_address(self.host_ptr + offset_bytes)
 
     def free(self) -> None:
+        """Free the memory (``cuMemFreeHost``); again: nothing. Raises :class:`GPUError`."""
         if self.host_ptr:
             self._device.make_current()
             _check("cuMemFreeHost", _driver().cuMemFreeHost(self.host_ptr))
@@ -123,15 +144,24 @@ class PinnedMemory:
 
 
 class DeviceMemory:
-    """``size_bytes`` of GPU memory at :attr:`ptr`, zeroed."""
+    """``size_bytes`` of GPU memory at :attr:`ptr`, zeroed.
+
+    Raises :class:`GPUError` when the allocation or the zeroing fails; when the zeroing fails,
+    the allocation is freed (``cuMemFree``) before the error is raised.
+    """
 
     def __init__(self, device: Device, size_bytes: int):
         drv = _driver()
         device.make_current()
         self.size_bytes = size_bytes
-        self.ptr = int(_check("cuMemAlloc", drv.cuMemAlloc(max(size_bytes, 1))))
-        _check("cuMemsetD8", drv.cuMemsetD8(self.ptr, 0, max(size_bytes, 1)))
         self._device = device
+        self.ptr = int(_check("cuMemAlloc", drv.cuMemAlloc(max(size_bytes, 1))))
+        try:
+            _check("cuMemsetD8", drv.cuMemsetD8(self.ptr, 0, max(size_bytes, 1)))
+        except BaseException:
+            _release_quietly("cuMemFree", drv.cuMemFree, self.ptr)
+            self.ptr = 0
+            raise
 
     def upload(self, data: bytes, offset_bytes: int = 0) -> None:
         """Copy ``data`` to ``ptr + offset_bytes`` (synchronous)."""
@@ -157,6 +187,7 @@ class DeviceMemory:
         return buf.raw[:n]
 
     def free(self) -> None:
+        """Free the memory (``cuMemFree``); again: nothing. Raises :class:`GPUError`."""
         if self.ptr:
             self._device.make_current()
             _check("cuMemFree", _driver().cuMemFree(self.ptr))
@@ -194,6 +225,7 @@ class Module:
         return int(out.value)
 
     def unload(self) -> None:
+        """Unload the module (``cuModuleUnload``); again: nothing. Raises :class:`GPUError`."""
         if self.handle is not None:
             self._device.make_current()
             _check("cuModuleUnload", _driver().cuModuleUnload(self.handle))
@@ -226,6 +258,7 @@ class Stream:
         _check("cuStreamSynchronize", _driver().cuStreamSynchronize(self.handle))
 
     def destroy(self) -> None:
+        """Destroy the stream (``cuStreamDestroy``); again: nothing. Raises :class:`GPUError`."""
         if self.handle is not None:
             self._device.make_current()
             _check("cuStreamDestroy", _driver().cuStreamDestroy(self.handle))
@@ -233,9 +266,10 @@ class Stream:
 
 
 class Device:
-    """CUDA device ``ordinal`` with its primary context.
+    """CUDA device ``ordinal`` with its primary context, retained until :meth:`release`.
 
-    Raises :class:`GPUUnavailableError` when there is no driver or no such device.
+    Raises :class:`GPUUnavailableError` when there is no driver or no such device,
+    :class:`GPUError` when a driver call fails (the context, if retained, is released first).
     """
 
     def __init__(self, ordinal: int = 0):
@@ -255,8 +289,15 @@ class Device:
                 attr.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, self.handle))))
         raw = _check("cuDeviceGetName", drv.cuDeviceGetName(128, self.handle))
         self.name = bytes(raw).split(b"\0", 1)[0].decode(errors="replace")
-        self.context = _check("cuDevicePrimaryCtxRetain", drv.cuDevicePrimaryCtxRetain(self.handle))
-        self.make_current()
+        self.context: Any = _check("cuDevicePrimaryCtxRetain",
+                                   drv.cuDevicePrimaryCtxRetain(self.handle))
+        try:
+            self.make_current()
+        except BaseException:
+            self.context = None
+            _release_quietly("cuDevicePrimaryCtxRelease", drv.cuDevicePrimaryCtxRelease,
+                             self.handle)
+            raise
 
     @property
     def arch(self) -> str:
@@ -264,9 +305,35 @@ class Device:
         major, minor = self.compute_capability
         return f"sm_{major}{minor}"
 
+    @property
+    def released(self) -> bool:
+        """True once :meth:`release` has given the primary context back."""
+        return self.context is None
+
     def make_current(self) -> None:
-        """Make the primary context current in the calling thread."""
+        """Make the primary context current in the calling thread. Raises :class:`GPUError`
+        (also after :meth:`release`)."""
+        if self.context is None:
+            raise GPUError(f"CUDA device {self.ordinal}: its primary context was released")
         _check("cuCtxSetCurrent", _driver().cuCtxSetCurrent(self.context))
+
+    def release(self) -> None:
+        """Give back the primary context this object retained (``cuDevicePrimaryCtxRelease``,
+        once; again: nothing). Free this object's memory, modules and streams first: when no
+        one else holds the context, the driver destroys it with everything still in it. Raises
+        :class:`GPUError` when the driver call fails (the context counts as released)."""
+        if self.context is None:
+            return
+        self.context = None
+        _check("cuDevicePrimaryCtxRelease", _driver().cuDevicePrimaryCtxRelease(self.handle))
+
+    def attribute(self, name: str) -> int:
+        """``cuDeviceGetAttribute``: ``CU_DEVICE_ATTRIBUTE_<name>`` of this device
+        (``"MAX_SHARED_MEMORY_PER_BLOCK_OPTIN"``: bytes). Raises :class:`GPUError`."""
+        drv = _driver()
+        attr = getattr(drv.CUdevice_attribute, f"CU_DEVICE_ATTRIBUTE_{name}")
+        return int(_check(f"cuDeviceGetAttribute({name})",
+                          drv.cuDeviceGetAttribute(attr, self.handle)))
 
     def driver_version(self) -> int:
         """The driver's CUDA version as ``1000 * major + 10 * minor`` (13000 for 13.0)."""
@@ -285,11 +352,38 @@ class Device:
         return Stream(self)
 
 
+def _release_quietly(call: str, fn: Any, handle: Any) -> None:
+    """Give back ``handle`` on an error path: a failure is logged, never raised (the error being
+    handled is the one to report)."""
+    try:
+        _check(call, fn(handle))
+    except Exception as exc:  # pragma: no cover - the driver failed twice
+        log.warning("%s on an error path failed: %s", call, exc)
+
+
+def function_attribute(function: Any, name: str) -> int:
+    """``cuFuncGetAttribute``: the attribute ``CU_FUNC_ATTRIBUTE_<name>`` of a kernel
+    (``"SHARED_SIZE_BYTES"``: its static shared memory, bytes). Raises :class:`GPUError`."""
+    drv = _driver()
+    attr = getattr(drv.CUfunction_attribute, f"CU_FUNC_ATTRIBUTE_{name}")
+    return int(_check(f"cuFuncGetAttribute({name})", drv.cuFuncGetAttribute(attr, function)))
+
+
+def set_function_attribute(function: Any, name: str, value: int) -> None:
+    """``cuFuncSetAttribute``: set ``CU_FUNC_ATTRIBUTE_<name>`` of a kernel
+    (``"MAX_DYNAMIC_SHARED_SIZE_BYTES"``: the dynamic shared memory a launch may ask for,
+    bytes). Raises :class:`GPUError`."""
+    drv = _driver()
+    attr = getattr(drv.CUfunction_attribute, f"CU_FUNC_ATTRIBUTE_{name}")
+    _check(f"cuFuncSetAttribute({name})", drv.cuFuncSetAttribute(function, attr, int(value)))
+
+
 def launch(function: Any, stream: Any, *, grid: Sequence[int] = (1, 1, 1),
            block: Sequence[int] = (1, 1, 1), params: Sequence[tuple[int, Any]] = (),
            shared_bytes: int = 0) -> None:
     """``cuLaunchKernel(function)`` on ``stream`` (a :class:`Stream` or ``CUstream``) with
-    ``params`` as ``(value, ctypes type)`` pairs, in the kernel's parameter order."""
+    ``params`` as ``(value, ctypes type)`` pairs, in the kernel's parameter order, and
+    ``shared_bytes`` of dynamic shared memory. Raises :class:`GPUError`."""
     handle = stream.handle if isinstance(stream, Stream) else stream
     values = tuple(v for v, _ in params)
     types = tuple(t for _, t in params)

@@ -21,7 +21,10 @@ host writes the message, then stores ``k`` in the slot's sequence word; the kern
 clears a word (a slot's older value never equals the awaited one); a slot takes a new request
 once its previous response has been read. The host's stores rely on x86-64 ordering (TSO;
 CPython does not reorder them): the word is stored after the message. On a weakly ordered CPU
-(Arm) a release fence would be needed between them (not provided here).
+(aarch64, as on GH200/GB200) a release fence would be needed between them, which CPython's
+stores cannot give: :func:`check_host_order` refuses such a host
+(:class:`~openqlink.errors.HostOrderError`), and a ring over memory the GPU reads (anything but
+:class:`HostMemory`) is only made on an x86 host.
 
 # Ref: cuda-quantum realtime/include/cudaq/realtime/cudaq_realtime.h (cudaq_ringbuffer_t,
 # cudaq_host_ringbuffer_write_rpc_request / signal_slot / poll_tx_flag / clear_slot: the same
@@ -31,14 +34,15 @@ CPython does not reorder them): the word is stored after the message. On a weakl
 from __future__ import annotations
 
 import ctypes
+import platform
 import struct
 from typing import Protocol
 
-from ..errors import DispatchError
+from ..errors import DispatchError, HostOrderError
 from ..wire.rpc import HEADER_BYTES
 
 __all__ = ["RingMemory", "HostMemory", "LoopbackRing", "MAX_SLOTS", "CTX_BYTES", "SEQ_BYTES",
-           "slot_stride"]
+           "slot_stride", "check_host_order", "TSO_MACHINES"]
 
 #: At most 4096 slots (the slot index travels in ImmDt[11:0]).
 MAX_SLOTS = 4096
@@ -46,6 +50,24 @@ MAX_SLOTS = 4096
 CTX_BYTES = 56
 #: The sequence word at the start of every slot.
 SEQ_BYTES = 8
+
+
+#: ``platform.machine()`` names (lower case) of CPUs whose stores other agents see in program
+#: order (x86 TSO): the hosts the ring's plain stores are correct on.
+TSO_MACHINES = frozenset({"x86_64", "amd64", "x86", "i386", "i486", "i586", "i686"})
+
+
+def check_host_order() -> None:
+    """Refuse a host CPU whose stores the GPU may see out of program order.
+
+    The ring's host side stores a request's bytes, then its sequence word, with plain stores and
+    no fence; only a TSO CPU (x86-64) keeps them in that order for the GPU. Raises
+    :class:`~openqlink.errors.HostOrderError` naming the machine on any other
+    (``platform.machine()`` ``aarch64``/``arm64`` on GH200/GB200, ``ppc64le``, ``riscv64``).
+    """
+    machine = platform.machine()
+    if machine.lower() not in TSO_MACHINES:
+        raise HostOrderError(machine)
 
 
 def _align(n: int, a: int) -> int:
@@ -86,13 +108,17 @@ class LoopbackRing:
     :meth:`release` are the per-slot steps under them.
 
     Raises :class:`DispatchError` for ``num_slots`` outside 1..4096, ``slot_size`` not a
-    multiple of 16 or below 32, or ``memory`` smaller than :meth:`size_for`.
+    multiple of 16 or below 32, or ``memory`` smaller than :meth:`size_for`;
+    :class:`~openqlink.errors.HostOrderError` (:func:`check_host_order`) for memory a GPU reads
+    (anything but :class:`HostMemory`) on a host that is not x86.
     """
 
     CONTROL_BYTES = 128
 
     def __init__(self, memory: RingMemory, num_slots: int, slot_size: int):
         self.check_geometry(num_slots, slot_size)
+        if not isinstance(memory, HostMemory):
+            check_host_order()
         need = self.size_for(num_slots, slot_size)
         if memory.size_bytes < need:
             raise DispatchError(f"ring memory of {memory.size_bytes} bytes, {need} needed")

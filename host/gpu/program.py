@@ -76,7 +76,11 @@ class LaunchArgs:
     ``table``/``count`` the device function table; ``max_arg_len``/``max_result_len`` the slot
     payload and handler output capacities in bytes; ``shutdown_flag`` (``volatile int*``) and
     ``processed`` (``uint64_t*``) in mapped pinned memory; ``timing_ns``/``timing_capacity`` the
-    optional turnaround ring (0/0 for none). ``launch(kernel, args)`` of :mod:`.driver` launches.
+    optional turnaround ring (0/0 for none); ``handler_out_bytes`` the dynamic shared memory
+    (bytes) the launch must give the kernel: the built-in kernel's handlers write into it (their
+    private output area, ``max_result_len`` rounded up to 16 plus a guard), and a kernel launched
+    with less gives its handlers only what it got. ``launch(kernel, args)`` of :mod:`.driver`
+    launches.
     """
 
     function: Any
@@ -90,11 +94,13 @@ class LaunchArgs:
     processed: int
     timing_ns: int
     timing_capacity: int
+    handler_out_bytes: int = 0
 
 
 def builtin_launch(args: LaunchArgs, threads: int = 1) -> None:
-    """Launch a kernel with the built-in parameter list (nine parameters) <<<1, threads>>>:
-    one thread by default, as CUDA-Q launches its unified kernel."""
+    """Launch a kernel with the built-in parameter list (nine parameters) <<<1, threads>>> and
+    ``args.handler_out_bytes`` of dynamic shared memory: one thread by default, as CUDA-Q
+    launches its unified kernel. Raises :class:`~openqlink.errors.GPUError`."""
     import ctypes
 
     from .driver import launch
@@ -102,7 +108,7 @@ def builtin_launch(args: LaunchArgs, threads: int = 1) -> None:
     launch(args.function, args.stream, grid=(1, 1, 1), block=(threads, 1, 1), params=[
         (args.transport_ctx, p), (args.table, p), (args.count, u32), (args.max_arg_len, u32),
         (args.max_result_len, u32), (args.shutdown_flag, p), (args.processed, p),
-        (args.timing_ns, p), (args.timing_capacity, u32)])
+        (args.timing_ns, p), (args.timing_capacity, u32)], shared_bytes=args.handler_out_bytes)
 
 
 def warp_launch(args: LaunchArgs) -> None:

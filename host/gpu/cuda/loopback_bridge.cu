@@ -14,6 +14,12 @@
 // that, reads the response and may reuse the slot. Nobody clears a word: a slot's old value
 // (k - num_slots, or 0) never equals the one awaited.
 //
+// Shutdown: rx_poll reads the shutdown flag (ld.acquire.sys) every QLINK_LOOPBACK_SHUTDOWN_SPINS
+// polls of an empty slot (default 256). Once it has seen the flag it polls the slot once more and
+// returns SHUTDOWN only if the request is still not there: the host stores a request's word
+// before it sets the flag, so the acquire makes a request posted before stop() visible to that
+// last poll, and it is answered (then the next slot is looked at once, and so on).
+//
 // rx_poll, when four or more lanes of a warp call the hooks (the built-in kernel runs one warp):
 // four lanes read the slot's first 64-byte line with ONE coalesced load instruction (16 bytes
 // each, ld.acquire.sys), so each poll is one 64-byte PCIe read that returns the sequence word
@@ -31,11 +37,13 @@
 // The request is staged in shared memory (device memory for slots above
 // QLINK_LOOPBACK_SMEM_BYTES, default 1024) in the slot's own layout, so the kernel and the
 // handler touch on-chip memory only; tx_publish copies the staged response into the pinned
-// slot with 16-byte strong stores spread over the lanes, fences, and the leader stores the
-// sequence word.
+// slot with 16-byte strong stores spread over the lanes; the lanes meet (__syncwarp, which orders
+// their stores before what the leader does next), and the leader fences and stores the sequence
+// word: the release pattern of the PTX model, cumulative over every lane's stores.
 //
 // Compile-time options: QLINK_LOOPBACK_LINE_POLL (1 default, 0: the two-round-trip poll);
-// QLINK_LOOPBACK_FENCE (0 default: fence.sc.sys, i.e. __threadfence_system; 1: fence.acq_rel.sys,
+// QLINK_LOOPBACK_SHUTDOWN_SPINS (256 default: empty polls between two reads of the shutdown
+// flag); QLINK_LOOPBACK_FENCE (0 default: fence.sc.sys, i.e. __threadfence_system; 1: fence.acq_rel.sys,
 // also a release pattern in the PTX model; 2, diagnostic only: a response that fits the first
 // line goes out with its sequence word in the same coalesced store and no fence, resting on the
 // same line property as the request side); QLINK_LOOPBACK_SMEM_BYTES (0: always device-memory
@@ -54,6 +62,10 @@
 #ifndef QLINK_LOOPBACK_SMEM_BYTES
 #define QLINK_LOOPBACK_SMEM_BYTES 1024u
 #endif
+#ifndef QLINK_LOOPBACK_SHUTDOWN_SPINS
+#define QLINK_LOOPBACK_SHUTDOWN_SPINS 256u
+#endif
+static_assert(QLINK_LOOPBACK_SHUTDOWN_SPINS >= 1u, "the flag is read every N >= 1 empty polls");
 #define QLINK_LOOPBACK_SEQ_BYTES 8u
 #define QLINK_LOOPBACK_LINE_BYTES 64u
 
@@ -82,6 +94,7 @@ struct qlink_loopback_session {
     uint32_t lanes;            // how many
     uint32_t rank;             // this lane's rank among them (0: the leader)
     uint32_t rank_lane[4];     // lane ids of ranks 0..3 (the readers of the first line)
+    uint32_t stopping;         // the shutdown flag was seen: one more look at each slot, no wait
 };
 
 static_assert(sizeof(qlink_loopback_ctx) == 56, "ctx layout is shared with Python");
@@ -148,6 +161,7 @@ extern "C" __device__ void* cudaq_dev_transport_attach(void* storage, void* ctx,
     s->next_slot = 0;
     s->cur_slot = 0;
     s->t_flag = s->t_copied = 0;
+    s->stopping = 0;
     return s;
 }
 
@@ -172,10 +186,14 @@ extern "C" __device__ cudaq_rx_dev_status_t cudaq_dev_rx_poll(void* session, voi
             const uint64_t seq = __shfl_sync(
                 mask, (static_cast<uint64_t>(v.y) << 32) | static_cast<uint64_t>(v.x), leader);
             if (seq == want) break;
-            if ((++spins & 255u) == 0) {
+            if (s->stopping) return CUDAQ_RX_DEV_SHUTDOWN;  // looked again after the flag
+            if (++spins >= QLINK_LOOPBACK_SHUTDOWN_SPINS) {
+                spins = 0;
                 int stop = 0;
-                if (rank == 0) stop = *s->shutdown_flag;
-                if (__shfl_sync(mask, stop, leader) != 0) return CUDAQ_RX_DEV_SHUTDOWN;
+                if (rank == 0) stop = qlink_load_acquire_sys_s32(s->shutdown_flag);
+                // Seen: poll the slot once more (after the acquire, at the loop's top) before
+                // giving up, so a request posted before the flag is still taken.
+                s->stopping = static_cast<uint32_t>(__shfl_sync(mask, stop, leader) != 0);
             }
         }
 #ifdef QLINK_LOOPBACK_TRACE
@@ -205,9 +223,15 @@ extern "C" __device__ cudaq_rx_dev_status_t cudaq_dev_rx_poll(void* session, voi
         if (rank == 0) {
             const volatile uint64_t* word = reinterpret_cast<const volatile uint64_t*>(src);
             while (qlink_load_acquire_sys(word) != want) {
-                if ((++spins & 255u) == 0 && *s->shutdown_flag != 0) {
+                if (s->stopping) {  // looked again after the flag: nothing there
                     stop = 1;
                     break;
+                }
+                if (++spins >= QLINK_LOOPBACK_SHUTDOWN_SPINS) {
+                    spins = 0;
+                    // Seen: poll the word once more (after the acquire) before giving up.
+                    s->stopping = static_cast<uint32_t>(
+                        qlink_load_acquire_sys_s32(s->shutdown_flag) != 0);
                 }
             }
         }
@@ -281,12 +305,14 @@ extern "C" __device__ void cudaq_dev_tx_publish(void* session, void* response) {
         }
         qlink_store_relaxed_sys_v4(dst + off, v);
     }
+    // Every lane's stores, then the leader's fence and sequence word: the lanes meet first
+    // (bar.warp.sync orders each lane's stores before what the leader does after it), so the
+    // leader's fence + store is a release of all of them, not of its own stores only.
+    __syncwarp(s->mask);
 #ifdef QLINK_LOOPBACK_TRACE
     const uint64_t t_copied_out = qlink_globaltimer_ns();
 #endif
-    if (!one_line) {
-        qlink_loopback_fence();  // every lane that stored (one instruction for the warp)
-    }
+    if (!one_line && rank == 0) qlink_loopback_fence();
 #ifdef QLINK_LOOPBACK_TRACE
     const uint64_t t_fenced = qlink_globaltimer_ns();
 #endif

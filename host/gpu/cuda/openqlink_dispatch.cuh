@@ -89,8 +89,9 @@ static_assert(sizeof(qlink_handler_schema) == 148, "cudaq_handler_schema_t is 14
 static_assert(sizeof(qlink_function_entry) == 168, "function entry is 168 bytes");
 
 // A DEVICE_CALL handler: reads arg_len bytes at `in`, writes at most max_result_len bytes at
-// `out` (straight into the response slot, after its 24-byte header), stores how many it wrote
-// in *result_len and returns the response status (0 ok, > 0 handler error).
+// `out` (the built-in kernel's private output area, 16-byte aligned, which it copies into the
+// response after its 24-byte header), stores how many it wrote in *result_len and returns the
+// response status (0 ok, > 0 handler error).
 typedef int (*qlink_device_rpc_fn)(const void* in, void* out, uint32_t arg_len,
                                    uint32_t max_result_len, uint32_t* result_len);
 
@@ -109,6 +110,9 @@ enum cudaq_rx_dev_status_t { CUDAQ_RX_DEV_READY = 0, CUDAQ_RX_DEV_SHUTDOWN = 1 }
 extern "C" __device__ void* cudaq_dev_transport_attach(void* storage, void* ctx,
                                                        volatile int* shutdown_flag);
 // Blocks until a request is ready (READY: *out_request, *out_response set) or shutdown.
+// openqlink's bridges return SHUTDOWN only when no request posted before the shutdown flag was
+// set is left: once they see the flag they look at the next request once more and hand it out
+// if it is there, so every request posted before the host stops the kernel is answered.
 // Frames are at least 8-byte aligned (the loopback bridge's: header at 8 mod 16, so the
 // arguments and the result start 16-byte aligned).
 extern "C" __device__ cudaq_rx_dev_status_t cudaq_dev_rx_poll(void* session, void** out_request,
@@ -134,6 +138,14 @@ static __device__ __forceinline__ uint64_t qlink_globaltimer_ns() {
 static __device__ __forceinline__ uint64_t qlink_load_acquire_sys(const volatile uint64_t* p) {
     uint64_t v;
     asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
+    return v;
+}
+
+// A 32-bit flag with acquire semantics at system scope (what the host stored before it is seen
+// by the loads that follow).
+static __device__ __forceinline__ int qlink_load_acquire_sys_s32(const volatile int* p) {
+    int v;
+    asm volatile("ld.acquire.sys.global.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
 

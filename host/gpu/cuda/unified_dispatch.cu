@@ -9,6 +9,16 @@
 // can hold (max_arg_len). A handler whose result_len exceeds max_result_len gets status 1 and an
 // empty result.
 //
+// A handler writes its result into a private output area, not into the response frame: the
+// kernel's dynamic shared memory (qlink_handler_out, %dynamic_smem_size bytes, given by the
+// launch: max_result_len rounded up to 16 plus a guard), which the hardware places after every
+// static shared variable (the function table copy, the bridge's staging buffers). The lanes then
+// copy result_len bytes (at most max_result_len) into the response. A handler that writes past
+// max_result_len therefore cannot reach the table or the kernel's state: what lands in the guard
+// is dropped, and a write past the end of the block's shared memory faults the kernel instead.
+// A launch with less dynamic shared memory than max_result_len gives the handlers only what it
+// gave (max_result_len is lowered to it).
+//
 // The lanes of the warp call the transport hooks together (openqlink_dispatch.cuh), so a bridge
 // can use them for coalesced accesses; the lookup, the handler call and the response header are
 // the leader's (lane 0's) alone, so a handler runs on one thread as in CUDA-Q. When the table
@@ -34,6 +44,8 @@ static __device__ __forceinline__ uint32_t qlink_schema_arg_bytes(const qlink_ha
 
 static __shared__ qlink_function_entry qlink_shared_table[QLINK_SHARED_TABLE_ENTRIES];
 static __shared__ uint32_t qlink_shared_arg_bytes[QLINK_SHARED_TABLE_ENTRIES];
+// The handlers' private output area: dynamic shared memory, after all static shared memory.
+extern __shared__ __align__(16) uint8_t qlink_handler_out[];
 
 static __device__ __forceinline__ uint32_t qlink_lane_id() {
     uint32_t lane;
@@ -60,6 +72,10 @@ extern "C" __global__ void qlink_unified_dispatch(void* transport_ctx,
     const uint32_t mask = __activemask();
     const uint32_t lanes = __popc(mask);
     const uint32_t rank = __popc(mask & ((1u << qlink_lane_id()) - 1u));
+    const uint32_t leader = static_cast<uint32_t>(__ffs(mask) - 1);
+    uint32_t out_bytes;
+    asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(out_bytes));
+    if (max_result_len > out_bytes) max_result_len = out_bytes;  // the area bounds the result
     __align__(CUDAQ_DEV_TRANSPORT_SESSION_ALIGN) unsigned char
         storage[CUDAQ_DEV_TRANSPORT_SESSION_BYTES];
     void* session = cudaq_dev_transport_attach(storage, transport_ctx, shutdown_flag);
@@ -105,6 +121,7 @@ extern "C" __global__ void qlink_unified_dispatch(void* transport_ctx,
         int32_t index = -1;
         int callable = 0;
         uint32_t want = 0;
+        uint32_t result_len = 0;  // the leader's
         if (in_registers) {
             const uint32_t hit =
                 __ballot_sync(mask, rank < count && my_function_id == function_id);
@@ -128,15 +145,14 @@ extern "C" __global__ void qlink_unified_dispatch(void* transport_ctx,
                 }
             }
             int32_t status = QLINK_STATUS_UNKNOWN_FUNCTION;
-            uint32_t result_len = 0;
             if (magic == QLINK_RPC_REQUEST_MAGIC && index >= 0 && callable) {
                 if (arg_len > max_arg_len) {
                     status = QLINK_STATUS_TRUNCATED;
                 } else if (arg_len != want) {
                     status = QLINK_STATUS_BAD_ARG_LEN;
                 } else {
-                    status = qlink_call_handler(&table[index], h + 1, r + 1, arg_len,
-                                                max_result_len, &result_len);
+                    status = qlink_call_handler(&table[index], h + 1, qlink_handler_out,
+                                                arg_len, max_result_len, &result_len);
                     if (result_len > max_result_len) {
                         status = QLINK_STATUS_HANDLER_ERROR;
                         result_len = 0;
@@ -149,6 +165,21 @@ extern "C" __global__ void qlink_unified_dispatch(void* transport_ctx,
                    (static_cast<uint64_t>(static_cast<uint32_t>(status)) << 32);
             w[1] = result_len | (head1 & 0xFFFFFFFF00000000ull);  // request_id echoed
             w[2] = ptp_timestamp;
+        }
+        // The result (result_len <= max_result_len bytes of the handler's area) into the
+        // response: 8-byte words side by side over the lanes (frames are 8-byte aligned, the
+        // result starts 24 bytes in), the last bytes by the leader; never more than result_len.
+        // tx_publish's __syncwarp makes every lane's stores part of the response.
+        const uint32_t n = __shfl_sync(mask, result_len, leader);
+        {
+            uint64_t* dst = reinterpret_cast<uint64_t*>(r + 1);
+            const uint64_t* src = reinterpret_cast<const uint64_t*>(qlink_handler_out);
+            for (uint32_t i = rank; i < n / 8u; i += lanes) dst[i] = src[i];
+            if (rank == 0) {
+                for (uint32_t i = n & ~7u; i < n; ++i) {
+                    reinterpret_cast<uint8_t*>(r + 1)[i] = qlink_handler_out[i];
+                }
+            }
         }
         cudaq_dev_tx_publish(session, response);
         ++done;
