@@ -4,6 +4,7 @@ dispatch kernel over the loopback ring, and a data plane built on that model (no
 from __future__ import annotations
 
 import struct
+import time
 from collections.abc import Callable
 
 from openqlink.dispatch import FunctionEntry, TypeDesc
@@ -226,3 +227,27 @@ class ModelPlane:
             assert self.model is not None
             self.model.step()
         return self.ring.poll_response()
+
+
+#: A kernel that never answers fails the test instead of hanging it.
+HANG_GUARD_S = 20.0
+
+
+def wait_response(plane) -> tuple[int, Response]:
+    """The next response of a running :class:`openqlink.gpu.GPUDataPlane`; fails at once when
+    the kernel has faulted or exited, or after :data:`HANG_GUARD_S`."""
+    deadline = time.monotonic() + HANG_GUARD_S
+    spins = 0
+    while (got := plane.poll_response()) is None:
+        spins += 1
+        if spins % 1024 == 0 and plane._stream is not None and plane._stream.done():
+            raise AssertionError(f"the kernel exited (processed {plane.processed})")
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no response from the kernel (processed {plane.processed})")
+    return got[0], Response.unpack(got[1])
+
+
+def call(plane, data: bytes) -> Response:
+    """Submit one request and wait for its response."""
+    plane.submit(data)
+    return wait_response(plane)[1]

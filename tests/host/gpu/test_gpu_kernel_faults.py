@@ -7,10 +7,9 @@ from __future__ import annotations
 import ctypes
 import re
 import struct
-import time
 
 import pytest
-from gpumodel import ADD_SRC, P, device_entries, request
+from gpumodel import ADD_SRC, P, call, device_entries, request
 
 from openqlink.dispatch import DispatchMode, FunctionEntry
 from openqlink.errors import HostOrderError
@@ -34,25 +33,6 @@ ARCH = "sm_90"
 _OK, _WHY = gpu_available()
 needs_gpu = pytest.mark.skipif(not _OK, reason=f"no CUDA driver or GPU: {_WHY}")
 
-HANG_GUARD_S = 20.0  # a kernel that never answers fails the test instead of hanging it
-
-
-def wait_response(plane: GPUDataPlane) -> tuple[int, Response]:
-    """The next response; fails at once when the kernel has faulted or exited."""
-    deadline = time.monotonic() + HANG_GUARD_S
-    spins = 0
-    while (got := plane.poll_response()) is None:
-        spins += 1
-        if spins % 1024 == 0 and plane._stream is not None and plane._stream.done():
-            raise AssertionError(f"the kernel exited (processed {plane.processed})")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no response from the kernel (processed {plane.processed})")
-    return got[0], Response.unpack(got[1])
-
-
-def call(plane: GPUDataPlane, data: bytes) -> Response:
-    plane.submit(data)
-    return wait_response(plane)[1]
 
 
 def one_thread_kernel() -> DispatchKernel:

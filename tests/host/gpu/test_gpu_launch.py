@@ -7,7 +7,16 @@ import struct
 import time
 
 import pytest
-from gpumodel import ADD_SRC, P, device_entries, raw_request, request
+from gpumodel import (
+    ADD_SRC,
+    HANG_GUARD_S,
+    P,
+    call,
+    device_entries,
+    raw_request,
+    request,
+    wait_response,
+)
 
 from openqlink.dispatch import (
     Dispatcher,
@@ -33,20 +42,6 @@ _OK, _WHY = gpu_available()
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(not _OK, reason=f"no CUDA driver or GPU: {_WHY}")]
 
-HANG_GUARD_S = 20.0  # a kernel that never answers fails the test instead of hanging it
-
-
-def wait_response(plane: GPUDataPlane) -> tuple[int, Response]:
-    deadline = time.monotonic() + HANG_GUARD_S
-    while (got := plane.poll_response()) is None:
-        if time.monotonic() > deadline:
-            raise AssertionError(f"no response from the kernel (processed {plane.processed})")
-    return got[0], Response.unpack(got[1])
-
-
-def call(plane: GPUDataPlane, data: bytes) -> Response:
-    plane.submit(data)
-    return wait_response(plane)[1]
 
 
 @pytest.fixture(params=[False, True], ids=["pointer", "inline"])
