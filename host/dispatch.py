@@ -796,8 +796,7 @@ class Dispatcher:
                 log.error("request %#x: the response cannot be delivered (%s); sending status "
                           "%d", rid, exc, STATUS_HANDLER_ERROR)
                 outcome = Outcome.HANDLER_ERROR
-                self.send_response(slot, RESPONSE_CODEC.pack(RESPONSE_MAGIC,
-                                                             STATUS_HANDLER_ERROR, 0, rid, ts))
+                self.send_response(slot, _error_response(rid, ts))
         except Exception:
             self.counts[outcome] += 1
             self.send_errors += 1
