@@ -11,7 +11,8 @@ import struct
 from .header import Header
 from .ipv4 import IpProtocol, ones_complement_sum
 
-__all__ = ["UDP", "ROCEV2_PORT", "CONTROL_PORT", "udp_checksum_ok"]
+__all__ = ["UDP", "ROCEV2_PORT", "CONTROL_PORT", "UDP_CALL_PORT_BASE", "udp_checksum",
+           "udp_checksum_ok"]
 
 UDP = Header("UDP", [("src_port", 16), ("dst_port", 16), ("length", 16), ("checksum", 16)],
              ref="RFC 768")
@@ -20,9 +21,21 @@ UDP = Header("UDP", [("src_port", 16), ("dst_port", 16), ("length", 16), ("check
 ROCEV2_PORT = 4791
 #: Control plane port, as Holoscan Sensor Bridge's control bus.
 CONTROL_PORT = 8192
+#: QP ``q``'s own UDP port in the QSC's UDP transport (the QP's TRANSPORT register):
+#: ``UDP_CALL_PORT_BASE + q`` is the source port of its RPC requests and the destination port of
+#: their responses (12288 is Holoscan Sensor Bridge's data source port).
+UDP_CALL_PORT_BASE = 12288
 
 
 _PSEUDO = struct.Struct("!IIBBH")
+
+
+def udp_checksum(src_ip: int, dst_ip: int, datagram: bytes | bytearray | memoryview) -> int:
+    """RFC 768: the checksum to send in a datagram (header with a zero checksum field, and
+    payload) from ``src_ip`` to ``dst_ip``: the complemented one's-complement sum over the IPv4
+    pseudo-header and the datagram, 0xFFFF where that is 0 (0 means "none")."""
+    pseudo = _PSEUDO.pack(src_ip, dst_ip, 0, IpProtocol.UDP, len(datagram))
+    return (~ones_complement_sum(pseudo + bytes(datagram)) & 0xFFFF) or 0xFFFF
 
 
 def udp_checksum_ok(src_ip: int, dst_ip: int, datagram: bytes | bytearray | memoryview) -> bool:

@@ -8,7 +8,7 @@ check against the latched sequence number, with the QSC's answer to a retransmis
 number again runs no write twice; ACK_REQUEST, BAD_ADDRESS for unmapped addresses), keeps a
 sparse byte memory of the PPU windows written by RDMA, records every RoCE packet it accepts, and
 can send RPC requests to the host as the gateware would (UC RDMA_WRITE_ONLY_WITH_IMMEDIATE into a
-ring slot).
+ring slot, or, for a QP in UDP mode, one UDP datagram), taking the responses into a mailbox.
 Faults can be injected: dropped responses, stale responses and unrelated frames before a response.
 """
 
@@ -48,6 +48,7 @@ from openqlink.wire.ethernet import mac_to_int
 from openqlink.wire.ipv4 import ip_to_int
 from openqlink.wire.packet import build_roce_frame, build_udp_frame, parse_frame
 from openqlink.wire.roce import Opcode, slot_immediate
+from openqlink.wire.udp import UDP_CALL_PORT_BASE, udp_checksum_ok
 
 
 @dataclass
@@ -108,6 +109,7 @@ class QSCPeer:
         self.memory: dict[int, int] = {}        # byte address -> byte (PPU windows)
         self.rdma: list[RoceRecord] = []
         self.mailbox: list[tuple[int, bytes]] = []   # (ppu, SEND payload)
+        self.udp_drops: list[tuple[int, bytes]] = []  # (QP, frame) of UDP responses dropped
         self.control_log: list[dict[str, int]] = []
         self.drop_responses = 0                 # responses to swallow (requests still executed)
         self.ignore_requests = 0                # requests to swallow without executing
@@ -155,6 +157,27 @@ class QSCPeer:
             self._control(f)
         elif f.is_roce and f.icrc_ok:
             self._roce(f)
+        else:
+            self._udp_response(frame, f)
+
+    def _udp_response(self, frame: bytes, f) -> None:
+        """A response datagram to a UDP-mode QP's port, taken into its PPU's mailbox as the
+        gateware takes it: from the peer's MAC, IP and PEER_UDP_PORT, 24..RESPONSE_BYTES
+        bytes, a UDP checksum that is 0 or right."""
+        q = f.udp["dst_port"] - UDP_CALL_PORT_BASE
+        if not 0 <= q < self.params.num_ppus or not self.regs[qp_reg(q, "TRANSPORT")]:
+            return
+        peer_mac = (self.regs[qp_reg(q, "PEER_MAC_HI")] << 32
+                    | self.regs[qp_reg(q, "PEER_MAC_LO")])
+        n = f.udp["length"] - 8
+        udp = frame[34:34 + f.udp["length"]]
+        if (f.eth["src"] != peer_mac or f.ip["src"] != self.regs[qp_reg(q, "PEER_IP")]
+                or f.udp["src_port"] != self.regs[qp_reg(q, "PEER_UDP_PORT")]
+                or not 24 <= n <= self.regs[qp_reg(q, "RESPONSE_BYTES")]
+                or (f.udp["checksum"] and not udp_checksum_ok(f.ip["src"], f.ip["dst"], udp))):
+            self.udp_drops.append((q, frame))
+            return
+        self.mailbox.append((q, bytes(udp[8:8 + min(n, 64)])))
 
     def _ppu_of_qpn(self, qpn: int) -> int | None:
         """The PPU of the lowest QP whose QSC_QPN is ``qpn``, as the gateware chooses."""
@@ -301,6 +324,16 @@ class QSCPeer:
     def send_rpc_request(self, ppu: int, request: bytes, **kw) -> None:
         self.t.send_frame(self.rpc_request_frame(ppu, request, **kw))
 
+    def udp_request_frame(self, ppu: int, request: bytes) -> bytes:
+        """A request as the gateware sends it from a UDP-mode QP: one datagram from
+        UDP_CALL_PORT_BASE + ppu to the QP's PEER_UDP_PORT, checksum 0."""
+        return build_udp_frame(
+            dst_mac=(self.regs[qp_reg(ppu, "PEER_MAC_HI")] << 32
+                     | self.regs[qp_reg(ppu, "PEER_MAC_LO")]),
+            src_mac=self.mac, src_ip=self.ip, dst_ip=self.regs[qp_reg(ppu, "PEER_IP")],
+            src_port=UDP_CALL_PORT_BASE + ppu,
+            dst_port=self.regs[qp_reg(ppu, "PEER_UDP_PORT")], payload=request)
+
     def read_memory(self, addr: int, n: int) -> bytes:
         return bytes(self.memory.get(addr + i, 0) for i in range(n))
 
@@ -377,6 +410,22 @@ def threaded_qsc():
         peer = QSCPeer(peer_end, params).start()
         peers.append(peer)
         return host_end, peer
+
+    yield make
+    for p in peers:
+        p.stop()
+
+
+@pytest.fixture
+def qsc_peer():
+    """Factory: ``qsc_peer(transport, params=None) -> QSCPeer`` serving ``transport`` in a
+    thread until the test ends (e.g. a raw socket on a veth end)."""
+    peers: list[QSCPeer] = []
+
+    def make(transport: FrameTransport, params: QSCParams | None = None) -> QSCPeer:
+        peer = QSCPeer(transport, params).start()
+        peers.append(peer)
+        return peer
 
     yield make
     for p in peers:

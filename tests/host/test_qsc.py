@@ -326,7 +326,7 @@ def test_poll_rx_routes_requests_to_the_ring_and_counts_the_rest(ready):
     assert ring.published == [(0, len(req)), (1, len(req))]
     assert Request.unpack(ring.memory[256:512]).request_id == 7
     assert qsc.rx_counts == {"roce": 2, "roce_unknown_qpn": 1, "control_unexpected": 0,
-                             "malformed": 1, "other": 1}
+                             "malformed": 1, "other": 1, "udp_call": 0}
     assert qsc.poll_rx() == 0
     # a request arriving while a control transaction waits is routed by the transaction
     peer.noise_before_response = [peer.rpc_request_frame(0, req)]
