@@ -37,7 +37,8 @@ from ..errors import QlinkError
 from ..roce import PMTU_VALUES, SlotRingLike
 from ..wire.roce import path_mtu_code
 
-__all__ = ["BridgeUnavailableError", "VerbsQueuePair", "pyverbs_or_raise", "roce_gid"]
+__all__ = ["BridgeUnavailableError", "VerbsQueuePair", "pyverbs_or_raise", "rdma_device_or_raise",
+           "roce_gid"]
 
 _PYVERBS_DIRS = ("/usr/lib/python3/dist-packages",)
 
@@ -72,6 +73,29 @@ def pyverbs_or_raise() -> Any:
         "verbs bridge: pyverbs is not installed for this Python "
         f"({sys.version_info.major}.{sys.version_info.minor}): install the distribution's "
         "python3-pyverbs (rdma-core) and run .ci/setup again")
+
+
+def rdma_device_or_raise(device: str | None = None) -> str:
+    """The name of RDMA device ``device`` (``None``: the first), or
+    :class:`BridgeUnavailableError` naming what is missing (pyverbs, any device, that one)."""
+    pyverbs_or_raise()
+    from pyverbs.device import get_device_list
+    from pyverbs.pyverbs_error import PyverbsError
+
+    try:
+        names = [d.name.decode() for d in get_device_list()]
+    except PyverbsError as exc:
+        raise BridgeUnavailableError(
+            "verbs bridge: no RDMA device: the kernel lists none (is the NIC's RDMA "
+            f"driver loaded? /sys/class/infiniband is empty or missing): {exc}") from None
+    if not names:
+        raise BridgeUnavailableError("verbs bridge: no RDMA device on this host "
+                                     "(/sys/class/infiniband is empty)")
+    name = names[0] if device is None else device
+    if name not in names:
+        raise BridgeUnavailableError(f"verbs bridge: no RDMA device {name!r} "
+                                     f"(this host has {', '.join(names)})")
+    return name
 
 
 def roce_gid(ip: str | int) -> str:
@@ -131,7 +155,7 @@ class VerbsQueuePair:
         import pyverbs.enums as e
         from pyverbs.addr import GID, AHAttr, GlobalRoute
         from pyverbs.cq import CQ
-        from pyverbs.device import Context, get_device_list
+        from pyverbs.device import Context
         from pyverbs.mr import MR
         from pyverbs.pd import PD
         from pyverbs.pyverbs_error import PyverbsError
@@ -143,22 +167,13 @@ class VerbsQueuePair:
                                       0)
         self._closers: list[Any] = []
         try:
-            try:
-                names = [d.name.decode() for d in get_device_list()]
-            except PyverbsError as exc:
-                raise BridgeUnavailableError(
-                    "verbs bridge: no RDMA device: the kernel lists none (is the NIC's RDMA "
-                    f"driver loaded? /sys/class/infiniband is empty or missing): {exc}") from None
-            if not names:
-                raise BridgeUnavailableError("verbs bridge: no RDMA device on this host "
-                                             "(/sys/class/infiniband is empty)")
-            name = names[0] if device is None else device
-            if name not in names:
-                raise BridgeUnavailableError(f"verbs bridge: no RDMA device {name!r} "
-                                             f"(this host has {', '.join(names)})")
+            name = rdma_device_or_raise(device)
             ctx = self._keep(Context(name=name))
             gid_index = self._find_gid(ctx, port, local_ip) if gid_index is None else gid_index
-            pd = self._keep(PD(ctx))
+            pd = self._pd = self._keep(PD(ctx))
+            self._write_mr: Any = None
+            self._write_mr_bytes = 0
+            self._sends_done = 0
             size = ring.num_slots * ring.slot_size
             self._ring_mr = self._keep(MR(pd, size, e.IBV_ACCESS_LOCAL_WRITE
                                           | e.IBV_ACCESS_REMOTE_WRITE))
@@ -248,30 +263,90 @@ class VerbsQueuePair:
         returns how many were published. Never raises for what the QSC sent: a completion in
         error, without an immediate, or naming a slot outside the ring or still full is counted
         in ``RX_DROPPED`` and its receive WQE posted again."""
+        n, wcs = self._cq.poll(max_completions)
+        return sum(self._completion(wc) for wc in wcs[:n])
+
+    def _completion(self, wc: Any) -> int:
+        """Handle one work completion; 1 when it published a request."""
         e = self._e
         ring = self.ring
-        n, wcs = self._cq.poll(max_completions)
-        published = 0
-        for wc in wcs[:n]:
-            if wc.opcode == e.IBV_WC_SEND or wc.opcode == e.IBV_WC_RDMA_WRITE:
-                if wc.status != e.IBV_WC_SUCCESS:
-                    self.counters["TX_ERRORS"] += 1
-                continue
-            self._post_recv(wc.wr_id)
-            imm = socket.ntohl(int(wc.imm_data))     # ibv_wc.imm_data is big-endian
-            slot, length = imm & 0xFFF, int(wc.byte_len)
-            if (wc.status != e.IBV_WC_SUCCESS or wc.opcode != e.IBV_WC_RECV_RDMA_WITH_IMM
-                    or slot >= ring.num_slots or not 1 <= length <= ring.slot_size
-                    or ring.ready(slot)):
-                self.counters["RX_DROPPED"] += 1
-                continue
-            start = slot * ring.slot_size
-            data = self._ring_mr.read(length, start)
-            memoryview(ring.memory).cast("B")[start:start + length] = data
-            ring.publish(slot, length)
-            self.counters["RX_PUBLISHED"] += 1
-            published += 1
-        return published
+        if wc.opcode in (e.IBV_WC_SEND, e.IBV_WC_RDMA_WRITE):
+            self._sends_done += 1
+            if wc.status != e.IBV_WC_SUCCESS:
+                self.counters["TX_ERRORS"] += 1
+            return 0
+        self._post_recv(wc.wr_id)
+        imm = socket.ntohl(int(wc.imm_data))     # ibv_wc.imm_data is big-endian
+        slot, length = imm & 0xFFF, int(wc.byte_len)
+        if (wc.status != e.IBV_WC_SUCCESS or wc.opcode != e.IBV_WC_RECV_RDMA_WITH_IMM
+                or slot >= ring.num_slots or not 1 <= length <= ring.slot_size
+                or ring.ready(slot)):
+            self.counters["RX_DROPPED"] += 1
+            return 0
+        start = slot * ring.slot_size
+        data = self._ring_mr.read(length, start)
+        memoryview(ring.memory).cast("B")[start:start + length] = data
+        ring.publish(slot, length)
+        self.counters["RX_PUBLISHED"] += 1
+        return 1
+
+    def write(self, va: int, r_key: int, data: bytes, imm: int | None = None, *,
+              timeout_s: float = 1.0) -> None:
+        """RDMA WRITE ``data`` to the QSC's ``va`` under ``r_key`` (an upload, an envelope,
+        the trigger), WITH_IMMEDIATE ``imm`` when given; the NIC cuts the message into
+        packets at the path MTU. Waits for the work request's completion (publishing requests
+        that complete meanwhile) so the staging buffer can be reused.
+
+        Raises :class:`ValueError` for a field that does not fit (``va`` 64 bits, ``r_key`` and
+        ``imm`` 32 bits, ``data`` up to 2**31 bytes) and :class:`BridgeUnavailableError` when
+        the NIC refuses or fails the work request or it does not complete in ``timeout_s``.
+        """
+        import time
+
+        from pyverbs.mr import MR
+        from pyverbs.pyverbs_error import PyverbsError
+        from pyverbs.wr import SGE, SendWR
+
+        e = self._e
+        for what, v, bits in (("va", va, 64), ("r_key", r_key, 32),
+                              ("imm", 0 if imm is None else imm, 32)):
+            if not 0 <= v < 1 << bits:
+                raise ValueError(f"{what} {v:#x} does not fit in {bits} bits")
+        n = len(data)
+        if not 0 < n < 1 << 31:
+            raise ValueError(f"an RDMA WRITE carries 1..2**31-1 bytes, not {n}")
+        if self._write_mr is None or self._write_mr_bytes < n:
+            size = max(n, 1 << 16)
+            mr = MR(self._pd, size, e.IBV_ACCESS_LOCAL_WRITE)
+            if self._write_mr is not None:
+                self._closers.remove(self._write_mr)
+                self._write_mr.close()
+            self._write_mr, self._write_mr_bytes = self._keep(mr), size
+        mr = self._write_mr
+        mr.write(bytes(data), n, 0)
+        opcode = e.IBV_WR_RDMA_WRITE if imm is None else e.IBV_WR_RDMA_WRITE_WITH_IMM
+        wr = SendWR(opcode=opcode, num_sge=1, sg=[SGE(mr.buf, n, mr.lkey)],
+                    send_flags=e.IBV_SEND_SIGNALED)
+        wr.set_wr_rdma(r_key, va)
+        if imm is not None:
+            wr.imm_data = socket.htonl(imm)
+        want = self._sends_done + 1
+        errors = self.counters["TX_ERRORS"]
+        try:
+            self._qp.post_send(wr)
+        except PyverbsError as exc:
+            self.counters["TX_ERRORS"] += 1
+            raise BridgeUnavailableError(f"verbs bridge: post_send (RDMA WRITE): {exc}") from None
+        self.counters["TX_FRAMES"] += 1
+        deadline = time.monotonic() + timeout_s
+        while self._sends_done < want:
+            if time.monotonic() > deadline:
+                raise BridgeUnavailableError(f"verbs bridge: the RDMA WRITE of {n} bytes to "
+                                             f"{va:#x} did not complete in {timeout_s} s")
+            self.poll()
+        if self.counters["TX_ERRORS"] != errors:
+            raise BridgeUnavailableError(f"verbs bridge: the RDMA WRITE of {n} bytes to {va:#x} "
+                                         "completed in error")
 
     def send(self, payload: bytes) -> None:
         """SEND ``payload`` (an RPC response: header and result) to the QSC's mailbox.
