@@ -25,6 +25,7 @@ import sys
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 from amaranth.lib import data
@@ -61,25 +62,34 @@ from .memory_map import (
     version_word,
 )
 from .roce import PMTU_VALUES, SlotRingLike, UCQueuePair
+from .udpcall import UDPCallPort
 from .wire.ethernet import mac_to_int
 from .wire.ipv4 import IpProtocol, int_to_ip, ip_to_int
 from .wire.packet import DEFAULT_ROCE_SRC_PORT, ROCE_HEADERS_BYTES, parse_frame
 from .wire.roce import path_mtu_code
 from .wire.rpc import HEADER_BYTES
-from .wire.udp import ROCEV2_PORT
+from .wire.udp import ROCEV2_PORT, UDP_CALL_PORT_BASE
 
 _ROCEV2_PORT_BYTES = ROCEV2_PORT.to_bytes(2, "big")
 
-__all__ = ["QSC", "RKeys", "TraceStatus", "DEFAULT_HOST_QPN_BASE", "RX_COUNT_NAMES",
-           "TRIGGER_UPLOAD_CHECK"]
+__all__ = ["QSC", "RKeys", "TraceStatus", "DEFAULT_HOST_QPN_BASE", "DEFAULT_HOST_CALL_PORT",
+           "CALL_TRANSPORTS", "RX_COUNT_NAMES", "TRIGGER_UPLOAD_CHECK"]
 
 #: Host QPN of PPU ``n`` unless :meth:`QSC.configure` is told otherwise: ``0x200 + n``.
 DEFAULT_HOST_QPN_BASE = 0x200
+#: This host's UDP port for PPU ``n``'s CALLs in the UDP transport unless told otherwise:
+#: ``0xC200 + n``.
+DEFAULT_HOST_CALL_PORT = 0xC200
+#: How a PPU's CALLs travel (its QP's TRANSPORT register): ``"roce"``, UC RDMA WRITE requests
+#: and SEND responses (0); ``"udp"``, one datagram each way, CUDA-Q realtime's ``udp`` bridge
+#: format (1).
+CALL_TRANSPORTS = ("roce", "udp")
 #: The path MTU the host uses unless told otherwise (bytes of payload per packet).
 DEFAULT_PMTU_BYTES = 1024
 
 #: Keys of :attr:`QSC.rx_counts`.
-RX_COUNT_NAMES = ("roce", "roce_unknown_qpn", "control_unexpected", "malformed", "other")
+RX_COUNT_NAMES = ("roce", "roce_unknown_qpn", "udp_call", "control_unexpected", "malformed",
+                  "other")
 
 
 @dataclass(frozen=True)
@@ -122,6 +132,10 @@ class _PPUState:
     qsc_qpn: int
     rkeys: RKeys
     ring: SlotRingLike | None
+    #: The host end of the PPU's CALLs in the UDP transport (None: RoCE, through ``qp``).
+    call_port: UDPCallPort | None = None
+    #: With the verbs bridge: the NIC's UC QP (requests, uploads, responses), else None.
+    verbs: Any = None
     #: The PPU's UPLOAD_WORDS as this host expects it (words sent since the last trigger, or
     #: the count read back by the last verified upload).
     upload_words: int = 0
@@ -178,10 +192,17 @@ class QSC:
 
     Parameters
     ----------
-    transport : FrameTransport
-        Carries all frames to and from the QSC; owned (closed by :meth:`close`).
+    transport : FrameTransport | None
+        Carries all frames to and from the QSC; owned (closed by :meth:`close`). Give it or
+        ``bridge``.
+    bridge : str | None
+        Open this bridge (:func:`openqlink.bridges.open_bridge`: ``"raw"`` with ``interface``,
+        ``"udp"``, ``"verbs"`` with ``device``) instead of taking a transport; it finds
+        ``host_mac`` and ``host_ip`` unless they are given. Raises
+        :class:`~openqlink.bridges.verbs.BridgeUnavailableError` (one line) where this host
+        cannot run it.
     host_mac, host_ip
-        This host's addresses, as the QSC must send to them.
+        This host's addresses, as the QSC must send to them (needed with ``transport``).
     params : QSCParams | None
         The QSC build's parameters (IMEM/ENV depths, number of PPUs, default MAC/IP). ``None``:
         defaults, with the number of PPUs taken from the QSC at :meth:`connect`.
@@ -195,6 +216,11 @@ class QSC:
         Path MTU: the largest RDMA payload per packet, 256, 512, 1024 (default), 2048 or 4096;
         :meth:`configure` writes it to the QP's PMTU register. A frame of a 4096-byte PMTU
         is 4154 bytes or more: the path needs jumbo frames beyond a 1024-byte PMTU.
+    call_transport : str | None
+        How :meth:`configure` sets up the PPUs' CALLs by default (:data:`CALL_TRANSPORTS`):
+        ``"roce"`` (UC RDMA WRITE WITH IMMEDIATE requests, SEND responses: the default), or
+        ``"udp"`` (one datagram each way, CUDA-Q realtime's ``udp`` format; the ``udp`` bridge's
+        only one). The ``verbs`` bridge's CALLs are RoCE on the NIC.
     timeout_s, retries
         Control-plane time-out per attempt (seconds of ``transport.now_s()``) and retries.
 
@@ -212,24 +238,54 @@ class QSC:
     returns at once and the transaction routes the frames it reads itself.
     """
 
-    def __init__(self, transport: FrameTransport, *, host_mac: str | bytes | int,
-                 host_ip: str | int, params: QSCParams | None = None,
+    def __init__(self, transport: FrameTransport | None = None, *, bridge: str | None = None,
+                 interface: str | None = None, host_mac: str | bytes | int | None = None,
+                 host_ip: str | int | None = None, params: QSCParams | None = None,
                  qsc_mac: str | bytes | int | None = None, qsc_ip: str | int | None = None,
                  control_port: int = DEFAULT_LOCAL_PORT,
                  roce_src_port: int = DEFAULT_ROCE_SRC_PORT,
-                 pmtu_bytes: int = DEFAULT_PMTU_BYTES,
-                 timeout_s: float = 0.2, retries: int = 3):
+                 pmtu_bytes: int = DEFAULT_PMTU_BYTES, call_transport: str | None = None,
+                 device: str | None = None, timeout_s: float = 0.2, retries: int = 3):
         self._params_given = params is not None
         self.params = params or QSCParams()
-        self.transport = transport
-        self.host_mac = mac_to_int(host_mac)
-        self.host_ip = ip_to_int(host_ip)
         self.qsc_mac = mac_to_int(self.params.mac if qsc_mac is None else qsc_mac)
         self.qsc_ip = ip_to_int(self.params.ip if qsc_ip is None else qsc_ip)
-        self.roce_src_port = roce_src_port
         if pmtu_bytes not in PMTU_VALUES:
             raise FieldRangeError("QPContext", "pmtu_bytes", pmtu_bytes,
                                   f"a path MTU is one of {PMTU_VALUES} bytes")
+        if call_transport is not None and call_transport not in CALL_TRANSPORTS:
+            raise FieldRangeError("QSC", "call_transport", call_transport,
+                                  f"one of {', '.join(CALL_TRANSPORTS)}")
+        self.bridge: str | None = None
+        self.device: str | None = None
+        default_calls = "roce"
+        if (transport is None) == (bridge is None):
+            raise QlinkError("QSC: give a transport or a bridge name (bridge='raw', 'udp' or "
+                             "'verbs'), not " + ("both" if bridge else "neither"))
+        if bridge is not None:
+            from .bridges import open_bridge
+            opened = open_bridge(bridge, qsc_ip=self.qsc_ip, interface=interface,
+                                 host_ip=host_ip, device=device)
+            transport = opened.transport
+            host_mac = opened.host_mac if host_mac is None else host_mac
+            host_ip = opened.host_ip
+            default_calls = opened.call_transport
+            self.bridge, self.device = bridge, opened.device
+            if bridge == "udp" and call_transport == "roce":
+                transport.close()
+                raise FieldRangeError("QSC", "call_transport", call_transport,
+                                      "the udp bridge takes CALLs as UDP datagrams only")
+        if host_mac is None or host_ip is None:
+            raise QlinkError("QSC: host_mac and host_ip are needed with a transport (a bridge "
+                             "finds them)")
+        assert transport is not None
+        self.transport = transport
+        self.host_mac = mac_to_int(host_mac)
+        self.host_ip = ip_to_int(host_ip)
+        #: How configure() sets up a PPU's CALLs unless told: "roce", "udp" or (verbs bridge)
+        #: "verbs".
+        self.call_transport = call_transport or default_calls
+        self.roce_src_port = roce_src_port
         self.pmtu_bytes = pmtu_bytes
         self.num_ppus = self.params.num_ppus
         self.num_qps: int = self.params.num_qps
@@ -244,6 +300,10 @@ class QSC:
         #: peer: QP -> this host's UC QP
         self._extra_qps: dict[int, UCQueuePair] = {}
         self._by_qpn: dict[int, UCQueuePair] = {}
+        #: This host's UDP port -> the UDP call port of the PPU whose CALLs arrive there
+        self._by_call_port: dict[int, UDPCallPort] = {}
+        #: The verbs bridge's QPs, polled by poll_rx
+        self._verbs: list[Any] = []
         #: the R_Keys configure_qp wrote: QP -> region name -> key
         self._qp_rkeys: dict[int, dict[str, int]] = {}
         self._tx_lock = threading.Lock()
@@ -304,8 +364,9 @@ class QSC:
     def configure(self, ppu: int, ring: SlotRingLike | None = None, host_qpn: int | None = None,
                   ring_rkey: int | None = None, imem_rkey: int | None = None,
                   env_rkey: int | None = None, regs_rkey: int | None = None,
-                  qsc_qpn: int | None = None,
-                  response_bytes: int | None = None) -> UCQueuePair:
+                  qsc_qpn: int | None = None, response_bytes: int | None = None, *,
+                  call_transport: str | None = None,
+                  host_call_port: int | None = None) -> UCQueuePair:
         """Set up PPU ``ppu``'s QP contract on both sides; return the host QP.
 
         Writes the PPU's QP context: HOST_QPN (which restarts
@@ -330,6 +391,18 @@ class QSC:
         QP; else the QSC keeps its own, ``qpn_base + ppu`` from reset), and ``response_bytes``
         (24..8191) to RESPONSE_BYTES: the largest SEND the QP takes into the response mailbox
         (64 from reset; CUDA-Q's GPU bridge SENDs 24 + its payload size bytes).
+
+        ``call_transport`` (default: the QSC's :attr:`call_transport`) chooses how the PPU's
+        CALLs travel, written to the QP's TRANSPORT register before RX_ENABLE: ``"roce"`` as
+        above; ``"udp"``: requests come as UDP datagrams from the QP's port
+        (``UDP_CALL_PORT_BASE + ppu``) to this host's ``host_call_port`` (PEER_UDP_PORT;
+        default ``DEFAULT_HOST_CALL_PORT + ppu``), where a :class:`~openqlink.udpcall.
+        UDPCallPort` puts them into ``ring`` in arrival order, and :meth:`send_response`
+        answers with one datagram (``ring`` is then required); uploads and the trigger stay
+        RDMA WRITEs on the QP. With the ``verbs`` bridge the NIC's UC QP
+        (:class:`~openqlink.bridges.verbs.VerbsQueuePair`) takes the requests into ``ring``
+        (its QPN is the HOST_QPN, its memory region's address and key RING_VA and HOST_RKEY)
+        and sends the uploads, the trigger and the responses.
 
         Raises :class:`~openqlink.errors.FieldRangeError` (bad PPU, key, QPN or ring geometry:
         1..4096 slots of at most 65535 bytes), :class:`~openqlink.errors.ClaimedError` (another
@@ -358,6 +431,33 @@ class QSC:
                                      and 0 < ring.slot_size < 1 << 16):
             raise FieldRangeError("QPContext", "num_slots", (ring.num_slots, ring.slot_size),
                                   "the ring needs 1..4096 slots of 1..65535 bytes")
+        calls = self.call_transport if call_transport is None else call_transport
+        if calls not in CALL_TRANSPORTS and not (calls == "verbs" and self.bridge == "verbs"):
+            raise FieldRangeError("QSC", "call_transport", calls,
+                                  f"one of {', '.join(CALL_TRANSPORTS)}")
+        if self.bridge == "udp" and calls != "udp":
+            raise FieldRangeError("QSC", "call_transport", calls,
+                                  "the udp bridge takes CALLs as UDP datagrams only")
+        port = DEFAULT_HOST_CALL_PORT + ppu if host_call_port is None else host_call_port
+        if calls == "udp":
+            if ring is None:
+                raise FieldRangeError("QSC", "ring", None, "CALLs over UDP need a ring")
+            if not 1 <= port <= 0xFFFF:
+                raise FieldRangeError("UDP", "host_call_port", port, "a UDP port is 1..65535")
+            bind = getattr(self.transport, "bind_port", None)
+            if bind is not None:
+                bind(port)          # a port taken fails here, before any write
+        verbs = None
+        ring_va = 0
+        if calls == "verbs":
+            if ring is None:
+                raise FieldRangeError("QSC", "ring", None, "the verbs bridge needs a ring")
+            from .bridges.verbs import VerbsQueuePair
+            verbs = VerbsQueuePair(ring, local_ip=int_to_ip(self.host_ip),
+                                   remote_ip=int_to_ip(self.qsc_ip), device=self.device,
+                                   pmtu_bytes=self.pmtu_bytes)
+            qpn, ring_va = verbs.qpn, verbs.ring_va
+            keys = RKeys(ring=verbs.ring_rkey, imem=keys.imem, env=keys.env, regs=keys.regs)
         writes = self._qp_writes(ppu, qpn, qsc_qpn, self.host_mac, self.host_ip)
 
         def w(addr: int, value: int) -> None:
@@ -365,9 +465,12 @@ class QSC:
 
         if response_bytes is not None:
             w(qp_reg(ppu, "RESPONSE_BYTES"), response_bytes)
+        w(qp_reg(ppu, "TRANSPORT"), int(calls == "udp"))
+        if calls == "udp":
+            w(qp_reg(ppu, "PEER_UDP_PORT"), port)
         w(qp_reg(ppu, "HOST_RKEY"), keys.ring)
-        w(qp_reg(ppu, "RING_VA_HI"), 0)
-        w(qp_reg(ppu, "RING_VA_LO"), 0)
+        w(qp_reg(ppu, "RING_VA_HI"), ring_va >> 32)
+        w(qp_reg(ppu, "RING_VA_LO"), ring_va & 0xFFFF_FFFF)
         if ring is not None:
             w(qp_reg(ppu, "NUM_SLOTS"), ring.num_slots)
             w(qp_reg(ppu, "SLOT_SIZE"), ring.slot_size)
@@ -375,14 +478,36 @@ class QSC:
         w(qp_reg(ppu, "IMEM_RKEY"), keys.imem)
         w(qp_reg(ppu, "ENV_RKEY"), keys.env)
         w(qp_reg(ppu, "REGS_RKEY"), keys.regs)
-        qp, qsc_qpn = self._open_qp(ppu, writes, qpn, self.host_mac, self.host_ip)
-        if ring is not None:
+        try:
+            qp, qsc_qpn = self._open_qp(ppu, writes, qpn, self.host_mac, self.host_ip)
+            if verbs is not None:
+                verbs.connect(qsc_qpn)
+        except BaseException:
+            if verbs is not None:
+                verbs.close()
+            raise
+        call_port = None
+        if calls == "udp":
+            assert ring is not None
+            call_port = UDPCallPort(self.host_mac, self.host_ip, port, self.qsc_mac,
+                                    self.qsc_ip, UDP_CALL_PORT_BASE + ppu, ring)
+        elif ring is not None and verbs is None:
             qp.register_ring(ring, keys.ring, va=0)
         old = self._ppus.get(ppu)
         if old is not None:
             self._by_qpn.pop(old.qp.qpn, None)
-        self._ppus[ppu] = _PPUState(qp, qsc_qpn, keys, ring)
-        self._by_qpn[qpn] = qp
+            if old.call_port is not None:
+                self._by_call_port.pop(old.call_port.local_port, None)
+            if old.verbs is not None:
+                self._verbs.remove(old.verbs)
+                old.verbs.close()
+        self._ppus[ppu] = _PPUState(qp, qsc_qpn, keys, ring, call_port, verbs)
+        if verbs is None:
+            self._by_qpn[qpn] = qp
+        else:
+            self._verbs.append(verbs)
+        if call_port is not None:
+            self._by_call_port[port] = call_port
         return qp
 
     def _qp_writes(self, qp: int, host_qpn: int, qsc_qpn: int | None, peer_mac: int,
@@ -484,7 +609,11 @@ class QSC:
         Raises :class:`~openqlink.errors.QlinkError` for a QP not configured from this host.
         """
         if qp < self.num_ppus:
-            uc = self._state(qp).qp
+            st = self._state(qp)
+            if st.verbs is not None:
+                st.verbs.write(va, r_key, bytes(data), imm)
+                return
+            uc = st.qp
         elif qp in self._extra_qps:
             uc = self._extra_qps[qp]
         else:
@@ -520,6 +649,9 @@ class QSC:
 
     def _send_write(self, st: _PPUState, va: int, r_key: int, data: bytes,
                     imm: int | None = None) -> None:
+        if st.verbs is not None:
+            st.verbs.write(va, r_key, data, imm)
+            return
         with self._tx_lock:
             self.transport.send_frame(st.qp.write_frame(va, r_key, data, imm))
 
@@ -861,6 +993,14 @@ class QSC:
             self.rx_counts["roce"] += 1
             qp.handle_frame(frame)
             return
+        if (self._by_call_port and len(frame) >= 42 and frame[12:14] == b"\x08\x00"
+                and frame[23] == IpProtocol.UDP):
+            port = self._by_call_port.get(int.from_bytes(frame[36:38], "big"))
+            if port is not None:
+                # A CALL over UDP: the PPU's call port checks everything else.
+                self.rx_counts["udp_call"] += 1
+                port.handle_frame(frame)
+                return
         try:
             f = parse_frame(frame)
         except WireFormatError:
@@ -876,15 +1016,18 @@ class QSC:
     def poll_rx(self, max_frames: int | None = None) -> int:
         """Route the frames already received, without waiting; return how many.
 
-        The dispatcher's loop calls this. Returns 0 at once while a control transaction (in
+        The dispatcher's loop calls this. With the verbs bridge it first publishes the requests
+        the NIC completed (counted too). It reads no frame while a control transaction (in
         another thread) owns the receive side; that transaction routes what it reads.
         ``max_frames`` bounds the work of one call (``None``: until the transport is empty).
         """
+        n = 0
+        for verbs in self._verbs:
+            n += verbs.poll()             # requests the NIC completed into the ring
         lock = self.control.lock
         if not lock.acquire(blocking=False):
-            return 0
+            return n
         try:
-            n = 0
             while max_frames is None or n < max_frames:
                 frame = self.transport.recv_frame(0)
                 if frame is None:
@@ -911,11 +1054,21 @@ class QSC:
             raise FieldRangeError("RPCResponse", "response_bytes", len(response_bytes),
                                   f"{len(response_bytes)} bytes do not fit the {MAILBOX_BYTES}-"
                                   "byte mailbox")
+        if st.verbs is not None:
+            st.verbs.send(response_bytes)
+            return
+        if st.call_port is not None:
+            frame = st.call_port.response_frame(response_bytes)
+        else:
+            frame = st.qp.send_frame(response_bytes)
         with self._tx_lock:
-            self.transport.send_frame(st.qp.send_frame(response_bytes))
+            self.transport.send_frame(frame)
 
     def close(self) -> None:
-        """Close the transport."""
+        """Close the transport (and the verbs bridge's QPs)."""
+        for st in self._ppus.values():
+            if st.verbs is not None:
+                st.verbs.close()
         self.transport.close()
 
     def __enter__(self) -> QSC:
