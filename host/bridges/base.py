@@ -41,6 +41,13 @@ class FrameTransport(abc.ABC):
         :class:`RuntimeError`).
         """
 
+    def send_frames(self, frames: list[bytes]) -> None:
+        """Queue ``frames`` for transmission, in order; a transport that can hand the kernel a
+        batch in one call (the raw bridge's ``PACKET_TX_RING``) does. Raises as
+        :meth:`send_frame`."""
+        for frame in frames:
+            self.send_frame(frame)
+
     @abc.abstractmethod
     def recv_frame(self, timeout_s: float | None = None) -> bytes | None:
         """The next received frame, or ``None`` when none arrives within ``timeout_s``.

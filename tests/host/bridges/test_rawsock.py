@@ -104,6 +104,45 @@ def test_a_burst_arrives_whole_and_in_order_through_the_ring(netns):
         b.close()
 
 
+@pytest.mark.parametrize("tx_ring", [8, 0], ids=["packet_tx_ring", "send"])
+def test_a_batch_sent_at_once_arrives_whole_and_in_order(netns, tx_ring):
+    """send_frames: a batch longer than the transmit ring (sent in ring-sized parts, each with
+    one system call) arrives whole, in order, frames of every size up to a jumbo one; a frame
+    larger than a ring frame is refused before anything of it is sent."""
+    from openqlink.bridges.rawsock import TX_FRAME_BYTES, RawSocketTransport
+
+    a, b = in_netns(netns, lambda: (RawSocketTransport("qa", tx_ring_frames=tx_ring),
+                                    RawSocketTransport("qb", rcvbuf_bytes=8 << 20)))
+    try:
+        assert a.tx_ring == bool(tx_ring)
+        assert ip("-n", netns, "link", "set", "qa", "mtu", "9000").returncode == 0
+        assert ip("-n", netns, "link", "set", "qb", "mtu", "9000").returncode == 0
+        frames = [build_udp_frame(dst_mac=b.mac, src_mac=a.mac, src_ip="10.0.0.1",
+                                  dst_ip="10.0.0.2", src_port=1, dst_port=2,
+                                  payload=bytes([i]) * (1 + 97 * i % 8000)) for i in range(30)]
+        a.send_frames(frames)
+        a.send_frame(frames[0])
+        got = []
+        while len(got) < 31:
+            f = b.recv_frame(2.0)
+            assert f is not None, f"frame {len(got)} did not arrive"
+            got.append(f)
+        assert got == frames + frames[:1]
+        if tx_ring:
+            with pytest.raises(ValueError, match="does not fit"):
+                a.send_frames([frames[1], bytes(TX_FRAME_BYTES)])
+            assert b.recv_frame(0.1) is None     # refused before the batch went out
+            a.send_frames(frames[2:3])           # and nothing of it goes with the next one
+            assert b.recv_frame(2.0) == frames[2] and b.recv_frame(0.1) is None
+        with pytest.raises(ValueError, match="power of 2"):
+            RawSocketTransport("lo", tx_ring_frames=6)
+    finally:
+        a.close()
+        b.close()
+    with pytest.raises(TransportClosedError):
+        a.send_frames([frames[0]])
+
+
 def test_unknown_interface_raises(netns):
     from openqlink.bridges.rawsock import RawSocketTransport
 
