@@ -621,8 +621,7 @@ class QSC:
                              f"QSC.configure_qp({qp}, ...) first")
         frames = uc.write_frames(va, r_key, bytes(data), imm)
         with self._tx_lock:
-            for frame in frames:
-                self.transport.send_frame(frame)
+            self.transport.send_frames(frames)
 
     def claim_owner(self) -> str | None:
         """The IPv4 address of the host that claimed the QSC's control plane (the global CLAIM
@@ -716,8 +715,14 @@ class QSC:
         while attempts <= retries:
             attempts += 1
             before = self.read_register(ppu, "UPLOAD_WORDS") if verify else 0
-            for va, r_key, payload, imm in packets:
-                self._send_write(st, va, r_key, payload, imm)
+            if st.verbs is not None:
+                for va, r_key, payload, imm in packets:
+                    st.verbs.write(va, r_key, payload, imm)
+            else:
+                # one batch: the raw bridge hands it to the kernel in one system call
+                with self._tx_lock:
+                    self.transport.send_frames([st.qp.write_frame(va, r_key, payload, imm)
+                                                for va, r_key, payload, imm in packets])
             if not verify:
                 st.upload_words += words
                 return
