@@ -349,8 +349,17 @@ def isa_tables_command(output: Path | None) -> None:
               help="Attach the simulated QSC's Ethernet port to the Linux TAP interface NAME "
               "(it must exist in this network namespace and be up; root): the kernel's frames "
               "go into the QSC, the QSC's to the kernel (ping reaches it), and the host drives "
-              "it through the kernel with the raw bridge (AF_PACKET), in wall-clock time. "
+              "it through the kernel with the raw bridge (AF_PACKET; --bridge udp: UDP "
+              "sockets), in wall-clock time. "
               "Give NAME the host's address, 192.168.0.1/24 (docs/simulation.md).")
+@click.option("--calls", type=click.Choice(["roce", "udp"]), default=None,
+              help="How the PPUs' CALLs travel (their QPs' TRANSPORT): RoCEv2 UC RDMA WRITE "
+              "requests and SEND responses, or one UDP datagram each way (CUDA-Q realtime's "
+              "udp bridge format) [default: roce; udp with --bridge udp].")
+@click.option("--bridge", "bridge_name", type=click.Choice(["raw", "udp"]), default=None,
+              help="With --tap: how the host reaches the QSC through the kernel: raw "
+              "(AF_PACKET on the TAP, RoCEv2 in user space) or udp (the kernel's UDP sockets, "
+              "CALLs over UDP) [default: raw].")
 @click.option("--tap-hold-s", type=click.FloatRange(min=0), default=None, metavar="S",
               help="With --tap: after the program, keep the QSC on the TAP until the kernel "
               "has sent it nothing for S seconds of wall-clock time [default 0].")
@@ -374,7 +383,8 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
                 json_path: Path | None, pcap_path: Path | None, waves_path: Path | None,
                 seed: int, host_turnaround_ns: int, build_dir: Path | None,
                 verilog_path: Path | None, simulator: str, max_run_us: float, gpu: bool,
-                tap: str | None, tap_hold_s: float | None, quiet: bool,
+                tap: str | None, calls: str | None, bridge_name: str | None,
+                tap_hold_s: float | None, quiet: bool,
                 inject_path: Path | None, gap_cycles: int | None, dump_dir: Path | None,
                 **setup) -> None:
     """Simulate PROGRAM end to end: the QSC gateware's Verilog on Icarus or Verilator (cocotb)
@@ -386,7 +396,7 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
     print each frame's verdict (accepted, or the drop counter that counted it).
 
     With --tap NAME: the QSC's port is the TAP interface NAME, and the host reaches it through
-    the kernel with the raw bridge.
+    the kernel with the raw bridge (--bridge udp: the kernel's UDP sockets).
 
     Exit status 0 when every PPU ends DONE (with --inject: when the replay ran, whatever was
     dropped), 1 otherwise, 2 for bad input."""
@@ -398,12 +408,18 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
     ctx = click.get_current_context()
     if tap_hold_s is not None and tap is None:
         raise click.UsageError("--tap-hold-s: only with --tap", ctx=ctx)
+    if bridge_name is not None and tap is None:
+        raise click.UsageError("--bridge: only with --tap (the simulated host is on the "
+                               "simulated wire)", ctx=ctx)
+    if bridge_name == "udp" and calls == "roce":
+        raise click.UsageError("--bridge udp takes the CALLs as UDP datagrams: not with "
+                               "--calls roce", ctx=ctx)
     if tap is not None and inject_path is not None:
         raise click.UsageError("--tap runs a PROGRAM with its host on the TAP; --inject "
                                "replays a capture: give one or the other", ctx=ctx)
     if tap is not None and gpu:
         raise click.UsageError("--gpu serves the simulated host's CALLs; with --tap the host "
-                               "is the raw bridge: give one or the other", ctx=ctx)
+                               "is the raw or udp bridge: give one or the other", ctx=ctx)
     if inject_path is not None:
         if programs:
             raise click.UsageError("--inject replays a capture into the configured QSC and "
@@ -454,7 +470,9 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
                           build_dir=build_dir, seed=seed, qubits=qubits, model=model,
                           host_turnaround_ns=host_turnaround_ns, verilog_path=verilog_path,
                           max_run_ns=round(max_run_us * 1000), gpu=gpu, simulator=simulator,
-                          tap=tap, tap_hold_s=tap_hold_s or 0.0)
+                          tap=tap, tap_hold_s=tap_hold_s or 0.0,
+                          **({"calls": calls} if calls else {}),
+                          **({"bridge": bridge_name} if bridge_name else {}))
     except AssemblerError as exc:
         _fail(str(exc))
         return

@@ -62,7 +62,7 @@ from ..qsc import QSC
 from ..wire.packet import parse_frame
 from ..wire.roce import Opcode
 from ..wire.rpc import HEADER_BYTES, Request, Response
-from ..wire.udp import ROCEV2_PORT
+from ..wire.udp import ROCEV2_PORT, UDP_CALL_PORT_BASE
 from .channel_map import channel_map, channel_roles, check_build, make_system
 from .handlers import load_function_table
 from .info import configure_extra_qps, region_rkeys, sim_info
@@ -137,6 +137,10 @@ class TB:
         #: The PPU whose CALLs a host QPN receives, and whose mailbox a QSC QPN is.
         self._ppu_of_host_qpn = {self.host_qpn + n: n for n in range(self.num_run)}
         self._ppu_of_qsc_qpn: dict[int, int] = {}
+        #: With the PPUs' CALLs in the UDP transport (cfg["calls"] "udp"): each QP's own port
+        #: (the source of its requests, the destination of their responses) -> its PPU.
+        self._ppu_of_call_port = ({UDP_CALL_PORT_BASE + n: n for n in range(self.num_run)}
+                                  if cfg.get("calls") == "udp" else {})
         self._function_names: list[dict[int, str]] = [{} for _ in range(self.num_run)]
         self._roce_in: list[tuple[int, bytes]] = []
         self._roce_wake = Event()
@@ -204,12 +208,16 @@ class TB:
         self._record(frame)
         try:
             f = parse_frame(frame)
-            if f.bth is None or f.bth["opcode"] != Opcode.SEND_ONLY:
+            if f.bth is not None and f.bth["opcode"] == Opcode.SEND_ONLY:
+                ppu = self._ppu_of_qsc_qpn.get(f.bth["dest_qp"], 0)
+            elif (f.bth is None and f.udp is not None
+                  and f.udp["dst_port"] in self._ppu_of_call_port):
+                ppu = self._ppu_of_call_port[f.udp["dst_port"]]     # a response over UDP
+            else:
                 return
             resp = Response.unpack(f.payload)
         except WireFormatError:
             return
-        ppu = self._ppu_of_qsc_qpn.get(f.bth["dest_qp"], 0)
         req = self._requests.pop((ppu, resp.request_id), None)
         if req is not None:
             rtt_ns = self.now_ns() - req["t_ns"]
@@ -228,9 +236,14 @@ class TB:
         self._record(frame)
         f = parse_frame(frame)
         roce = f.udp is not None and f.udp["dst_port"] == ROCEV2_PORT and f.bth is not None
-        if roce and f.bth["opcode"] == Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE:
+        # A CALL in the UDP transport: a datagram from a QP's own port (the host's UDP socket
+        # takes it; here it goes the dispatcher's way, as RoCE requests do).
+        udp_call = (f.udp is not None and f.bth is None
+                    and f.udp["src_port"] in self._ppu_of_call_port)
+        if (roce and f.bth["opcode"] == Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE) or udp_call:
             req = Request.unpack(f.payload)
-            ppu = self._ppu_of_host_qpn.get(f.bth["dest_qp"], 0)
+            ppu = (self._ppu_of_call_port[f.udp["src_port"]] if udp_call
+                   else self._ppu_of_host_qpn.get(f.bth["dest_qp"], 0))
             self._requests[(ppu, req.request_id)] = {
                 "function": self._function_names[ppu].get(req.function_id,
                                                           f"{req.function_id:#010x}"),
@@ -239,7 +252,7 @@ class TB:
             }
         if self.tap is not None:
             self.tap.write(frame)
-        elif roce:
+        elif roce or udp_call:
             self._roce_in.append((self.now_ns(), frame))
             self._roce_wake.set()
         else:
@@ -255,11 +268,15 @@ class TB:
         Raises :class:`~openqlink.sim.tap.TapError` when the TAP cannot be opened and
         :class:`OSError` when the raw socket cannot (no ``CAP_NET_RAW``)."""
         from ..bridges.rawsock import RawSocketTransport
+        from ..bridges.udp import UdpSocketTransport
         from .tap import TapDevice
 
         self.tap = TapDevice(name)
         try:
-            self.transport = RawSocketTransport(name)
+            if self.cfg.get("bridge") == "udp":
+                self.transport = UdpSocketTransport(self.params.ip, host_ip=self.cfg["host_ip"])
+            else:
+                self.transport = RawSocketTransport(name)
         except BaseException:
             self.tap.close()
             raise
@@ -631,7 +648,8 @@ class TB:
         # the control plane's time-out is cfg["tap_timeout_s"] of wall-clock time there.
         timeout = {} if self.tap is None else {"timeout_s": cfg["tap_timeout_s"]}
         self.qsc = QSC(self.transport, params=self.params, host_mac=cfg["host_mac"],
-                       host_ip=cfg["host_ip"], pmtu_bytes=cfg["pmtu"], **timeout)
+                       host_ip=cfg["host_ip"], pmtu_bytes=cfg["pmtu"],
+                       call_transport=cfg.get("calls", "roce"), **timeout)
         # Results land in the PPU's 64-byte mailbox, after the 24-byte response header.
         self.dispatchers = [
             Dispatcher(tables[n], self.rings[n],

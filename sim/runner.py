@@ -254,6 +254,10 @@ def SimConfig(**overrides) -> dict:
         # for the kernel's frames (simulated ns), the control plane's time-out (wall-clock s).
         "tap": None,
         "tap_hold_s": 0.0,
+        # How the PPUs' CALLs travel ("roce" or "udp": the QPs' TRANSPORT) and, with a TAP,
+        # the host's bridge through the kernel ("raw" or "udp", whose CALLs are "udp").
+        "calls": "roce",
+        "bridge": "raw",
         "tap_poll_ns": 100,
         "tap_timeout_s": 30.0,
     }
@@ -390,7 +394,9 @@ def run_sim(program: str | Path | Sequence[str | Path], *,
         sent it nothing for this many seconds of wall-clock time (default 0: the run ends with
         the session), e.g. to ping it.
     **bench
-        Overrides of :func:`SimConfig` (``seed``, ``host_turnaround_ns``, ...). PPU ``n``'s
+        Overrides of :func:`SimConfig` (``seed``, ``host_turnaround_ns``, ``calls``:
+        ``"roce"`` or ``"udp"``, the QPs' call transport; ``bridge``: with ``tap``, ``"raw"``
+        or ``"udp"``, the kernel's UDP sockets, whose CALLs go over UDP, ...). PPU ``n``'s
         qubit model has seed ``seed + n``.
 
     Returns
@@ -437,10 +443,23 @@ def run_sim(program: str | Path | Sequence[str | Path], *,
     gpu = bool(bench.get("gpu", False))
     if gpu and len(programs) > 1:
         raise SimulationError(f"the GPU dispatch path serves one PPU, not {len(programs)}")
+    calls, bridge_name = bench.get("calls", "roce"), bench.get("bridge", "raw")
+    if calls not in ("roce", "udp"):
+        raise SimulationError(f"calls {calls!r}: 'roce' or 'udp'")
+    if bridge_name not in ("raw", "udp"):
+        raise SimulationError(f"bridge {bridge_name!r}: a TAP's host is on 'raw' or 'udp'")
+    if bridge_name != "raw" and tap is None:
+        raise SimulationError(f"the {bridge_name} bridge reaches the QSC through the kernel: "
+                              "only with a TAP")
+    if bridge_name == "udp" and calls != "udp":
+        if "calls" in bench:
+            raise SimulationError("the udp bridge takes the CALLs as UDP datagrams: not with "
+                                  "calls 'roce'")
+        bench = {**bench, "calls": "udp"}
     if tap is not None:
         if gpu:
-            raise SimulationError("a TAP's host is the raw bridge: the GPU dispatch path "
-                                  "serves the simulated host only")
+            raise SimulationError("a TAP's host is the raw or udp bridge: the GPU dispatch "
+                                  "path serves the simulated host only")
         from .tap import TapError, check_tap
 
         try:

@@ -22,6 +22,7 @@ from openqlink.wire.ethernet import mac_to_int
 from openqlink.wire.ipv4 import ip_to_int
 from openqlink.wire.packet import parse_frame
 from openqlink.wire.rpc import Request, Response, fnv1a32
+from openqlink.wire.udp import UDP_CALL_PORT_BASE
 
 pytestmark = [
     pytest.mark.cocotb,
@@ -123,6 +124,44 @@ def test_pcap_frames_check_with_scapy_and_match_the_rpc(run_one):
     assert responses[0].request_id == requests[0].request_id
     assert responses[0].ptp_timestamp == requests[0].ptp_timestamp
     assert results["rpc"][0]["request_id"] == requests[0].request_id
+
+
+def test_calls_over_udp_give_the_roce_runs_results(run_one, build_dir, tmp_path):
+    """The same program with its CALL in the UDP transport (the QP's TRANSPORT 1, CUDA-Q
+    realtime's udp format): the same measurement, answer and pulses; on the wire the request is
+    one UDP datagram from the QP's port, checked by scapy, and the answer one datagram back."""
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+
+    roce, _ = run_one
+    results = run_sim(PROGRAM, pcap_path=tmp_path / "u.pcap", build_dir=build_dir,
+                      seed=SEED_ONE, calls="udp")
+    assert results["status"]["state"] == "DONE"
+    # the same outcomes (the start time differs: the host's set-up takes other writes)
+    drop = ("dtd_cycle",)
+    assert [{k: v for k, v in m.items() if k not in drop} for m in results["measurements"]] \
+        == [{k: v for k, v in m.items() if k not in drop} for m in roce["measurements"]]
+    keep = ("function", "function_id", "status", "args", "result")
+    assert [{k: r[k] for k in keep} for r in results["rpc"]] == \
+        [{k: r[k] for k in keep} for r in roce["rpc"]]
+    assert [e["kind"] for e in results["events"]] == [e["kind"] for e in roce["events"]]
+    assert results["qp_contexts"][0]["TRANSPORT"] == 1
+    assert all(v == 0 for k, v in results["counters"].items() if k.startswith("DROP_"))
+    calls = [Ether(f) for _, f in read_pcap(tmp_path / "u.pcap")
+             if (p := parse_frame(f)).udp is not None and UDP_CALL_PORT_BASE in (
+                 p.udp["src_port"], p.udp["dst_port"])]
+    (req, resp) = calls
+    assert (req[UDP].sport, req[UDP].chksum) == (UDP_CALL_PORT_BASE, 0)
+    for pkt, layers in ((req, (IP,)), (resp, (IP, UDP))):
+        for layer in layers:        # scapy recomputes each checksum when it is cleared
+            got, again = pkt[layer].chksum, pkt.copy()
+            del again[layer].chksum
+            assert Ether(bytes(again))[layer].chksum == got
+    request = Request.unpack(bytes(req[UDP].payload)[:req[UDP].len - 8])
+    assert request.function_id == fnv1a32("reset_decision") and request.payload == b"\x01"
+    assert resp[UDP].dport == UDP_CALL_PORT_BASE and resp[UDP].chksum != 0
+    response = Response.unpack(bytes(resp[UDP].payload)[:resp[UDP].len - 8])
+    assert response.request_id == request.request_id and response.status == 0
 
 
 @pytest.mark.skipif(shutil.which("tshark") is None, reason="tshark is not installed")

@@ -1,6 +1,7 @@
 """The simulated QSC on a Linux TAP interface (``qlink sim --tap``), in a throw-away network
 namespace: the kernel pings the QSC, and a whole program runs with the host on the raw bridge
-(:class:`openqlink.bridges.rawsock.RawSocketTransport`) through the kernel's network path.
+(:class:`openqlink.bridges.rawsock.RawSocketTransport`) through the kernel's network path, and
+another with the host on the udp bridge (the kernel's UDP sockets).
 
 The namespace holds one TAP, ``qtap0``, with the host's address of the simulation
 (192.168.0.1/24: the QSC is the build's 192.168.0.2) and IPv6 off, so that no neighbour
@@ -32,8 +33,10 @@ from openqlink.cli import main
 from openqlink.memory_map import QSCParams
 from openqlink.pcap import read_pcap
 from openqlink.wire.ethernet import mac_to_int
-from openqlink.wire.ipv4 import IpProtocol
+from openqlink.wire.ipv4 import IpProtocol, ip_to_int
 from openqlink.wire.packet import parse_frame
+from openqlink.wire.rpc import Request, fnv1a32
+from openqlink.wire.udp import UDP_CALL_PORT_BASE
 
 ROOT = Path(__file__).resolve().parents[3]
 PROGRAM = ROOT / "firmware" / "active_reset.s"
@@ -168,6 +171,49 @@ def test_the_kernel_pings_the_qsc_and_the_raw_bridge_runs_a_program(tap_netns, t
     assert results["dispatcher"]["processed"] == 1
     # The kernel answers the QSC's UDP to the host's address (no socket of its own listens
     # there) with ICMP port unreachable, which the QSC counts in DROP_ICMP; nothing else drops.
+    drops = {k: v for k, v in results["counters"].items()
+             if k.startswith("DROP_") and k != "DROP_ICMP" and v}
+    assert drops == {}
+
+
+@needs_root
+@pytest.mark.cocotb
+@pytest.mark.skipif(shutil.which("iverilog") is None,
+                    reason="Icarus Verilog is not installed (apt-get install iverilog)")
+def test_the_udp_bridge_runs_a_program_through_the_kernels_udp_sockets(tap_netns, tmp_path):
+    """``qlink sim --tap qtap0 --bridge udp firmware/active_reset.s``: the host on the kernel's
+    UDP sockets (no raw socket), the kernel resolving the QSC's MAC with ARP, the uploads as
+    RoCEv2 through a UDP socket, and the CALL in the UDP transport, its response carrying the
+    UDP checksum the kernel computed."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    cmd = ["ip", "netns", "exec", tap_netns, sys.executable, "-m", "openqlink.cli", "sim",
+           "--tap", TAP, "--bridge", "udp", str(PROGRAM), "--json", str(tmp_path / "run.json"),
+           "--pcap", str(tmp_path / "wire.pcap"), "--build-dir", str(tmp_path / "build"),
+           "--quiet"]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=ROOT,
+                          timeout=RUN_LIMIT_S)
+    assert done.returncode == 0, done.stdout + done.stderr
+    results = json.loads((tmp_path / "run.json").read_text())
+    assert results["status"]["state"] == "DONE" and not results["run_limit_reached"]
+    (meas,) = results["measurements"]
+    (rpc,) = results["rpc"]
+    assert rpc["function"] == "reset_decision" and rpc["status"] == 0
+    assert rpc["args"] == rpc["result"] == f"{meas['outcome']:02x}"
+    assert results["registers"]["R2"] == meas["outcome"]
+    assert [q["TRANSPORT"] for q in results["qp_contexts"]][:1] == [1]
+    frames = [parse_frame(f) for _, f in read_pcap(tmp_path / "wire.pcap")]
+    qsc_ip = ip_to_int(QSC_IP)
+    requests = [f for f in frames if f.udp is not None and f.ip["src"] == qsc_ip
+                and f.udp["src_port"] == UDP_CALL_PORT_BASE]
+    responses = [f for f in frames if f.udp is not None and f.ip["dst"] == qsc_ip
+                 and f.udp["dst_port"] == UDP_CALL_PORT_BASE]
+    assert len(requests) == len(responses) == 1
+    assert requests[0].bth is None and Request.unpack(requests[0].payload).function_id == \
+        fnv1a32("reset_decision")
+    assert responses[0].udp["checksum"] != 0      # the kernel's, checked by the QSC
+    # ARP resolved the QSC for the kernel; the uploads went as RoCEv2 from a UDP socket
+    assert any(f.eth["ethertype"] == 0x0806 for f in frames)
+    assert any(f.bth is not None and f.ip["dst"] == qsc_ip for f in frames)
     drops = {k: v for k, v in results["counters"].items()
              if k.startswith("DROP_") and k != "DROP_ICMP" and v}
     assert drops == {}
