@@ -20,6 +20,12 @@ Transports:
   on the other: the kernel's network path, as the ``raw`` bridge meets a board. Needs root and
   the ``unshare`` and ``ip`` commands; skipped with the reason otherwise.
 
+Over the veth pair it also measures an upload as the host sends one (``QSC.upload_program``:
+a batch of UC RDMA_WRITE_ONLY packets of PMTU 1024 bytes, 64 KiB of instructions): the time
+from handing the batch to the transport to its last frame received on the other end, with the
+raw bridge's ``PACKET_TX_RING`` (the batch in one system call) and without it (one ``send`` a
+frame).
+
 Usage: python benchmarks/host_dispatch.py [--requests N] [--transport memory veth]
        python benchmarks/host_dispatch.py --json OUT      (memory only; writes
        {"p50_us", "p99_us", "floor_p50_us", "ratio", "requests"})
@@ -45,6 +51,7 @@ from rich.console import Console
 from rich.table import Table
 
 from openqlink.bridges.base import FrameTransport, transport_pair
+from openqlink.bridges.rawsock import TX_RING_FRAMES
 from openqlink.dispatch import Dispatcher, FunctionTable, SlotRing
 from openqlink.roce import UCQueuePair
 from openqlink.wire.roce import slot_immediate
@@ -193,7 +200,43 @@ def run_veth(requests: int) -> dict:
                 if frame[12:14] == b"\x08\x00":     # IPv4: ours
                     return frame
 
-        return measure(host_t, qsc_t.send_frame, recv, requests, host_t.mac, qsc_t.mac)
+        out = measure(host_t, qsc_t.send_frame, recv, requests, host_t.mac, qsc_t.mac)
+    out["upload"] = {name: _upload_batches(host_if, qsc_if, ring)
+                     for name, ring in (("tx_ring", TX_RING_FRAMES), ("send", 0))}
+    return out
+
+
+#: An upload: 64 KiB of instructions in PMTU-1024 RDMA WRITEs (64 frames of 1082 bytes).
+UPLOAD_BYTES, UPLOAD_PMTU, UPLOAD_BATCHES = 64 * 1024, 1024, 200
+
+
+def _upload_batches(host_if: str, qsc_if: str, tx_ring: int) -> dict:
+    """Send UPLOAD_BATCHES uploads from ``host_if`` (raw bridge, ``tx_ring`` frames of transmit
+    ring) and time each from ``send_frames`` to its last frame received on ``qsc_if``."""
+    from openqlink.bridges.rawsock import RawSocketTransport
+
+    with RawSocketTransport(host_if, tx_ring_frames=tx_ring) as host_t, \
+            RawSocketTransport(qsc_if, rcvbuf_bytes=16 << 20) as qsc_t:
+        qp = UCQueuePair(host_t.mac, HOST_IP, HOST_QPN, qsc_t.mac, QSC_IP, QSC_QPN,
+                         pmtu_bytes=UPLOAD_PMTU)
+        program = bytes(range(256)) * (UPLOAD_BYTES // 256)
+        samples: list[int] = []
+        for _ in range(UPLOAD_BATCHES):
+            frames = [qp.write_frame(0x1000_0000 + off, 0x494D_0000,
+                                     program[off:off + UPLOAD_PMTU])
+                      for off in range(0, UPLOAD_BYTES, UPLOAD_PMTU)]
+            t0 = time.perf_counter_ns()
+            host_t.send_frames(frames)
+            got = 0
+            while got < len(frames):
+                frame = qsc_t.recv_frame(1.0)
+                if frame is None:
+                    raise SystemExit("veth upload: a frame did not arrive within 1 s")
+                got += frame[12:14] == b"\x08\x00"
+            samples.append(time.perf_counter_ns() - t0)
+        p50, p99 = _percentiles(samples)
+        return {"frames": len(frames), "p50_us": p50, "p99_us": p99,
+                "mb_per_s": UPLOAD_BYTES / p50}
 
 
 def main() -> None:
@@ -217,6 +260,7 @@ def main() -> None:
                         f"Python {sys.version.split()[0]})")
     for col in ("transport", "p50 us", "p99 us", "floor p50 us", "floor p99 us", "ratio"):
         table.add_column(col, justify="right")
+    uploads: dict = {}
     for name in args.transport:
         try:
             r = (run_memory(args.requests) if name == "memory"
@@ -226,7 +270,17 @@ def main() -> None:
             continue
         table.add_row(name, f"{r['p50_us']:.1f}", f"{r['p99_us']:.1f}",
                       f"{r['floor_p50_us']:.1f}", f"{r['floor_p99_us']:.1f}", f"{r['ratio']:.2f}")
+        uploads.update(r.get("upload", {}))
     Console().print(table)
+    if uploads:
+        up = Table(title=f"raw bridge over veth: one upload ({UPLOAD_BYTES // 1024} KiB, "
+                         f"{UPLOAD_BATCHES} uploads), send_frames to last frame received")
+        for col in ("send path", "frames", "p50 us", "p99 us", "MB/s at p50"):
+            up.add_column(col, justify="right")
+        for name, u in uploads.items():
+            up.add_row(name, str(u["frames"]), f"{u['p50_us']:.1f}", f"{u['p99_us']:.1f}",
+                       f"{u['mb_per_s']:.0f}")
+        Console().print(up)
 
 
 if __name__ == "__main__":
