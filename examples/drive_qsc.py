@@ -5,12 +5,14 @@ interface: connect and check the version, configure the QP contract and the host
 the envelopes and the program with UC RDMA WRITEs, trigger it atomically at a DTD time a little
 in the future, then serve its CALLs with the dispatcher while polling its status.
 
-    sudo python examples/drive_qsc.py --iface enp1s0 firmware/active_reset.s
+    sudo python examples/drive_qsc.py --iface enp1s0 firmware/active_reset.s   # raw bridge
+    python examples/drive_qsc.py --bridge udp firmware/active_reset.s          # no root
 
-The host side here is the raw-Ethernet bridge: this process builds and parses the RoCEv2 UC
-packets itself (AF_PACKET, so it needs root or CAP_NET_RAW). The QSC learns the host's MAC and IP
-from the control plane, so no ARP is needed. With a ConnectX NIC, the verbs bridge will carry the
-same traffic (a later issue).
+The host side is the bridge named by ``--bridge`` (``openqlink.bridges``): ``raw`` builds and
+parses the RoCEv2 UC packets in this process (AF_PACKET on ``--iface``, so it needs root or
+CAP_NET_RAW); ``udp`` uses the kernel's UDP sockets and takes the CALLs as UDP datagrams (the
+QP's UDP transport); ``verbs`` runs the UC QP on a RoCE NIC through pyverbs. The QSC learns the
+host's MAC and IP from the control plane.
 """
 
 from __future__ import annotations
@@ -19,8 +21,8 @@ import argparse
 import time
 from pathlib import Path
 
-from openqlink.bridges.rawsock import RawSocketTransport
 from openqlink.dispatch import Dispatcher, SlotRing
+from openqlink.errors import ControlPlaneError, QlinkError
 from openqlink.isa import PPUState
 from openqlink.isa.asm import assemble
 from openqlink.memory_map import MAILBOX_BYTES, QSCParams
@@ -32,8 +34,12 @@ from openqlink.wire.rpc import HEADER_BYTES
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("program", type=Path, help="PPU assembly (handlers: the .py beside it)")
-    parser.add_argument("--iface", required=True, help="network interface facing the board")
-    parser.add_argument("--host-ip", default="192.168.0.1")
+    parser.add_argument("--bridge", choices=("raw", "udp", "verbs"), default="raw",
+                        help="how this host reaches the board (default raw)")
+    parser.add_argument("--iface", help="network interface facing the board (raw bridge)")
+    parser.add_argument("--host-ip", default=None,
+                        help="this host's address towards the board (default: the interface's "
+                        "or the route's)")
     parser.add_argument("--qsc-ip", default=QSCParams().ip)
     parser.add_argument("--qsc-mac", default=QSCParams().mac)
     parser.add_argument("--start-margin-us", type=float, default=1000.0,
@@ -45,9 +51,20 @@ def main() -> None:
     program = assemble(args.program.read_text(), filename=str(args.program), params=params)
     table = load_function_table(default_handlers_path(args.program))
 
-    with RawSocketTransport(args.iface) as transport:
-        qsc = QSC(transport, host_mac=transport.mac, host_ip=args.host_ip, params=params)
-        print(f"connected: version {qsc.connect():#010x}")
+    if args.bridge == "raw" and args.iface is None:
+        parser.error("the raw bridge needs --iface")
+    try:
+        qsc = QSC(bridge=args.bridge, interface=args.iface, host_ip=args.host_ip,
+                  params=params, qsc_ip=args.qsc_ip, qsc_mac=args.qsc_mac)
+    except (QlinkError, OSError) as exc:
+        raise SystemExit(f"drive_qsc: {exc}") from None
+    with qsc:
+        try:
+            version = qsc.connect()
+        except ControlPlaneError as exc:
+            raise SystemExit(f"drive_qsc: no QSC answered at {args.qsc_ip} over the "
+                             f"{args.bridge} bridge: {exc}") from None
+        print(f"connected: version {version:#010x}")
         ring = SlotRing(num_slots=8, slot_size=256)
         qsc.configure(0, ring)
         # Each response is one SEND into the PPU's 64-byte mailbox.

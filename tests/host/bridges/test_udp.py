@@ -5,7 +5,9 @@ network namespace (root only); and the bridge choice by name."""
 import os
 import shutil
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import pytest
 from netns import in_netns, ip
@@ -174,3 +176,17 @@ def test_verbs_fails_in_one_line_without_an_rdma_device():
     with pytest.raises(BridgeUnavailableError) as info:
         QSC(bridge="verbs", qsc_ip="127.0.0.1")
     assert "\n" not in str(info.value) and "verbs bridge" in str(info.value)
+
+
+def test_drive_qsc_with_no_board_says_so_in_one_line():
+    """examples/drive_qsc.py on the udp bridge (no rights needed) towards an address where no
+    QSC answers: one line naming the address and the bridge, exit status 1."""
+    root = Path(__file__).resolve().parents[3]
+    done = subprocess.run([sys.executable, str(root / "examples" / "drive_qsc.py"),
+                           "--bridge", "udp", "--qsc-ip", "127.0.0.2",
+                           str(root / "firmware" / "active_reset.s")],
+                          capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith("drive_qsc: no QSC answered at 127.0.0.2 over the udp bridge")
