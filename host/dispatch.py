@@ -751,7 +751,7 @@ class Dispatcher:
         (then :meth:`dispatch` answers it, with the error status it deserves)."""
         if len(buf) < HEADER_BYTES:
             return None
-        magic, function_id, arg_len = struct.unpack_from("<III", buf)
+        magic, function_id, arg_len, _rid, _ts = REQUEST_CODEC.unpack_from(buf)
         if magic != REQUEST_MAGIC:
             return None
         entry = self.table.lookup(function_id)
