@@ -40,6 +40,7 @@ import select
 import socket
 import struct
 import threading
+import time
 from collections import deque
 
 from ..errors import FieldRangeError, QlinkError
@@ -161,6 +162,7 @@ class UdpSocketTransport(FrameTransport):
         self._poll = select.poll()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
         self._poll.register(self._wake_r, select.POLLIN)
         self._pending: deque[bytes] = deque()
         self._closed = False
@@ -193,7 +195,14 @@ class UdpSocketTransport(FrameTransport):
             self._socks[port] = s
             self._by_fd[s.fileno()] = (s, port)
             self._poll.register(s.fileno(), select.POLLIN)
-            return port
+        self._wake()                     # a receiver waiting in poll() takes the new port
+        return port
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass                         # already woken
 
     def _socket(self, port: int) -> socket.socket:
         s = self._socks.get(port)
@@ -273,19 +282,26 @@ class UdpSocketTransport(FrameTransport):
 
     def recv_frame(self, timeout_s: float | None = None) -> bytes | None:
         """The next datagram to a bound port as a frame, or ``None`` after ``timeout_s``
-        seconds. Raises :class:`TransportClosedError` after :meth:`close` (also when
-        :meth:`close` ends the wait)."""
+        seconds. A port bound while this waits is waited on too. Raises
+        :class:`TransportClosedError` after :meth:`close` (also when :meth:`close` ends the
+        wait)."""
         if self._closed:
             raise TransportClosedError("recv_frame on a closed UdpSocketTransport")
-        if not self._pending:
-            wait_ms = -1 if timeout_s is None else max(0, round(timeout_s * 1000))
+        deadline = None if timeout_s is None else time.monotonic() + max(0.0, timeout_s)
+        while not self._pending:
+            wait_ms = -1 if deadline is None else \
+                max(0, round((deadline - time.monotonic()) * 1000))
             for fd, _ in self._poll.poll(wait_ms):
                 if fd == self._wake_r:
-                    raise TransportClosedError("recv_frame: the transport was closed")
-                self._drain(fd)
-            if not self._pending:
-                if self._closed:
-                    raise TransportClosedError("recv_frame: the transport was closed")
+                    try:
+                        os.read(self._wake_r, 4096)    # a port bound, or close()
+                    except BlockingIOError:
+                        pass
+                else:
+                    self._drain(fd)
+            if self._closed:
+                raise TransportClosedError("recv_frame: the transport was closed")
+            if not self._pending and deadline is not None and time.monotonic() >= deadline:
                 return None
         self.received += 1
         return self._pending.popleft()
@@ -294,7 +310,7 @@ class UdpSocketTransport(FrameTransport):
         if self._closed:
             return
         self._closed = True
-        os.write(self._wake_w, b"x")
+        self._wake()
         with self._lock:
             for s in self._socks.values():
                 s.close()

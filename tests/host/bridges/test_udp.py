@@ -190,3 +190,32 @@ def test_drive_qsc_with_no_board_says_so_in_one_line():
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.count("\n") == 1, done.stderr
     assert done.stderr.startswith("drive_qsc: no QSC answered at 127.0.0.2 over the udp bridge")
+
+
+def test_a_waiting_receiver_takes_a_port_bound_meanwhile_and_close_wakes_it():
+    import socket
+    import threading
+
+    t = UdpSocketTransport("127.0.0.1")
+    got: list = []
+
+    def receive():
+        try:
+            got.append(t.recv_frame(None))
+            got.append(t.recv_frame(None))
+        except TransportClosedError as exc:
+            got.append(exc)
+
+    waiter = threading.Thread(target=receive, daemon=True)
+    waiter.start()
+    time.sleep(0.1)                      # the receiver waits in poll() on no port at all
+    port = t.bind_port(0)
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.sendto(b"late port", ("127.0.0.1", port))
+    deadline = time.monotonic() + 5
+    while not got and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert got and got[0][42:51] == b"late port" and int.from_bytes(got[0][36:38], "big") == port
+    t.close()                            # ends the second wait
+    waiter.join(5)
+    assert not waiter.is_alive() and isinstance(got[1], TransportClosedError)
