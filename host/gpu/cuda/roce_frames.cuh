@@ -85,7 +85,25 @@ struct qlink_roce_request {
     uint32_t psn_gap;  // an ONLY packet whose PSN was not the expected one (accepted)
 };
 
+// The frame bridge's device context (roce_frame_bridge.cu; in device memory, 128 bytes), packed
+// by openqlink.gpu.frames.FrameRings.ctx_bytes.
+struct qlink_frame_ctx {
+    qlink_roce_endpoint ep;   // the QP contract
+    uint8_t* rx_ring;         // request frames, mapped pinned, device pointer
+    uint8_t* tx_ring;         // response frames
+    uint8_t* control;         // the control block
+    uint8_t* rx_stage;        // device memory, rx_stride bytes (slots too large for smem)
+    uint8_t* tx_stage;        // device memory, tx_stride bytes
+    uint32_t num_frames;      // slots per frame ring
+    uint32_t rx_stride;       // bytes per rx slot (multiple of 64)
+    uint32_t tx_stride;       // bytes per tx slot (multiple of 64)
+    uint32_t rx_frame_bytes;  // largest request frame a slot holds
+    uint32_t tx_frame_bytes;  // largest response frame a slot holds
+    uint32_t reserved;
+};
+
 #if defined(__cplusplus) && __cplusplus >= 201103L
+static_assert(sizeof(qlink_frame_ctx) == 128, "qlink_frame_ctx is shared with Python");
 static_assert(sizeof(qlink_roce_endpoint) == 64, "qlink_roce_endpoint is shared with Python");
 static_assert(sizeof(qlink_roce_psn) == 8, "qlink_roce_psn is shared with Python");
 #endif

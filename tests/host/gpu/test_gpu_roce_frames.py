@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import shutil
+import struct
 import subprocess
 import zlib
 from pathlib import Path
@@ -25,6 +26,7 @@ from openqlink.wire.rpc import Request, Response
 CUDA_DIR = Path(__file__).resolve().parents[3] / "host" / "gpu" / "cuda"
 
 WRAPPER = r'''
+#include <stddef.h>
 #include "roce_frames.cuh"
 extern "C" {
 void t_tables(uint32_t* t) { qlink_crc32_tables_init(t); }
@@ -41,8 +43,24 @@ uint32_t t_build(const uint32_t* t, const qlink_roce_endpoint* ep, qlink_roce_ps
     return qlink_roce_build_send_only(t, ep, psn, counters, out, payload_len);
 }
 uint32_t t_sizes(uint32_t which) {
-    return which == 0 ? sizeof(qlink_roce_endpoint) : sizeof(qlink_roce_psn);
+    return which == 0 ? sizeof(qlink_roce_endpoint)
+         : which == 1 ? sizeof(qlink_roce_psn) : sizeof(qlink_frame_ctx);
 }
+#define F(T, f) offsetof(T, f),
+static const unsigned long ep_offsets[] = {
+    F(qlink_roce_endpoint, host_mac) F(qlink_roce_endpoint, qsc_mac)
+    F(qlink_roce_endpoint, ring_va) F(qlink_roce_endpoint, host_ip)
+    F(qlink_roce_endpoint, qsc_ip) F(qlink_roce_endpoint, host_qpn)
+    F(qlink_roce_endpoint, qsc_qpn) F(qlink_roce_endpoint, ring_rkey)
+    F(qlink_roce_endpoint, num_slots) F(qlink_roce_endpoint, slot_size)
+    F(qlink_roce_endpoint, pmtu_bytes) F(qlink_roce_endpoint, p_key)
+    F(qlink_roce_endpoint, udp_src_port)
+    F(qlink_frame_ctx, rx_ring) F(qlink_frame_ctx, tx_ring) F(qlink_frame_ctx, control)
+    F(qlink_frame_ctx, rx_stage) F(qlink_frame_ctx, tx_stage) F(qlink_frame_ctx, num_frames)
+    F(qlink_frame_ctx, rx_stride) F(qlink_frame_ctx, tx_stride)
+    F(qlink_frame_ctx, rx_frame_bytes) F(qlink_frame_ctx, tx_frame_bytes)
+};
+uint32_t t_offset(uint32_t i) { return static_cast<uint32_t>(ep_offsets[i]); }
 }
 '''
 
@@ -74,7 +92,7 @@ def lib(tmp_path_factory):
     u32, p = ctypes.c_uint32, ctypes.c_void_p
     for name, args in (("t_crc32", [p, u32, p, u32]), ("t_icrc", [p, p, u32]),
                        ("t_check", [p, p, p, p, p, u32, p]), ("t_build", [p, p, p, p, p, u32]),
-                       ("t_sizes", [u32])):
+                       ("t_sizes", [u32]), ("t_offset", [u32])):
         getattr(lib, name).restype = u32
         getattr(lib, name).argtypes = args
     lib.t_tables.argtypes = [p]
@@ -151,10 +169,20 @@ def rpc(fid=7, rid=1, args=b"\x01\x02\x03\x04\x05\x06\x07\x08") -> bytes:
                    payload=args).pack()
 
 
-def test_struct_sizes_match_python(lib):
-    assert lib.t_sizes(0) == 64 == len(FrameEndpointConfig.from_qp(
-        Endpoint(lib).host, num_slots=8, slot_size=256, ring_rkey=1).pack())
+def test_struct_layouts_match_python(lib):
+    """qlink_roce_endpoint and qlink_frame_ctx as g++ lays them out against the struct formats
+    openqlink.gpu.frames packs them with (FrameEndpointConfig.pack, FrameRings.ctx_bytes)."""
+    from openqlink.gpu.frames import CTX_BYTES, FrameRings
+    from openqlink.gpu.loopback import HostMemory
+    cfg = FrameEndpointConfig.from_qp(Endpoint(lib).host, num_slots=8, slot_size=256,
+                                      ring_rkey=1)
+    assert lib.t_sizes(0) == 64 == len(cfg.pack())
     assert lib.t_sizes(1) == 8
+    rings = FrameRings(HostMemory(FrameRings.size_for(2, 64)), 2, 64)
+    assert lib.t_sizes(2) == CTX_BYTES == len(rings.ctx_bytes(cfg, 0, 0))
+    fmt = "<QQQIIIIIIIIHHI" + "QQQQQIIIII"   # the endpoint's reserved u32 is not named
+    want = [struct.calcsize(fmt[:i]) for i in range(1, len(fmt)) if i != 14]
+    assert [lib.t_offset(i) for i in range(len(want))] == want
 
 
 @given(st.binary(max_size=300), st.integers(0, 2**32 - 1))
