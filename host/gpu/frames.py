@@ -14,7 +14,7 @@ Memory (:class:`FrameRings`, one mapped pinned allocation; offsets in bytes)::
 
     0      control   shutdown_flag i32 @0, processed u64 @8, rx_consumed u64 @16 (kernel),
                      tx_taken u64 @24 (host), PSN state @64 (tx_psn u32, rx_epsn u32),
-                     counters @72 (18 x u64)
+                     counters @72 (18 x u64), last_frame_ns u64 @216
     256    rx ring   num_frames slots x rx_stride   (request frames, host -> GPU)
     ...    tx ring   num_frames slots x tx_stride   (response frames, GPU -> host), 128-aligned
 
@@ -79,6 +79,7 @@ TX_FRAME_AT = 18
 SEQ_BYTES = 8
 _PSN_AT = 64
 _COUNTERS_AT = 72
+_LAST_NS_AT = _COUNTERS_AT + 8 * len(COUNTER_NAMES)   # 216
 #: Ethernet + IPv4 + UDP + BTH + RETH + ImmDt, then pad (<= 3) and ICRC: a request frame's
 #: bytes around its RPC request.
 _REQUEST_OVERHEAD = 14 + 20 + 8 + 12 + 16 + 4 + 3 + 4
@@ -198,6 +199,7 @@ class FrameRings:
         self._tx_taken = ctypes.c_uint64.from_address(base + 24)
         self._psn = (ctypes.c_uint32 * 2).from_address(base + _PSN_AT)
         self._counters = (ctypes.c_uint64 * len(COUNTER_NAMES)).from_address(base + _COUNTERS_AT)
+        self._last_ns = ctypes.c_uint64.from_address(base + _LAST_NS_AT)
         self.next_rx_seq = 1   # the next request frame's sequence number
         self.next_tx_seq = 1   # the next response frame's
 
@@ -253,6 +255,13 @@ class FrameRings:
     def rx_consumed(self) -> int:
         """Request frames the kernel has taken (checked or being checked)."""
         return int(self._rx_consumed.value)
+
+    @property
+    def last_frame_ns(self) -> int:
+        """The last frame's time in the kernel, ns (``%globaltimer``): from its sequence word
+        seen to its response frame published (or its drop decided), stored after the
+        response."""
+        return int(self._last_ns.value)
 
     @property
     def psn(self) -> tuple[int, int]:

@@ -10,7 +10,9 @@
 //                         rx_consumed u64 @16 (kernel: request frames taken),
 //                         tx_taken u64 @24 (host: response frames read),
 //                         PSN state @64 (tx_psn u32, rx_epsn u32; qlink_roce_psn),
-//                         counters @72 (18 x u64, openqlink.roce.RX_COUNTER_NAMES order)
+//                         counters @72 (18 x u64, openqlink.roce.RX_COUNTER_NAMES order),
+//                         last_frame_ns u64 @216 (the last frame's time in the kernel: from
+//                         its sequence word seen to its response published, or its drop)
 //   rx ring               num_frames slots of rx_stride bytes: request frames, host -> GPU
 //   tx ring               num_frames slots of tx_stride bytes: response frames, GPU -> host
 //
@@ -75,7 +77,8 @@ static_assert(QLINK_FRAMES_SHUTDOWN_SPINS >= 1u, "the flag is read every N >= 1 
 #define QLINK_FRAMES_RX_CONSUMED_AT 16u
 #define QLINK_FRAMES_TX_TAKEN_AT 24u
 #define QLINK_FRAMES_STATE_AT 64u
-#define QLINK_FRAMES_STATE_WORDS (1u + QLINK_ROCE_COUNTERS)  // PSN pair, counters
+// PSN pair, counters, the last frame's turnaround (ns, %globaltimer: seen -> published/dropped)
+#define QLINK_FRAMES_STATE_WORDS (2u + QLINK_ROCE_COUNTERS)
 
 // qlink_frame_ctx (the device context, 128 bytes) is declared in roce_frames.cuh, where the
 // host's tests check its layout against openqlink.gpu.frames.
@@ -93,6 +96,7 @@ struct qlink_frames_session {
     uint32_t rank;       // this lane's rank among them (0: the leader)
     uint32_t rank_lane[4];
     uint32_t stopping;   // the shutdown flag was seen
+    uint64_t t_seen;     // %globaltimer when the current frame was seen
 };
 static_assert(sizeof(qlink_frames_session) <= CUDAQ_DEV_TRANSPORT_SESSION_BYTES,
               "session fits the kernel's storage");
@@ -119,8 +123,12 @@ static __device__ __forceinline__ void qlink_frames_store_u64(void* p, uint64_t 
     asm volatile("st.relaxed.sys.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
 }
 
-// The PSN state and the counters into the control block, the lanes side by side.
+// The PSN state, the counters and the frame's turnaround into the control block, the lanes side
+// by side.
 static __device__ __forceinline__ void qlink_frames_write_state(qlink_frames_session* s) {
+    if (s->rank == 0) {
+        qlink_frames_state[QLINK_FRAMES_STATE_WORDS - 1] = qlink_globaltimer_ns() - s->t_seen;
+    }
     __syncwarp(s->mask);  // the leader's updates of the shared state
     for (uint32_t i = s->rank; i < QLINK_FRAMES_STATE_WORDS; i += s->lanes) {
         qlink_frames_store_u64(s->ctx.control + QLINK_FRAMES_STATE_AT + 8u * i,
@@ -212,7 +220,7 @@ extern "C" __device__ void* cudaq_dev_transport_attach(void* storage, void* ctx,
     qlink_crc32_table0_fill(qlink_frames_crc, s->rank, s->lanes);
     __syncwarp(mask);
     qlink_crc32_tables_fill_rest(qlink_frames_crc, s->rank, s->lanes);
-    for (uint32_t i = s->rank; i < QLINK_FRAMES_STATE_WORDS; i += s->lanes) {
+    for (uint32_t i = s->rank; i < QLINK_FRAMES_STATE_WORDS - 1; i += s->lanes) {
         qlink_frames_state[i] = *reinterpret_cast<const volatile uint64_t*>(
             c.control + QLINK_FRAMES_STATE_AT + 8u * i);
     }
@@ -249,6 +257,7 @@ static __device__ bool qlink_frames_take(qlink_frames_session* s, uint32_t* out_
                 s->stopping = static_cast<uint32_t>(__shfl_sync(mask, stop, leader) != 0);
             }
         }
+        s->t_seen = qlink_globaltimer_ns();
         if (rank < 4) reinterpret_cast<uint4*>(stage)[rank] = v;
         len = __shfl_sync(mask, v.z, leader);  // slot bytes 8..11
         from = QLINK_FRAMES_LINE_BYTES;
@@ -270,6 +279,7 @@ static __device__ bool qlink_frames_take(qlink_frames_session* s, uint32_t* out_
             if (!stop) len = *reinterpret_cast<const volatile uint32_t*>(src + QLINK_FRAMES_LEN_AT);
         }
         if (__shfl_sync(mask, stop, leader) != 0) return false;
+        s->t_seen = qlink_globaltimer_ns();
         len = __shfl_sync(mask, len, leader);
     }
     if (len > s->ctx.rx_frame_bytes) len = s->ctx.rx_frame_bytes;

@@ -80,7 +80,8 @@ def test_ctx_bytes_and_control_offsets_match_the_bridge():
     for name, value in (("RX_CONSUMED_AT", 16), ("TX_TAKEN_AT", 24), ("STATE_AT", 64),
                         ("RX_FRAME_AT", RX_FRAME_AT), ("TX_FRAME_AT", TX_FRAME_AT)):
         assert re.search(rf"#define QLINK_FRAMES_{name} {value}u", cu), name
-    assert CONTROL_BYTES >= 72 + 8 * len(COUNTER_NAMES)
+    assert CONTROL_BYTES >= 72 + 8 * len(COUNTER_NAMES) + 8
+    assert re.search(r"#define QLINK_FRAMES_STATE_WORDS \(2u \+ QLINK_ROCE_COUNTERS\)", cu)
 
 
 def test_config_from_qp_and_ranges():

@@ -91,6 +91,7 @@ def test_requests_get_the_frames_the_host_would_send(plane):
         got = pop(plane)
         want = Response(0, k, k * 7, struct.pack("<i", a + b)).pack()
         assert got == ref.send_frame(want), k
+    assert plane.frames.last_frame_ns > 0
     plane.stop()
     n = 3 * NUM_SLOTS + 3
     c = plane.counters()
