@@ -115,6 +115,9 @@ static __device__ __forceinline__ uint64_t* qlink_frames_counters() {
     return &qlink_frames_state[1];
 }
 
+// The bridge's only inline PTX. A CPU model of the bridge (the host's tests run its hooks on a
+// thread over plain memory) defines QLINK_FRAMES_CPU_MODEL and its own versions.
+#ifndef QLINK_FRAMES_CPU_MODEL
 static __device__ __forceinline__ void qlink_frames_store_v4(void* p, uint4 v) {
     asm volatile("st.relaxed.sys.global.v4.u32 [%0], {%1, %2, %3, %4};"
                  :: "l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
@@ -122,6 +125,12 @@ static __device__ __forceinline__ void qlink_frames_store_v4(void* p, uint4 v) {
 static __device__ __forceinline__ void qlink_frames_store_u64(void* p, uint64_t v) {
     asm volatile("st.relaxed.sys.global.u64 [%0], %1;" :: "l"(p), "l"(v) : "memory");
 }
+static __device__ __forceinline__ uint32_t qlink_frames_lane_id() {
+    uint32_t lane;
+    asm("mov.u32 %0, %%laneid;" : "=r"(lane));
+    return lane;
+}
+#endif
 
 // The PSN state, the counters and the frame's turnaround into the control block, the lanes side
 // by side.
@@ -199,8 +208,7 @@ extern "C" __device__ void* cudaq_dev_transport_attach(void* storage, void* ctx,
     if (c.rx_stride <= QLINK_FRAMES_SMEM_BYTES) s->ctx.rx_stage = qlink_frames_rx_smem;
     if (c.tx_stride <= QLINK_FRAMES_SMEM_BYTES) s->ctx.tx_stage = qlink_frames_tx_smem;
 #endif
-    uint32_t lane;
-    asm("mov.u32 %0, %%laneid;" : "=r"(lane));
+    const uint32_t lane = qlink_frames_lane_id();
     const uint32_t mask = __activemask();
     s->mask = mask;
     s->lanes = __popc(mask);
