@@ -299,3 +299,151 @@ def test_bad_frames_are_counted_and_short_requests_answered(lib):
     c = m.rings.counters()
     assert (c["RX_FRAMES"], c["DROP_ICRC"], c["DROP_OPCODE"], c["RX_PUBLISHED"],
             c["TX_FRAMES"]) == (7, 1, 1, 5, 5)
+
+
+# ---- GPUFramePlane's host logic over the CPU model (no driver) ----
+
+class _Mem:
+    """Plain memory in place of pinned and device allocations (one address for both)."""
+
+    def __init__(self, size_bytes: int):
+        self._buf = ctypes.create_string_buffer(size_bytes + 128)
+        self.size_bytes = size_bytes
+        address = (ctypes.addressof(self._buf) + 127) // 128 * 128
+        self.host_ptr = self.device_ptr = self.ptr = address
+
+    def upload(self, data: bytes) -> None:
+        ctypes.memmove(self.ptr, data, len(data))
+
+    def free(self) -> None:
+        pass
+
+
+class _Stream:
+    def __init__(self, thread: threading.Thread):
+        self.thread = thread
+
+    def done(self) -> bool:
+        return not self.thread.is_alive()
+
+    def destroy(self) -> None:
+        self.thread.join(GUARD_S)
+
+
+class _Device:
+    name = "CPU model of the frame bridge"
+    arch = "sm_90"
+
+    def alloc_pinned(self, size_bytes: int) -> _Mem:
+        return _Mem(size_bytes)
+
+    def alloc(self, size_bytes: int) -> _Mem:
+        return _Mem(size_bytes)
+
+    def make_current(self) -> None:
+        pass
+
+
+class _Module:
+    def unload(self) -> None:
+        pass
+
+
+def model_plane(lib, host: UCQueuePair):
+    """A GPUFramePlane whose driver calls are plain memory and whose kernel is the CPU model."""
+    from openqlink.gpu.frames import GPUFramePlane
+
+    class ModelFramePlane(GPUFramePlane):
+        device = _Device()
+
+        def _load(self):
+            self._module = _Module()
+            return self._module
+
+        def _launch(self, module, items, cap):
+            ctx, shutdown, processed = self._make_transport()
+            fid = fnv1a32("add_i32")
+            thread = threading.Thread(target=lib.run_kernel, daemon=True, args=(
+                ctx, shutdown, processed, fid, self.slot_size - 24))
+            thread.start()
+            self._stream = _Stream(thread)
+
+    config = FrameEndpointConfig.from_qp(host, num_slots=NUM_SLOTS, slot_size=SLOT_SIZE,
+                                         ring_rkey=RKEY)
+    return ModelFramePlane(config, arch="sm_90")
+
+
+def _entries():
+    from gpumodel import device_entries
+    return device_entries()[:1]   # add_i32 (the CPU model's function)
+
+
+def test_plane_hands_the_psns_over_and_back(lib):
+    host = UCQueuePair(HOST_MAC, HOST_IP, HOST_QPN, QSC_MAC, QSC_IP, QSC_QPN, tx_psn=10,
+                       rx_epsn=3)
+    qsc = UCQueuePair(QSC_MAC, QSC_IP, QSC_QPN, HOST_MAC, HOST_IP, HOST_QPN, tx_psn=3)
+    plane = model_plane(lib, host)
+    plane.start(_entries(), qp=host)
+    assert plane.push_frame(qsc.write_frame(0, RKEY, add(2, 3, 1), imm=slot_immediate(3, 0)))
+    deadline = time.monotonic() + GUARD_S
+    while (f := plane.pop_frame()) is None:
+        assert time.monotonic() < deadline
+    assert parse_frame(f).bth["psn"] == 10
+    plane.stop()
+    assert (host.tx_psn, host.rx_epsn) == (11, 4)
+    host.send_frame(b"the host's own packet between runs")   # PSN 11
+    plane.start(_entries(), qp=host)
+    assert plane.push_frame(qsc.write_frame(0, RKEY, add(2, 3, 2), imm=slot_immediate(4, 0)))
+    while (f := plane.pop_frame()) is None:
+        assert time.monotonic() < deadline
+    assert parse_frame(f).bth["psn"] == 12
+    plane.close()
+    assert (host.tx_psn, host.rx_epsn) == (13, 5)
+    assert plane.counters()["RX_PUBLISHED"] == 2 and plane.psn == (13, 5)
+
+
+def test_stop_keeps_the_responses_the_kernel_publishes_while_it_waits(lib):
+    host = UCQueuePair(HOST_MAC, HOST_IP, HOST_QPN, QSC_MAC, QSC_IP, QSC_QPN)
+    qsc = UCQueuePair(QSC_MAC, QSC_IP, QSC_QPN, HOST_MAC, HOST_IP, HOST_QPN)
+    plane = model_plane(lib, host)
+    plane.start(_entries(), qp=host)
+    n = 2 * NUM_SLOTS + 1                  # more than the tx ring holds: the kernel waits
+    deadline = time.monotonic() + GUARD_S
+    for k in range(n):
+        slot = k % NUM_SLOTS
+        frame = qsc.write_frame(slot * SLOT_SIZE, RKEY, add(k, k, k),
+                                imm=slot_immediate(qsc.tx_psn, slot))
+        while not plane.push_frame(frame):
+            assert time.monotonic() < deadline
+    assert plane.stop() == n
+    got = [Response.unpack(parse_frame(f).payload).request_id
+           for f in iter(plane.pop_frame, None)]
+    assert got == list(range(n))
+    plane.close()
+
+
+def test_bench_moves_frames_and_lets_drops_go(lib):
+    """``qlink sim --gpu-frames``'s frame mover (TB._serve_frame) over the CPU model: the
+    response frame goes to the wire, a dropped frame returns without one."""
+    from types import SimpleNamespace
+
+    from openqlink.sim.bench import TB
+
+    host = UCQueuePair(HOST_MAC, HOST_IP, HOST_QPN, QSC_MAC, QSC_IP, QSC_QPN)
+    qsc = UCQueuePair(QSC_MAC, QSC_IP, QSC_QPN, HOST_MAC, HOST_IP, HOST_QPN)
+    plane = model_plane(lib, host)
+    plane.start(_entries(), qp=host)
+    sent: list[bytes] = []
+    tb = SimpleNamespace(gpu_service_ns=[], gpu_frame_ns=[],
+                         transport=SimpleNamespace(send_frame=sent.append))
+    good = qsc.write_frame(0, RKEY, add(4, 5, 1), imm=slot_immediate(0, 0))
+    bad = bytearray(qsc.write_frame(SLOT_SIZE, RKEY, add(4, 5, 2), imm=slot_immediate(1, 1)))
+    bad[-1] ^= 1                           # ICRC
+    assert plane.wants(good) and plane.wants(bytes(bad))
+    TB._serve_frame(tb, plane, good)
+    TB._serve_frame(tb, plane, bytes(bad))
+    plane.stop()
+    ref = UCQueuePair(HOST_MAC, HOST_IP, HOST_QPN, QSC_MAC, QSC_IP, QSC_QPN)
+    assert sent == [ref.send_frame(Response(0, 1, 5, struct.pack("<i", 9)).pack())]
+    assert len(tb.gpu_service_ns) == 1 and plane.counters()["DROP_ICRC"] == 1
+    plane.close()
