@@ -345,6 +345,10 @@ def isa_tables_command(output: Path | None) -> None:
               help="Serve the program's CALLs from the GPU unified dispatch kernel: the "
               "DEVICE_CALL handlers of the handlers file's device_table() (needs a GPU and "
               "the [gpu] extra; one PPU only).")
+@click.option("--gpu-frames", is_flag=True,
+              help="With --gpu: PPU 0's RoCE request frames go raw into the GPU RoCE "
+              "endpoint, whose kernel checks them, runs the handler and writes the response "
+              "frame itself (no Python per request; docs/gpu.md).")
 @click.option("--tap", "tap", default=None, metavar="NAME",
               help="Attach the simulated QSC's Ethernet port to the Linux TAP interface NAME "
               "(it must exist in this network namespace and be up; root): the kernel's frames "
@@ -383,8 +387,8 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
                 json_path: Path | None, pcap_path: Path | None, waves_path: Path | None,
                 seed: int, host_turnaround_ns: int, build_dir: Path | None,
                 verilog_path: Path | None, simulator: str, max_run_us: float, gpu: bool,
-                tap: str | None, calls: str | None, bridge_name: str | None,
-                tap_hold_s: float | None, quiet: bool,
+                gpu_frames: bool, tap: str | None, calls: str | None,
+                bridge_name: str | None, tap_hold_s: float | None, quiet: bool,
                 inject_path: Path | None, gap_cycles: int | None, dump_dir: Path | None,
                 **setup) -> None:
     """Simulate PROGRAM end to end: the QSC gateware's Verilog on Icarus or Verilator (cocotb)
@@ -417,6 +421,8 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
     if tap is not None and inject_path is not None:
         raise click.UsageError("--tap runs a PROGRAM with its host on the TAP; --inject "
                                "replays a capture: give one or the other", ctx=ctx)
+    if gpu_frames and not gpu:
+        raise click.UsageError("--gpu-frames: only with --gpu", ctx=ctx)
     if tap is not None and gpu:
         raise click.UsageError("--gpu serves the simulated host's CALLs; with --tap the host "
                                "is the raw or udp bridge: give one or the other", ctx=ctx)
@@ -470,6 +476,7 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
                           build_dir=build_dir, seed=seed, qubits=qubits, model=model,
                           host_turnaround_ns=host_turnaround_ns, verilog_path=verilog_path,
                           max_run_ns=round(max_run_us * 1000), gpu=gpu, simulator=simulator,
+                          **({"gpu_frames": True} if gpu_frames else {}),
                           tap=tap, tap_hold_s=tap_hold_s or 0.0,
                           **({"calls": calls} if calls else {}),
                           **({"bridge": bridge_name} if bridge_name else {}))

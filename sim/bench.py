@@ -52,7 +52,7 @@ from cocotb.clock import Clock
 from cocotb.task import bridge, resume
 from cocotb.triggers import Event, First, RisingEdge, Timer, ValueChange
 
-from ..dispatch import Dispatcher, SlotRing
+from ..dispatch import Dispatcher, FunctionTable, SlotRing
 from ..errors import WireFormatError
 from ..isa import PPUState, PPUStatus
 from ..isa.asm import assemble
@@ -147,6 +147,11 @@ class TB:
         self.gpu_service_ns: list[int] = []
         self.gpu_start_s = 0.0
         self.gpu_warmup = 0
+        #: With ``cfg["gpu_frames"]``: the GPU RoCE endpoint serving PPU 0's QP (started by the
+        #: host session once the QP is configured and the program uploaded), and the in-kernel
+        #: time of each CALL's frame (ns).
+        self.frame_plane = None
+        self.gpu_frame_ns: list[int] = []
         #: The TAP the QSC's port is attached to (``cfg["tap"]``), or None: the in-process wire.
         self.tap = None
         #: Simulated time in ns as the TAP pump last saw it: the host thread's clock of the
@@ -382,11 +387,89 @@ class TB:
             wait_ns = t_arrival + self.turnaround_ns - self.now_ns()
             if wait_ns > 0:
                 await Timer(round(wait_ns * 1000), "ps")
+            plane = self.frame_plane
+            if plane is not None and plane.running and plane.wants(frame):
+                self._serve_frame(plane, frame)
+                continue
             # The QSC routes the frame to the host QP (and ring) of the PPU it came from; each
             # PPU's dispatcher then answers what its ring holds.
             self.qsc.handle_frame(frame)
             for dispatcher in self.dispatchers:
                 self._poll(dispatcher)
+
+    def _serve_frame(self, plane, frame: bytes) -> None:
+        """``--gpu-frames``: move a request frame of PPU 0's QP into the GPU's rx frame ring and
+        the response frame the kernel writes back onto the wire, as a NIC would (no Python
+        looks into either frame). The GPU answers in wall-clock time while simulated time
+        stands still, as with ``--gpu``."""
+        before = plane.counters()
+        t0 = time.perf_counter_ns()
+        deadline = t0 + 2_000_000_000
+        while not plane.push_frame(frame):
+            if time.perf_counter_ns() > deadline:
+                raise TimeoutError("the GPU RoCE endpoint did not take a frame in 2 s")
+        while (response := plane.pop_frame()) is None:
+            now = plane.counters()
+            if (now["RX_FRAMES"] > before["RX_FRAMES"]
+                    and now["RX_PUBLISHED"] == before["RX_PUBLISHED"]):
+                # The kernel stores its counters after the response frame: none now means the
+                # frame was dropped (and counted), unanswered, as the host would drop it.
+                response = plane.pop_frame()
+                if response is None:
+                    return
+                break
+            if time.perf_counter_ns() > deadline:
+                raise TimeoutError("the GPU RoCE endpoint did not answer in 2 s")
+        self.gpu_service_ns.append(time.perf_counter_ns() - t0)
+        self.gpu_frame_ns.append(plane.frames.last_frame_ns)
+        self.transport.send_frame(response)
+
+    def _start_frame_plane(self, table) -> None:
+        """``--gpu-frames``: make the GPU RoCE endpoint for PPU 0's QP (its contract as the
+        host configured it), warm it up, and hand it the QP's PSNs. Called by the host session
+        after the uploads (RDMA WRITEs on the same QP) and before the trigger."""
+        from ..gpu.frames import FrameEndpointConfig, GPUFramePlane
+        from ..wire.roce import slot_immediate
+        from .info import region_rkeys
+
+        cfg = self.cfg
+        qp = self.qsc.qp(0)
+        ring = self.rings[0]
+        config = FrameEndpointConfig.from_qp(
+            qp, num_slots=ring.num_slots, slot_size=ring.slot_size,
+            ring_rkey=region_rkeys(self.params, 0, cfg).ring)
+        plane = GPUFramePlane(config, timing_capacity=1024)
+        t0 = time.perf_counter()
+        entries = table.entries()
+        max_result = MAILBOX_BYTES - HEADER_BYTES
+        # Warm-up on the QP's contract with PSNs of its own: requests for an unknown function
+        # (status -1) from a stand-in of the QSC's side, their responses dropped; then the run
+        # starts again from the host QP's PSNs, so the wire sees what the CPU run sends.
+        plane.start(entries, max_result_bytes=max_result, psn=(0, 0))
+        self.gpu_start_s = time.perf_counter() - t0
+        peer = type(qp)(qp.remote_mac, qp.remote_ip, qp.remote_qpn, qp.local_mac, qp.local_ip,
+                        qp.qpn, p_key=qp.p_key)
+        warm = Request(function_id=0, request_id=0xFFFF_FFFF, ptp_timestamp=0,
+                       payload=b"").pack()
+        count = cfg.get("gpu_warmup", 100)
+        for k in range(count):
+            slot = k % ring.num_slots
+            plane.push_frame(peer.write_frame(slot * ring.slot_size, config.ring_rkey, warm,
+                                              imm=slot_immediate(peer.tx_psn, slot)))
+            deadline = time.perf_counter() + 2.0
+            while plane.pop_frame() is None:
+                if time.perf_counter() > deadline:
+                    raise TimeoutError("the GPU RoCE endpoint did not answer a warm-up frame")
+        plane.stop()
+        self.gpu_warmup = count
+        self.gpu_warmup_counters = plane.counters()
+        plane.start(entries, max_result_bytes=max_result, qp=qp)
+        self.frame_plane = plane
+
+    def _stop_frame_plane(self) -> None:
+        """Stop the GPU RoCE endpoint: the QP's PSNs go back to the host's QP."""
+        if self.frame_plane is not None and self.frame_plane.running:
+            self.frame_plane.stop()
 
     def _poll(self, dispatcher: Dispatcher) -> None:
         forwarded = dispatcher.forwarded
@@ -586,6 +669,8 @@ class TB:
             for env in program.envelopes.values():
                 qsc.write_envelope(n, env.addr, env.samples)
             qsc.upload_program(n, program.to_bytes())
+        if cfg.get("gpu_frames"):
+            self._start_frame_plane(self.gpu_table)
         # One start time for every PPU: their timelines agree from the first event on.
         start = qsc.timeline(0) + cfg["start_margin_cycles"]
         for n in ppus:
@@ -605,6 +690,7 @@ class TB:
                 limit_reached = True
                 break
             self._host_wait_ns(cfg["status_poll_ns"])
+        self._stop_frame_plane()
         registers = []
         for n in ppus:
             regs = qsc.read_registers(n)
@@ -630,6 +716,9 @@ class TB:
         if len(handlers) != self.num_run:
             raise ValueError(f"{len(handlers)} handlers files for {self.num_run} programs")
         gpu = cfg.get("gpu", False)
+        frames = bool(cfg.get("gpu_frames"))
+        if frames and not gpu:
+            raise ValueError("gpu_frames needs gpu: the GPU RoCE endpoint runs the GPU's table")
         if gpu and self.num_run > 1:
             raise ValueError("the GPU dispatch path serves one PPU: run one program with --gpu")
         if gpu and self.tap is not None:
@@ -651,12 +740,18 @@ class TB:
                        host_ip=cfg["host_ip"], pmtu_bytes=cfg["pmtu"],
                        call_transport=cfg.get("calls", "roce"), **timeout)
         # Results land in the PPU's 64-byte mailbox, after the 24-byte response header.
+        if frames:
+            # PPU 0's requests are answered by the GPU RoCE endpoint; its dispatcher (which
+            # then sees no request) keeps an empty table. HOST_CALLs cannot be served there:
+            # the endpoint's start refuses them, naming them.
+            self.gpu_table = tables[0]
+            tables[0] = FunctionTable()
         self.dispatchers = [
             Dispatcher(tables[n], self.rings[n],
                        send_response=lambda slot, data, n=n: self.qsc.send_response(n, slot,
                                                                                      data),
                        max_result_bytes=MAILBOX_BYTES - HEADER_BYTES,
-                       gpu=self._gpu_plane(cfg) if n == 0 else None)
+                       gpu=self._gpu_plane(cfg) if n == 0 and not frames else None)
             for n in range(self.num_run)]
         self.dispatcher = self.dispatchers[0]
         if self.dispatcher.gpu is not None:
@@ -711,7 +806,8 @@ class TB:
             "run_limit_reached": host["run_limit_reached"],
             "max_run_ns": cfg["max_run_ns"],
             "host_log": host_log.lines,
-            "dispatcher": {"processed": sum(d.processed for d in self.dispatchers)},
+            "dispatcher": {"processed": sum(self._calls_answered(n)
+                                            for n in range(self.num_run))},
             "ppus": ppus,
             **({"gpu": gpu} if gpu is not None else {}),
             **({"tap": self._tap_results()} if self.tap is not None else {}),
@@ -741,8 +837,15 @@ class TB:
             "model": system.describe(),
             "events": [e for e in self.events if channel_ppu(e["channel"]) == n],
             "rpc": [r for r in self.rpc if r["ppu"] == n],
-            "calls_answered": self.dispatchers[n].processed,
+            "calls_answered": self._calls_answered(n),
         }
+
+    def _calls_answered(self, n: int) -> int:
+        """CALLs PPU ``n``'s host answered: its dispatcher's, or, with ``--gpu-frames``, the
+        GPU RoCE endpoint's for PPU 0 (the warm-up not counted)."""
+        if n == 0 and self.frame_plane is not None:
+            return self.frame_plane.processed
+        return self.dispatchers[n].processed
 
     def _gpu_plane(self, cfg: dict):
         if not cfg.get("gpu"):
@@ -770,6 +873,8 @@ class TB:
     def _gpu_results(self) -> dict | None:
         """What the GPU did, measured in wall-clock time (so not part of the deterministic
         results): the only section that differs between two ``--gpu`` runs."""
+        if self.frame_plane is not None:
+            return self._gpu_frame_results()
         d = self.dispatcher
         if d.gpu is None:
             return None
@@ -793,6 +898,29 @@ class TB:
             "call_in_kernel_ns": turnaround[len(turnaround) - d.forwarded:]
             if d.forwarded else [],
             "in_kernel_turnaround_ns": turnaround,
+        }
+
+    def _gpu_frame_results(self) -> dict:
+        """``--gpu-frames``: what the GPU RoCE endpoint did (wall-clock, not deterministic)."""
+        plane = self.frame_plane
+        self._stop_frame_plane()
+        service = sorted(self.gpu_service_ns)
+        return {
+            "mode": "frames",
+            "device": plane.device.name, "arch": plane.arch,
+            "kernel_processed": plane.processed,
+            "warmup_requests": self.gpu_warmup,
+            "warmup_counters": self.gpu_warmup_counters,
+            "counters": plane.counters(),
+            "link_and_launch_s": round(self.gpu_start_s, 3),
+            "measured_note": "wall-clock, measured while simulated time stood still; "
+                             "service_ns: request frame pushed -> response frame popped by "
+                             "the bench (no Python looks into either); frame_in_kernel_ns: "
+                             "frame seen -> response frame published inside the kernel "
+                             "(%globaltimer), checks and ICRCs included",
+            "service_ns": self.gpu_service_ns,
+            "service_p50_ns": service[len(service) // 2] if service else None,
+            "frame_in_kernel_ns": self.gpu_frame_ns,
         }
 
     def _fault_location(self, status, registers: dict, n: int = 0) -> str | None:

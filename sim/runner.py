@@ -247,6 +247,9 @@ def SimConfig(**overrides) -> dict:
         "status_poll_ns": 2000,
         "max_run_ns": 2_000_000,
         "gpu": False,
+        # With gpu: PPU 0's request frames go to the GPU RoCE endpoint (openqlink.gpu.frames),
+        # which writes the response frames itself.
+        "gpu_frames": False,
         "qubits": 1,
         "model": None,
         # With a TAP (run_sim's ``tap``): the interface, how long the QSC stays on it after the
@@ -412,7 +415,8 @@ def run_sim(program: str | Path | Sequence[str | Path], *,
         A program does not assemble (checked before anything is built).
     SimulationError
         More programs than the build has PPUs, a handlers count that fits neither rule,
-        ``gpu`` with more than one program or with ``tap``, a TAP that cannot be attached
+        ``gpu`` with more than one program or with ``tap``, ``gpu_frames`` without ``gpu``, a
+        TAP that cannot be attached
         (one line: missing, down, not a TAP, taken, not permitted), a model or build that does
         not fit ``qubits`` (the message names the key), an unknown simulator, the simulator or
         cocotb failed, or the bench raised.
@@ -441,6 +445,9 @@ def run_sim(program: str | Path | Sequence[str | Path], *,
             raise SimulationError(f"{len(handler_list)} handlers files for {len(programs)} "
                                   "programs: give one for every program or one per program")
     gpu = bool(bench.get("gpu", False))
+    if bench.get("gpu_frames") and not gpu:
+        raise SimulationError("gpu_frames moves request frames to the GPU RoCE endpoint: it "
+                              "needs gpu")
     if gpu and len(programs) > 1:
         raise SimulationError(f"the GPU dispatch path serves one PPU, not {len(programs)}")
     calls, bridge_name = bench.get("calls", "roce"), bench.get("bridge", "raw")

@@ -6,7 +6,9 @@ calls the DEVICE_CALL handler and always answers with an ``RPCResponse``. The ke
 bridge's hooks and the handlers (CUDA C++ through NVRTC, or Python through numba-cuda) are
 LTO-IR, linked by nvJitLink into one module for the GPU's own architecture, cached by source,
 toolchain versions and architecture. The loopback bridge runs the whole path over mapped pinned
-host memory, on any GPU without a NIC. ``docs/gpu.md`` describes the design and its use.
+host memory, on any GPU without a NIC; the frame bridge (:mod:`.frames`) makes the kernel a RoCE
+endpoint that takes raw request frames and writes complete response frames. ``docs/gpu.md``
+describes the design and its use.
 
 Importing this package needs no GPU; compiling and linking need the ``[gpu]`` extra; running
 needs a CUDA driver and a GPU (else :class:`openqlink.errors.GPUUnavailableError`).
@@ -17,10 +19,12 @@ needs a CUDA driver and a GPU (else :class:`openqlink.errors.GPUUnavailableError
 
 from .dataplane import ENTRY_BYTES, GPUDataPlane, pack_device_entry
 from .driver import Device, gpu_available
+from .frames import FrameEndpointConfig, FrameRings, GPUFramePlane
 from .handlers import HANDLER_SIGNATURE, CudaHandler, DeviceHandler, NumbaHandler, numba_handler
 from .loopback import HostMemory, LoopbackRing
 from .program import (
     BUILTIN_KERNEL_ENTRY,
+    FRAME_BRIDGE,
     LOOPBACK_BRIDGE,
     DispatchKernel,
     DispatchProgram,
@@ -47,6 +51,10 @@ def get_device_handler(plane: GPUDataPlane, name: str) -> int:
 
 __all__ = [
     "GPUDataPlane",
+    "GPUFramePlane",
+    "FrameEndpointConfig",
+    "FrameRings",
+    "FRAME_BRIDGE",
     "get_device_handler",
     "ENTRY_BYTES",
     "pack_device_entry",

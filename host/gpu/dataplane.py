@@ -363,18 +363,7 @@ class GPUDataPlane:
         function = module.function(kernel.entry)
         out_bytes = _align16(cap) + HANDLER_GUARD_BYTES
         self._reserve_handler_area(function, out_bytes)
-        self._pinned = dev.alloc_pinned(LoopbackRing.size_for(self.num_slots, self.slot_size))
-        self.ring = LoopbackRing(self._pinned, self.num_slots, self.slot_size)
-        # The request and response staging buffers, used when a slot is too large for shared
-        # memory, then the transport context, the table and the timing ring.
-        rx_stage = self._dev_alloc(self.ring.stride)
-        tx_stage = self._dev_alloc(self.ring.stride)
-        if self.trace_capacity:
-            self._trace = self._dev_alloc(64 * self.trace_capacity)
-        ctx = self._dev_alloc(CTX_BYTES)
-        ctx.upload(self.ring.ctx_bytes(rx_stage.ptr, tx_stage.ptr,
-                                       self._trace.ptr if self._trace is not None else 0,
-                                       self.trace_capacity))
+        ctx_ptr, shutdown_ptr, processed_ptr = self._make_transport()
         dtable = self._dev_alloc(len(table))
         dtable.upload(table)
         if self.timing_capacity:
@@ -384,15 +373,33 @@ class GPUDataPlane:
         self._stream = stream
         args = LaunchArgs(
             function=function, stream=stream.handle,
-            transport_ctx=ctx.ptr, table=dtable.ptr, count=len(items),
+            transport_ctx=ctx_ptr, table=dtable.ptr, count=len(items),
             max_arg_len=self.slot_size - HEADER_BYTES, max_result_len=cap,
-            shutdown_flag=self.ring.shutdown_device_ptr,
-            processed=self.ring.processed_device_ptr,
+            shutdown_flag=shutdown_ptr, processed=processed_ptr,
             timing_ns=self._timing.ptr if self._timing is not None else 0,
             timing_capacity=self.timing_capacity, handler_out_bytes=out_bytes)
         kernel.launcher()(args)
         log.info("dispatch kernel %s running on %s (%s): %d entries, %d x %d-byte slots",
                  kernel.entry, dev.name, self.arch, len(items), self.num_slots, self.slot_size)
+
+    def _make_transport(self) -> tuple[int, int, int]:
+        """Allocate the bridge's memory and device context; returns the device addresses of
+        the context, the shutdown flag and the processed counter. Every allocation is recorded
+        on ``self`` (``_pinned``, :meth:`_dev_alloc`) as soon as it exists."""
+        dev = self.device
+        self._pinned = dev.alloc_pinned(LoopbackRing.size_for(self.num_slots, self.slot_size))
+        self.ring = LoopbackRing(self._pinned, self.num_slots, self.slot_size)
+        # The request and response staging buffers, used when a slot is too large for shared
+        # memory, then the transport context.
+        rx_stage = self._dev_alloc(self.ring.stride)
+        tx_stage = self._dev_alloc(self.ring.stride)
+        if self.trace_capacity:
+            self._trace = self._dev_alloc(64 * self.trace_capacity)
+        ctx = self._dev_alloc(CTX_BYTES)
+        ctx.upload(self.ring.ctx_bytes(rx_stage.ptr, tx_stage.ptr,
+                                       self._trace.ptr if self._trace is not None else 0,
+                                       self.trace_capacity))
+        return ctx.ptr, self.ring.shutdown_device_ptr, self.ring.processed_device_ptr
 
     def _dev_alloc(self, size_bytes: int) -> DeviceMemory:
         """A device allocation owned by this run (freed by :meth:`_free_buffers`)."""

@@ -50,6 +50,7 @@ __all__ = [
     "DispatchKernel",
     "TransportBridge",
     "LOOPBACK_BRIDGE",
+    "FRAME_BRIDGE",
     "LaunchArgs",
     "LinkedProgram",
     "DispatchProgram",
@@ -161,6 +162,9 @@ def _loopback() -> TransportBridge:
 
 #: The GPU loopback bridge (mapped pinned host memory, :mod:`openqlink.gpu.loopback`).
 LOOPBACK_BRIDGE = _loopback()
+#: The GPU RoCE endpoint's bridge: raw RoCEv2 frames in mapped pinned host memory
+#: (:mod:`openqlink.gpu.frames`).
+FRAME_BRIDGE = TransportBridge("roce_frame_bridge.cu", read_source("roce_frame_bridge.cu"))
 
 
 @dataclass(frozen=True)
@@ -293,7 +297,7 @@ class DispatchProgram:
             "dispatch-module", self.arch, toolchain_versions().key(),
             self.kernel.name, self.kernel.source, self.kernel.entry, *self.kernel.options,
             self.bridge.name, self.bridge.source, *self.bridge.options,
-            headers()["openqlink_dispatch.cuh"], self.call_source()]
+            *headers().values(), self.call_source()]
         for e in self._entries.values():
             assert isinstance(e.handler, DeviceHandler)
             parts += [e.name, e.handler.key(e, self.arch)]

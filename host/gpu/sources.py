@@ -5,6 +5,10 @@
 * ``unified_dispatch.cu`` -- the persistent dispatch kernel ``qlink_unified_dispatch``.
 * ``loopback_bridge.cu`` -- the transport hooks of the GPU loopback bridge (mapped pinned
   host memory).
+* ``roce_frames.cuh`` -- RoCEv2 request checks and response frames in plain C++ (CRC-32/ICRC,
+  IPv4 checksum), shared by the GPU and the host's tests (:data:`FRAMES_HEADER_NAME`).
+* ``roce_frame_bridge.cu`` -- the transport hooks of the GPU RoCE endpoint (raw frames in
+  mapped pinned memory).
 
 # Ref: cuda-quantum realtime/include/cudaq/realtime/daemon/dispatcher/unified_device_transport.cuh
 """
@@ -14,10 +18,12 @@ from __future__ import annotations
 import functools
 from importlib import resources
 
-__all__ = ["HEADER_NAME", "read_source", "headers"]
+__all__ = ["HEADER_NAME", "FRAMES_HEADER_NAME", "read_source", "headers"]
 
 #: The include name of the shared declarations (``#include "openqlink_dispatch.cuh"``).
 HEADER_NAME = "openqlink_dispatch.cuh"
+#: The include name of the frame code (``#include "roce_frames.cuh"``).
+FRAMES_HEADER_NAME = "roce_frames.cuh"
 
 
 @functools.cache
@@ -28,4 +34,4 @@ def read_source(name: str) -> str:
 
 def headers() -> dict[str, str]:
     """Include name -> text of every packaged header, for NVRTC."""
-    return {HEADER_NAME: read_source(HEADER_NAME)}
+    return {name: read_source(name) for name in (HEADER_NAME, FRAMES_HEADER_NAME)}

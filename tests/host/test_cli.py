@@ -162,6 +162,16 @@ def test_sim_handlers_count_and_gpu_are_usage_errors(tmp_path, fake_run_sim):
     assert "--gpu serves the CALLs of one PPU, not --ppus 2" in res.output
 
 
+def test_sim_gpu_frames_needs_gpu_and_reaches_run_sim(tmp_path, fake_run_sim):
+    programs = _sim_programs(tmp_path, 1)
+    res = CliRunner().invoke(main, ["sim", *programs, "--gpu-frames"])
+    assert res.exit_code == 2 and "--gpu-frames: only with --gpu" in res.output
+    fake_run_sim["results"] = _sim_results(["DONE"])
+    res = CliRunner().invoke(main, ["sim", *programs, "--gpu", "--gpu-frames", "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert fake_run_sim["gpu"] is True and fake_run_sim["gpu_frames"] is True
+
+
 def _sim_results(states: list[str]) -> dict:
     ppus = [{"ppu": n, "program": f"p{n}.s", "status": {"state": state, "late": 0},
              "registers": {"R1": n + 1}, "measurements": []} for n, state in enumerate(states)]

@@ -77,8 +77,9 @@ def test_handlers_file_without_table_is_refused(tmp_path):
 
 
 def test_run_sim_refuses_program_lists_that_do_not_fit_before_building(tmp_path, monkeypatch):
-    """More programs than the build's PPUs, a handlers list of another length and --gpu with
-    several programs stop run_sim before anything is built or simulated."""
+    """More programs than the build's PPUs, a handlers list of another length, --gpu with
+    several programs and gpu_frames without gpu stop run_sim before anything is built or
+    simulated."""
     import openqlink.sim.runner as runner
     from openqlink.memory_map import QSCParams
 
@@ -96,6 +97,8 @@ def test_run_sim_refuses_program_lists_that_do_not_fit_before_building(tmp_path,
         runner.run_sim(programs, handlers=[None, None])
     with pytest.raises(runner.SimulationError, match="serves one PPU, not 2"):
         runner.run_sim(programs[:2], gpu=True)
+    with pytest.raises(runner.SimulationError, match="gpu_frames .* needs gpu"):
+        runner.run_sim(programs[:1], gpu_frames=True)
     with pytest.raises(runner.SimulationError, match="no program"):
         runner.run_sim([])
 

@@ -68,3 +68,25 @@ def test_sim_gpu_gives_the_cpu_results_and_the_kernel_served_the_call(tmp_path):
     assert measured["forwarded"] == 1
     assert measured["kernel_processed"] == measured["warmup_requests"] + 1
     assert len(measured["service_ns"]) == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.cocotb
+@pytest.mark.skipif(_no_gpu_reason() is not None, reason=str(_no_gpu_reason()))
+def test_sim_gpu_frames_gives_the_cpu_results_with_no_python_per_call(tmp_path):
+    """``--gpu --gpu-frames``: the request frame goes raw to the GPU RoCE endpoint, whose
+    response frame goes back onto the simulated wire: the results are the CPU run's, the
+    frame was checked on the GPU, and the QP's PSNs came back to the host."""
+    verilog = os.environ.get("OPENQLINK_SIM_VERILOG")
+    cpu = run_sim(FIRMWARE / "active_reset.s", build_dir=tmp_path, seed=2, verilog_path=verilog)
+    gpu = run_sim(FIRMWARE / "active_reset.s", build_dir=tmp_path, seed=2, gpu=True,
+                  gpu_frames=True, verilog_path=verilog)
+    measured = gpu.pop("gpu")
+    assert gpu == cpu
+    assert measured["mode"] == "frames"
+    assert measured["kernel_processed"] == 1 == len(measured["service_ns"])
+    c = measured["counters"]
+    warm = measured["warmup_counters"]
+    assert c["RX_PUBLISHED"] - warm["RX_PUBLISHED"] == 1
+    assert c["TX_FRAMES"] - warm["TX_FRAMES"] == 1
+    assert all(c[k] == warm[k] for k in c if k.startswith("DROP_"))

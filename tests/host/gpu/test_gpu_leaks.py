@@ -181,3 +181,35 @@ def test_pinned_and_device_memory_free_what_they_took_on_error(ledger):
     assert device.released and ledger.outstanding() == {}
     with pytest.raises(GPUError, match="released"):
         device.make_current()
+
+
+def make_frame_plane():
+    from openqlink.gpu.frames import FrameEndpointConfig, GPUFramePlane
+    cfg = FrameEndpointConfig(host_mac=0x020000000001, host_ip=0xC0A80001,
+                              qsc_mac=0x020000000010, qsc_ip=0xC0A8000A, host_qpn=0x11,
+                              qsc_qpn=0x2, ring_rkey=0x1234, num_slots=2, slot_size=64)
+    plane = GPUFramePlane(cfg, timing_capacity=8)
+    plane.add(device_entries()[1])  # rpc_increment
+    return plane
+
+
+@pytest.mark.parametrize("name, nth", [
+    ("cuMemHostAlloc", 1), ("cuMemAlloc", 1), ("cuMemAlloc", 2), ("cuMemAlloc", 3),
+    ("cuMemAlloc", 4), ("cuMemAlloc", 5), ("cuMemcpyHtoD", 1), ("cuMemcpyHtoD", 2),
+    ("cuStreamCreate", 1), ("cuLaunchKernel", 1),
+])
+def test_a_failed_frame_plane_start_gives_back_what_it_took(ledger, name, nth):
+    # The GPU RoCE endpoint allocates its own rings and context (_make_transport): a failure
+    # at any step gives back everything, as the loopback plane's start does.
+    plane = make_frame_plane()
+    ledger.fail(name, nth)
+    with pytest.raises(GPUError, match=name):
+        plane.start()
+    assert ledger.injected, f"start() made fewer than {nth} {name} calls"
+    assert not plane.running and plane.frames is None and not plane.loaded
+    assert ledger.outstanding() == {}, f"after {name} #{nth} failed"
+    ledger.fail("none", 0)
+    plane.start()
+    plane.stop()
+    plane.close()
+    assert ledger.outstanding() == {}
