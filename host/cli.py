@@ -423,6 +423,9 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
                                "replays a capture: give one or the other", ctx=ctx)
     if gpu_frames and not gpu:
         raise click.UsageError("--gpu-frames: only with --gpu", ctx=ctx)
+    if gpu_frames and (calls == "udp" or bridge_name == "udp"):
+        raise click.UsageError("--gpu-frames takes RoCEv2 request frames: not with --calls "
+                               "udp", ctx=ctx)
     if tap is not None and gpu:
         raise click.UsageError("--gpu serves the simulated host's CALLs; with --tap the host "
                                "is the raw or udp bridge: give one or the other", ctx=ctx)

@@ -453,6 +453,8 @@ def run_sim(program: str | Path | Sequence[str | Path], *,
     calls, bridge_name = bench.get("calls", "roce"), bench.get("bridge", "raw")
     if calls not in ("roce", "udp"):
         raise SimulationError(f"calls {calls!r}: 'roce' or 'udp'")
+    if calls == "udp" and bench.get("gpu_frames"):
+        raise SimulationError("gpu_frames takes RoCEv2 request frames: not with calls 'udp'")
     if bridge_name not in ("raw", "udp"):
         raise SimulationError(f"bridge {bridge_name!r}: a TAP's host is on 'raw' or 'udp'")
     if bridge_name != "raw" and tap is None:

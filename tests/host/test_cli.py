@@ -172,6 +172,24 @@ def test_sim_gpu_frames_needs_gpu_and_reaches_run_sim(tmp_path, fake_run_sim):
     assert fake_run_sim["gpu"] is True and fake_run_sim["gpu_frames"] is True
 
 
+def test_sim_calls_and_bridge_options(tmp_path, fake_run_sim):
+    """--calls reaches run_sim; --bridge only with --tap, udp not with --calls roce, and
+    --gpu-frames (RoCEv2 frames) not with CALLs over UDP: usage errors before anything runs."""
+    programs = _sim_programs(tmp_path, 1)
+    for args, message in (
+            (["--bridge", "udp"], "--bridge: only with --tap"),
+            (["--tap", "qtap9", "--bridge", "udp", "--calls", "roce"],
+             "--bridge udp takes the CALLs as UDP datagrams"),
+            (["--gpu", "--gpu-frames", "--calls", "udp"], "--gpu-frames takes RoCEv2"),
+            (["--calls", "tcp"], "Invalid value for '--calls'")):
+        res = CliRunner().invoke(main, ["sim", *programs, *args])
+        assert res.exit_code == 2 and message in res.output, (args, res.output)
+    fake_run_sim["results"] = _sim_results(["DONE"])
+    res = CliRunner().invoke(main, ["sim", *programs, "--calls", "udp", "--quiet"])
+    assert res.exit_code == 0, res.output
+    assert fake_run_sim["calls"] == "udp" and "bridge" not in fake_run_sim
+
+
 def _sim_results(states: list[str]) -> dict:
     ppus = [{"ppu": n, "program": f"p{n}.s", "status": {"state": state, "late": 0},
              "registers": {"R1": n + 1}, "measurements": []} for n, state in enumerate(states)]

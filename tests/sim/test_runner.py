@@ -101,6 +101,15 @@ def test_run_sim_refuses_program_lists_that_do_not_fit_before_building(tmp_path,
         runner.run_sim(programs[:1], gpu_frames=True)
     with pytest.raises(runner.SimulationError, match="no program"):
         runner.run_sim([])
+    # the CALLs' transport and the TAP's bridge
+    with pytest.raises(runner.SimulationError, match="calls 'tcp'"):
+        runner.run_sim(programs[:1], calls="tcp")
+    with pytest.raises(runner.SimulationError, match="udp bridge .* only with a TAP"):
+        runner.run_sim(programs[:1], bridge="udp")
+    with pytest.raises(runner.SimulationError, match="not with calls 'roce'"):
+        runner.run_sim(programs[:1], tap="qtap9", bridge="udp", calls="roce")
+    with pytest.raises(runner.SimulationError, match="gpu_frames takes RoCEv2"):
+        runner.run_sim(programs[:1], gpu=True, gpu_frames=True, calls="udp")
 
 
 def test_run_sim_gives_the_bench_one_program_and_handlers_file_per_ppu(tmp_path, monkeypatch):
