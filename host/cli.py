@@ -27,6 +27,7 @@ cannot be loaded prints one line and exits with status 1.
 from __future__ import annotations
 
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -53,6 +54,19 @@ def _read_text(path: Path) -> str:
     except (OSError, UnicodeDecodeError) as exc:
         _fail(f"{path}: {exc}")
         raise AssertionError("unreachable") from exc
+
+
+def _check_outputs(command: str, *options: tuple[str, Path | None]) -> None:
+    """Before any work: each output file's directory exists and is writable (else one line,
+    exit status 2), so that a long run is not lost at its end."""
+    for option, path in options:
+        if path is None:
+            continue
+        parent = path.parent
+        if not parent.is_dir():
+            _fail(f"{command}: {option} {path}: directory {parent} does not exist")
+        if not os.access(parent, os.W_OK):
+            _fail(f"{command}: {option} {path}: directory {parent} is not writable")
 
 
 def _write(path: Path | None, data: bytes | str) -> None:
@@ -339,7 +353,8 @@ def isa_tables_command(output: Path | None) -> None:
               help="Use this Verilog from `qlink verilog --sim` (with --num-ppus N for --ppus "
               "N, and the same --qubits and --samples-per-cycle) instead of elaborating the "
               "top (for machines without Yosys).")
-@click.option("--max-run-us", type=float, default=2000.0, show_default=True,
+@click.option("--max-run-us", type=click.FloatRange(min=0, min_open=True), default=2000.0,
+              show_default=True,
               help="Simulated time the host waits for every PPU to reach DONE or ERROR.")
 @click.option("--gpu", is_flag=True,
               help="Serve the program's CALLs from the GPU unified dispatch kernel: the "
@@ -429,6 +444,8 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
     if tap is not None and gpu:
         raise click.UsageError("--gpu serves the simulated host's CALLs; with --tap the host "
                                "is the raw or udp bridge: give one or the other", ctx=ctx)
+    _check_outputs("qlink sim", ("--json", json_path), ("--pcap", pcap_path),
+                   ("--waves", waves_path))
     if inject_path is not None:
         if programs:
             raise click.UsageError("--inject replays a capture into the configured QSC and "

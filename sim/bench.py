@@ -777,11 +777,15 @@ class TB:
         if self.pcap is not None:
             self.pcap.close()
         gpu = self._gpu_results()
-        ppus = [self._ppu_results(n, host["statuses"][n], host["registers"][n], paths[n],
-                                  handlers[n]) for n in range(self.num_run)]
+        # The programs and handlers files as the user named them (two checkouts give the same
+        # JSON), else the paths the bench was given.
+        names = cfg.get("program_names") or paths
+        handler_names = cfg.get("handler_names") or handlers
+        ppus = [self._ppu_results(n, host["statuses"][n], host["registers"][n], names[n],
+                                  handler_names[n]) for n in range(self.num_run)]
         first = ppus[0]
         return {
-            "program": cfg["program"],
+            "program": names[0],
             "params": cfg["params"],
             "model": {
                 "host_turnaround_ns": self.turnaround_ns if self.tap is None else None,

@@ -28,7 +28,8 @@ def load_function_table(path: str | Path | None, *, gpu: bool = False) -> Functi
     """Import ``path`` and return its ``table`` (``gpu``: what its ``device_table()`` returns);
     an empty table when ``path`` is None.
 
-    Raises :class:`DispatchError` when the file has no ``table`` (``device_table``) or it does
+    Raises :class:`DispatchError` (one line, naming the file) when the file cannot be read or
+    imported (a syntax error names its line), has no ``table`` (``device_table``) or it does
     not give a FunctionTable.
     """
     if path is None:
@@ -40,7 +41,14 @@ def load_function_table(path: str | Path | None, *, gpu: bool = False) -> Functi
     if spec is None or spec.loader is None:
         raise DispatchError(f"{path}: cannot be imported as a Python module")
     module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    try:
+        spec.loader.exec_module(module)
+    except SyntaxError as exc:
+        raise DispatchError(f"{path}:{exc.lineno}: syntax error: {exc.msg}") from None
+    except OSError as exc:
+        raise DispatchError(f"{path}: {exc.strerror or exc}") from None
+    except Exception as exc:   # the user's module failed while importing
+        raise DispatchError(f"{path}: importing it raised {type(exc).__name__}: {exc}") from None
     if gpu:
         make = getattr(module, "device_table", None)
         if not callable(make):

@@ -422,8 +422,8 @@ def run_sim(program: str | Path | Sequence[str | Path], *,
         cocotb failed, or the bench raised.
     """
     check_simulator(simulator)
-    programs = [Path(p).resolve() for p in
-                ([program] if isinstance(program, (str, Path)) else program)]
+    given = [Path(p) for p in ([program] if isinstance(program, (str, Path)) else program)]
+    programs = [p.resolve() for p in given]
     if not programs:
         raise SimulationError("no program to simulate")
     try:
@@ -476,9 +476,30 @@ def run_sim(program: str | Path | Sequence[str | Path], *,
         except TapError as exc:
             raise SimulationError(str(exc)) from None
     resolved: list[Path | None] = []
-    for prog, hand in zip(programs, handler_list, strict=True):
-        assemble(prog.read_text(), filename=str(prog), params=params)
-        hand = default_handlers_path(prog) if hand is None else Path(hand)
+    #: the paths as the caller gave them, for messages and the results (the bench runs
+    #: elsewhere and gets them resolved)
+    handler_names: list[str | None] = []
+    for name, prog, hand in zip(given, programs, handler_list, strict=True):
+        try:
+            text = prog.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise SimulationError(f"{name}: not a text file (byte {exc.start} is not UTF-8): "
+                                  "give the program's assembly source") from None
+        except OSError as exc:
+            raise SimulationError(f"{name}: {exc.strerror or exc}") from None
+        assembled = assemble(text, filename=str(name), params=params)
+        if not assembled.instructions:
+            raise SimulationError(f"{name}: no instructions: nothing to run")
+        if hand is None and assembled.functions and default_handlers_path(prog) is None:
+            raise SimulationError(
+                f"{name} CALLs {', '.join(sorted(assembled.functions))}, but its handlers file "
+                f"{name.with_suffix('.py')} does not exist: write it, or give --handlers FILE")
+        if hand is None:
+            hand = default_handlers_path(prog)
+            handler_names.append(None if hand is None else str(name.with_suffix(".py")))
+        else:
+            hand = Path(hand)
+            handler_names.append(str(hand))
         # Fail fast on a bad handlers file or a missing GPU, before the build.
         load_function_table(hand, gpu=gpu)
         resolved.append(hand.resolve() if hand else None)
@@ -498,6 +519,8 @@ def run_sim(program: str | Path | Sequence[str | Path], *,
         "handlers": str(resolved[0]) if resolved[0] else None,
         "programs": [str(p) for p in programs],
         "handlers_per_ppu": [str(h) if h else None for h in resolved],
+        "program_names": [str(p) for p in given],
+        "handler_names": handler_names,
         "pcap": str(Path(pcap_path).resolve()) if pcap_path else None,
     })
     results = run_bench("openqlink.sim.bench", cfg, params=params, build_dir=build_dir,

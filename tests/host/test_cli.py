@@ -190,6 +190,44 @@ def test_sim_calls_and_bridge_options(tmp_path, fake_run_sim):
     assert fake_run_sim["calls"] == "udp" and "bridge" not in fake_run_sim
 
 
+def test_sim_user_errors_are_one_line_and_exit_2_before_any_build(tmp_path, monkeypatch):
+    """A binary program, an empty one, a handlers file with a syntax error or one that raises,
+    a CALL with no handlers file, an output directory that does not exist, a run limit of 0:
+    one line naming the file, line or option, exit status 2, nothing built."""
+    import openqlink.sim.runner
+
+    def no_bench(*args, **kwargs):
+        raise AssertionError("qlink sim went on to build and simulate")
+
+    monkeypatch.setattr(openqlink.sim.runner, "run_bench", no_bench)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "bin.s").write_bytes(b"\x00\x94\xff" * 50)
+    (tmp_path / "empty.s").write_text("; only a comment\n")
+    (tmp_path / "bad.py").write_text("table = (\n")
+    (tmp_path / "raises.py").write_text("raise RuntimeError('no board here')\n")
+    (tmp_path / "call.s").write_text(ROOT.joinpath("firmware", "active_reset.s").read_text())
+    (tmp_path / "ok.py").write_text(ROOT.joinpath("firmware", "active_reset.py").read_text())
+    for args, line in (
+            (["bin.s"], "qlink sim: bin.s: not a text file (byte 1 is not UTF-8)"),
+            (["empty.s"], "qlink sim: empty.s: no instructions: nothing to run"),
+            (["call.s", "--handlers", "bad.py"],
+             "qlink sim: bad.py:1: syntax error: '(' was never closed"),
+            (["call.s", "--handlers", "raises.py"],
+             "qlink sim: raises.py: importing it raised RuntimeError: no board here"),
+            (["call.s"], "qlink sim: call.s CALLs reset_decision, but its handlers file "
+                         "call.py does not exist: write it, or give --handlers FILE"),
+            (["call.s", "--handlers", "ok.py", "--json", "no/such/dir/r.json"],
+             "qlink sim: --json no/such/dir/r.json: directory no/such/dir does not exist"),
+            (["call.s", "--handlers", "ok.py", "--pcap", "nodir/w.pcap"],
+             "qlink sim: --pcap nodir/w.pcap: directory nodir does not exist")):
+        res = CliRunner().invoke(main, ["sim", *args])
+        assert res.exit_code == 2, (args, res.output)
+        assert res.output.count("\n") == 1 and res.output.startswith(line), (args, res.output)
+    for value in ("0", "-5"):
+        res = CliRunner().invoke(main, ["sim", "call.s", "--max-run-us", value])
+        assert res.exit_code == 2 and "Invalid value for '--max-run-us'" in res.output
+
+
 def _sim_results(states: list[str]) -> dict:
     ppus = [{"ppu": n, "program": f"p{n}.s", "status": {"state": state, "late": 0},
              "registers": {"R1": n + 1}, "measurements": []} for n, state in enumerate(states)]

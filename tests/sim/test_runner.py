@@ -135,3 +135,10 @@ def test_run_sim_gives_the_bench_one_program_and_handlers_file_per_ppu(tmp_path,
     assert cfg["handlers_per_ppu"] == [str(tmp_path / "h.py"), str(tmp_path / "b.py")]
     assert (cfg["program"], cfg["handlers"], cfg["seed"]) == (cfg["programs"][0],
                                                                cfg["handlers_per_ppu"][0], 5)
+    # the results name the files as the caller did (relative paths stay relative: two
+    # checkouts give the same JSON); the bench gets them resolved
+    monkeypatch.chdir(tmp_path)
+    runner.run_sim(["a.s", "b.s"], handlers=["h.py", None])
+    cfg = seen["cfg"]
+    assert cfg["program_names"] == ["a.s", "b.s"] and cfg["handler_names"] == ["h.py", "b.py"]
+    assert cfg["programs"] == [str(tmp_path / "a.s"), str(tmp_path / "b.s")]
