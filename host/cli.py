@@ -201,7 +201,7 @@ def main() -> None:
 @click.argument("source", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path),
               help="Instruction image (16 bytes per instruction, little-endian). "
-                   "Default: SOURCE with the suffix .bin.")
+                   "Default: SOURCE's name with the suffix .bin, in the current directory.")
 @click.option("--envelopes", "env_output", type=click.Path(dir_okay=False, path_type=Path),
               help="Also write the envelope memory image (int16 little-endian samples).")
 @click.option("--board", "board", metavar="NAME",
@@ -243,7 +243,9 @@ def asm_command(source: Path, output: Path | None, env_output: Path | None, boar
     except ValueError as exc:
         _fail(f"{source}: {exc}")
         return
-    out = output if output is not None else source.with_suffix(".bin")
+    # by default in the current directory, as a compiler's output: never beside a source that
+    # may be in a checkout (firmware/)
+    out = output if output is not None else Path(source.stem + ".bin")
     _write(out, prog.to_bytes())
     summary = f"{source}: {len(prog.instructions)} instructions -> {out}"
     if env_output is not None:

@@ -16,16 +16,19 @@ from openqlink.pcap import PcapWriter
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_asm_and_disasm(tmp_path):
-    src = tmp_path / "p.s"
+def test_asm_and_disasm(tmp_path, monkeypatch):
+    (tmp_path / "firmware").mkdir()
+    src = tmp_path / "firmware" / "p.s"
+    monkeypatch.chdir(tmp_path)
     src.write_text(".envelope e, square, length=4, amp=0.5\n"
                    "top: play 0, e, amp=1.0\ncall decide(r1:1) -> r2\njmp top\n")
     runner = CliRunner()
     res = runner.invoke(main, ["asm", str(src), "--envelopes", str(tmp_path / "env.bin")])
     assert res.exit_code == 0, res.output
     assert "3 instructions" in res.output and "decide" in res.output
-    binary = tmp_path / "p.bin"
+    binary = tmp_path / "p.bin"          # in the current directory, not beside the source
     assert binary.read_bytes() == assemble(src.read_text()).to_bytes()
+    assert sorted(p.name for p in src.parent.iterdir()) == ["p.s"]
     assert (tmp_path / "env.bin").read_bytes() == (16384).to_bytes(2, "little") * 4
     res = runner.invoke(main, ["disasm", str(binary), "--function", "decide"])
     assert res.exit_code == 0, res.output
