@@ -7,6 +7,7 @@ These build the real netlist and take a few seconds per run; they need Icarus Ve
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 from pathlib import Path
@@ -290,9 +291,18 @@ def test_qlink_info_is_what_the_bench_configured(run_one):
 
 
 def test_results_json_has_the_documented_keys(run_one):
+    """docs/simulation.md's table names every key of the JSON (and no key it lacks), and of
+    each PPU's entry."""
     results, out = run_one
     data = json.loads((out / "a.json").read_text())
-    assert {"events", "rpc", "counters", "status"} <= set(data)
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "simulation.md").read_text()
+    table = doc[doc.index("| key | what |"):doc.index("With several PPUs the printed timeline")]
+    documented = set(re.findall(r"^\| `(\w+)`", table, re.M))
+    documented |= {key for key in ("qubit_final_p1", "max_run_ns") if f"`{key}` is" in table}
+    assert set(data) == documented, set(data) ^ documented
+    ppu_row = table[table.index("| `ppus` |"):].splitlines()[0]
+    assert set(data["ppus"][0]) <= set(re.findall(r"`(\w+)`", ppu_row))
+    assert data["program"] == str(PROGRAM)
     assert set(data["events"][0]) >= {"channel", "kind", "dtd_cycle", "time_ns"}
     assert set(data["rpc"][0]) >= {"function", "request_id", "status", "round_trip_cycles",
                                    "round_trip_ns"}
