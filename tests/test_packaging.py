@@ -28,3 +28,18 @@ def test_gpu_carry_pins_pyvcd_as_amaranth_requires():
     carry = (ROOT / ".ci" / "gpu-carry").read_text()
     assert re.search(r'"pyvcd>=[\d.]+,<0\.5"', carry)
     assert "TOOLCHAIN" not in carry
+
+
+def test_the_repository_cites_no_notes_outside_it():
+    """Docs, scripts and code describe the product and cite public sources only: no file of the
+    repository points at notes it does not hold."""
+    import subprocess
+
+    names = ("../shared", "TOOLCHAIN.md", "DESIGN.md", "STYLE.md")
+    found = subprocess.run(["git", "grep", "-n", "-F", *sum((["-e", n] for n in names), []),
+                            "--", ".", ":!tests/test_packaging.py"],
+                           capture_output=True, text=True, cwd=ROOT)
+    if found.returncode == 128:
+        import pytest
+        pytest.skip("not a git checkout")
+    assert found.stdout == ""
