@@ -298,6 +298,18 @@ QP_REGISTERS: tuple[Register, ...] = (
        "The PPU whose regions (as this QP's R_Keys open them) and response mailbox this QP "
        "reaches (4 bits). A PPU's own QP (q < NUM_PPUS) reads q and ignores writes; another "
        "QP's is 0 from reset, and a write of a PPU the build lacks is ignored"),
+    _R("TRANSPORT", 0x48, Access.RW, 0,
+       "How this QP carries its PPU's CALLs (1 bit): 0 = RoCEv2 UC (requests as "
+       "RDMA_WRITE_ONLY_WITH_IMMEDIATE into the host ring, responses as SENDs), 1 = UDP, CUDA-Q "
+       "realtime's udp bridge format (a request is one datagram, RPCHeader and arguments, from "
+       "UDP port UDP_CALL_PORT_BASE + q to PEER_UDP_PORT; a response is a datagram from "
+       "PEER_UDP_PORT to UDP_CALL_PORT_BASE + q whose first 64 bytes go to the mailbox). RoCE "
+       "packets for the QP's QSC_QPN are taken in both modes. A PPU's own QP (q < NUM_PPUS) "
+       "only: another QP reads 0 and ignores writes"),
+    _R("PEER_UDP_PORT", 0x4C, Access.RW, 0,
+       "The peer's UDP port (16 bits), used in UDP mode (TRANSPORT = 1): the destination "
+       "port of this QP's requests and the only source port whose responses it takes "
+       "(DROP_PEER)"),
 )
 
 #: Offset of the QP counters in each QP context.

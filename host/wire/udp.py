@@ -1,7 +1,7 @@
 """UDP header (RFC 768) and the well-known ports the QSC listens on.
 
 # Ref: RFC 768; IBTA Vol 1 Annex A17.2.3 (RoCEv2 destination port 4791); Holoscan Sensor Bridge
-# control port 8192.
+# control port 8192 and data source port 12288 (UDP_CALL_PORT_BASE).
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import struct
 from .header import Header
 from .ipv4 import IpProtocol, ones_complement_sum
 
-__all__ = ["UDP", "ROCEV2_PORT", "CONTROL_PORT", "udp_checksum_ok"]
+__all__ = ["UDP", "ROCEV2_PORT", "CONTROL_PORT", "UDP_CALL_PORT_BASE", "udp_checksum_ok"]
 
 UDP = Header("UDP", [("src_port", 16), ("dst_port", 16), ("length", 16), ("checksum", 16)],
              ref="RFC 768")
@@ -20,6 +20,11 @@ UDP = Header("UDP", [("src_port", 16), ("dst_port", 16), ("length", 16), ("check
 ROCEV2_PORT = 4791
 #: Control plane port, as Holoscan Sensor Bridge's control bus.
 CONTROL_PORT = 8192
+#: First UDP port of the QSC's CALLs in UDP mode (a QP's TRANSPORT register 1), Holoscan Sensor
+#: Bridge's data source port: QP ``q``'s own port is ``UDP_CALL_PORT_BASE + q``, the source port
+#: of its requests and the destination port of their responses (CUDA-Q realtime's udp bridge
+#: answers each request to the address and port it came from).
+UDP_CALL_PORT_BASE = 12288
 
 
 _PSEUDO = struct.Struct("!IIBBH")
