@@ -227,21 +227,23 @@ COUNTERS: tuple[tuple[str, str], ...] = (
     ("DROP_QPN", "DestQP is no QP's QSC_QPN"),
     ("DROP_RKEY", "R_Key does not match the region's"),
     ("DROP_VA", "VA range leaves the region, or is not 4-byte aligned"),
-    ("DROP_LENGTH", "Payload length inconsistent with DMALen, pad count or buffer"),
+    ("DROP_LENGTH", "Payload length inconsistent with DMALen, pad count or buffer; a UDP-mode "
+                    "response shorter than 24 bytes or longer than RESPONSE_BYTES"),
     ("DROP_PSN", "MIDDLE/LAST with unexpected PSN or no open message"),
     ("PSN_GAP", "FIRST/ONLY whose PSN jumped (kept)"),
     ("DROP_OVERFLOW", "Receive buffer full"),
     ("TX_FRAMES", "Frames sent to the MAC"),
     ("TX_RPC_REQUESTS", "RPC requests sent"),
     ("RX_RPC_RESPONSES", "RPC responses delivered to a mailbox (a SEND message's LAST or ONLY "
-                         "packet)"),
+                         "packet, or a UDP-mode response datagram)"),
     ("DROP_BUS", "Commands to the PPUs dropped: the dtd side took none for 256 rti cycles "
                  "(no clock, in reset)"),
     ("DROP_MAC", "Frame flagged bad by the MAC: FCS or PHY error"),
     ("DROP_IMMDT", "RDMA_WRITE_WITH_IMMEDIATE into an instruction ring whose ImmDt is not a "
                    "TAIL of the ring (>= imem_depth): dropped whole, no byte written"),
     ("DROP_PEER", "RoCEv2 packet whose source MAC or IP is not the QP's peer (its PEER_MAC, "
-                  "PEER_IP)"),
+                  "PEER_IP); a UDP-mode response whose source MAC, IP or UDP port is not "
+                  "(PEER_UDP_PORT too)"),
     ("RX_ARP_REQUESTS", "ARP requests for the QSC's IP (each answered, unless counted in "
                         "REPLIES_SKIPPED)"),
     ("RX_ECHO_REQUESTS", "ICMP echo requests to the QSC (each answered, unless counted in "
