@@ -242,8 +242,8 @@ COUNTERS: tuple[tuple[str, str], ...] = (
     ("DROP_IMMDT", "RDMA_WRITE_WITH_IMMEDIATE into an instruction ring whose ImmDt is not a "
                    "TAIL of the ring (>= imem_depth): dropped whole, no byte written"),
     ("DROP_PEER", "RoCEv2 packet whose source MAC or IP is not the QP's peer (its PEER_MAC, "
-                  "PEER_IP); a UDP-mode response whose source MAC, IP or UDP port is not "
-                  "(PEER_UDP_PORT too)"),
+                  "PEER_IP); a UDP-mode response whose source MAC, IP or UDP port is not the "
+                  "QP's PEER_MAC, PEER_IP, PEER_UDP_PORT"),
     ("RX_ARP_REQUESTS", "ARP requests for the QSC's IP (each answered, unless counted in "
                         "REPLIES_SKIPPED)"),
     ("RX_ECHO_REQUESTS", "ICMP echo requests to the QSC (each answered, unless counted in "
@@ -277,13 +277,16 @@ QP_REGISTERS: tuple[Register, ...] = (
     _R("ENV_RKEY", 0x20, Access.RW, 0, "R_Key of the envelope memory"),
     _R("REGS_RKEY", 0x24, Access.RW, 0, "R_Key of the PPU registers TAIL .. TRIGGER"),
     _R("TX_PSN", 0x28, Access.RO, 0,
-       "Next PSN we send on this QP (a QP q >= NUM_PPUS sends nothing: 0)"),
+       "Next PSN we send on this QP (a QP q >= NUM_PPUS sends nothing: 0; a request in UDP "
+       "mode takes no PSN)"),
     _R("RX_EPSN", 0x2C, Access.RO, 0, "Next PSN we expect on this QP"),
     _R("RESPONSE_BYTES", 0x30, Access.RW, 64,
        "Largest SEND payload this QP takes into the PPU's response mailbox, in bytes (13 "
        "bits; a larger SEND is dropped, DROP_LENGTH). The mailbox keeps the first 64 bytes: the "
        "RPC response header and up to 40 result bytes, as result_len says. CUDA-Q's GPU "
-       "bridge SENDs 24 + its payload size whatever result_len is: set its size here"),
+       "bridge SENDs 24 + its payload size whatever result_len is: set its size here. In UDP "
+       "mode (TRANSPORT 1) also the largest response datagram (24 bytes at least): CUDA-Q's "
+       "udp bridge answers with whole slots, so set its slot_size here"),
     _R("PMTU", 0x34, Access.RW, 3,
        "Path MTU of this QP as IBTA's PathMTU / ibverbs' ibv_mtu codes it: 1 = 256, 2 = 512, "
        "3 = 1024, 4 = 2048, 5 = 4096 bytes (3 bits; other values act as 256). A FIRST or MIDDLE "
@@ -318,7 +321,8 @@ QP_REGISTERS: tuple[Register, ...] = (
 QP_COUNTERS_OFFSET = 0x80
 
 #: Counters of each QP (RO, 32-bit, wrap) at ``QP_BASE + QP_STRIDE * q + QP_COUNTERS_OFFSET``,
-#: 4 bytes apart. A packet is the QP's when its DestQP is the QP's QSC_QPN.
+#: 4 bytes apart. A packet is the QP's when its DestQP is the QP's QSC_QPN; in UDP mode
+#: (TRANSPORT 1) a UDP datagram to the QP's UDP port (UDP_CALL_PORT_BASE + q) is too.
 QP_COUNTERS: tuple[tuple[str, str], ...] = (
     ("RX_PACKETS", "Packets of this QP accepted"),
     ("RX_DROPS", "Packets of this QP dropped, for any reason after DestQP (DROP_PEER and "
