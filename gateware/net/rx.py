@@ -26,7 +26,8 @@ order (the first failing check names the reason); the counter strobes show one c
    not verify, or a frame longer than :data:`ECHO_MAX_FRAME_BYTES`: counted ICMP. An echo request
    passes to the responder.
 4. UDP: ``length`` != ``total_length`` - 20, destination port neither 4791 (with RX_ENABLE set:
-   off from reset) nor 8192, a RoCEv2 datagram shorter than BTH + ICRC or not a multiple of 4
+   off from reset) nor 8192 nor the UDP port ``UDP_CALL_PORT_BASE + q`` of a PPU's own QP ``q``
+   in UDP mode (TRANSPORT 1), a RoCEv2 datagram shorter than BTH + ICRC or not a multiple of 4
    bytes, a control datagram shorter than the 14-byte request (10 bytes for a RD_DWORD, the
    form without a data word that the Holoscan Sensor Bridge host sends), a WR_BLOCK or
    RD_BLOCK of more than BLOCK_MAX_PAIRS (183) pairs; then a non-zero UDP
@@ -64,6 +65,15 @@ order (the first failing check names the reason); the counter strobes show one c
 17. OVERFLOW: the frame did not fit the receive buffer, or the descriptor / control request queue
     is full, or a block's pairs after its first did not fit the pair ring (only frames that
     pass every other check count here).
+
+UDP mode (CUDA-Q realtime's udp bridge; cuda-quantum realtime bridge_impl.cpp,
+udp_transceiver.cpp): a datagram to QP ``q``'s UDP port is checked after the UDP checks as a
+SEND ONLY of QP ``q`` whose payload is the UDP payload: PEER (9) also compares the source UDP
+port with the QP's PEER_UDP_PORT; LENGTH: a payload shorter than an RPCResponse (24 bytes) or
+longer than the QP's RESPONSE_BYTES (no PMTU); the checks of RoCEv2 alone (ICRC, OPCODE, PKEY,
+PSN, VA, RKEY, IMMDT) do not apply. It is committed as a SEND ONLY (its first MAILBOX_BYTES into
+the mailbox, a MAILBOX_COMMIT), counts RX_RPC_RESPONSES and the QP's counters (not
+RX_ROCE_ACCEPTED, not PSN_GAP) and leaves the QP's ``epsn`` and open message alone.
 
 PSN and messages (UC, IBTA Vol 1 9.8.3; rxe ``check_psn``, ``check_op_seq``): a FIRST or ONLY is
 accepted whatever its PSN and resynchronises the expected PSN (``epsn``; a PSN other than the

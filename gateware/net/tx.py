@@ -3,11 +3,14 @@
 # Ref: IEEE 802.3-2018 3.2 (Ethernet II, 60-byte minimum frame); RFC 791 3.1 (IPv4), RFC 1071
 # (header checksum); RFC 768 (UDP; checksum 0 = none); IBTA Vol 1 9.2 (BTH), 9.3.2 (RETH),
 # 9.3.4 (ImmDt), 9.8.3 (UC RDMA WRITE), 7.8.1 + Annex A17.4.4 (ICRC); cuda-quantum
-# realtime/docs/cudaq_realtime_message_protocol.md (RPCHeader, ring slots, ImmDt {PSN, slot}).
+# realtime/docs/cudaq_realtime_message_protocol.md (RPCHeader, ring slots, ImmDt {PSN, slot});
+# cuda-quantum realtime udp bridge (bridge_impl.cpp, udp_transceiver.cpp: one datagram a slot).
 
 Each :class:`~openqlink.gateware.bus.CallRequest` becomes one RoCEv2 UC
-RDMA_WRITE_ONLY_WITH_IMMEDIATE into the host ring of its PPU (control-plane responses have a
-builder of their own, :class:`~openqlink.gateware.net.control.ControlReplyBuilder`).
+RDMA_WRITE_ONLY_WITH_IMMEDIATE into the host ring of its PPU, or, where the PPU's QP is in UDP
+mode (its TRANSPORT register 1), one UDP datagram of the RPC message alone, as CUDA-Q realtime's
+udp bridge takes it (control-plane responses have a builder of their own,
+:class:`~openqlink.gateware.net.control.ControlReplyBuilder`).
 The fields of a request are latched once, when it is taken; the frame is never held
 whole. A window of four 64-bit registers (the beat on ``tx`` and the next three frame words)
 moves by one word at each take, and the word that enters it is chosen from the fields (an AND-OR
@@ -20,6 +23,13 @@ when the beat that carries it is due, so a frame leaves without gaps whenever ``
 high. Where ``V`` ends and the ICRC lies (five request lengths, two lane alignments) is kept in
 flip-flops that move with the takes, set from flags latched with the request. The slot's offset
 in the ring is counted beside the slot counter (no multiplier).
+
+A UDP-mode request is the same frame with its BTH, RETH and ImmDt (32 bytes, four words) left
+out: its RPC message lies in the same lanes as a RoCE request's, four words sooner. The window
+loads the same word selects, words 9 up moved four shifts earlier by a one-hot register that
+moves with the beat index (``load``), chosen by a flag latched with the request (``udp``); the
+lengths, ports and the last beat's keep are constants latched with the request, and the ICRC
+flags stay clear (no ICRC; the frame ends at ``udp_end_at``).
 """
 
 from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value
@@ -151,7 +161,7 @@ class TxBuilder(wiring.Component):
         Global network configuration; sampled when a request is taken.
     qp : In(ArrayLayout(QPContext, num_ppus))
         The contexts of the PPUs' own QPs (QP n of PPU n: host QPN, ring VA, R_Key,
-        num_slots, slot_size); sampled likewise.
+        num_slots, slot_size, transport, peer UDP port); sampled likewise.
     timestamp : In(64)
         From :class:`~openqlink.gateware.net.timebase.Timebase`, already in the configured
         format; sampled into ``ptp_timestamp`` in the cycle the request is taken.
@@ -169,7 +179,7 @@ class TxBuilder(wiring.Component):
         taken (no gaps of ours inside a frame). Back-pressure: ``tx.ready`` low stalls the
         beat; nothing is lost, and no new request is taken until the frame has left.
     tx_psn : Out(ArrayLayout(24, num_ppus))
-        Next PSN of each PPU's QP (reset 0), incremented modulo 2**24 per request taken.
+        Next PSN of each PPU's QP (reset 0), incremented modulo 2**24 per RoCE request taken.
     sent_frame : Out(1)
         One-cycle strobe when the last beat of a frame is taken (TX_FRAMES).
     sent_rpc : Out(1)
@@ -185,6 +195,12 @@ class TxBuilder(wiring.Component):
     114 bytes (15 beats) with 9..12 and 118 bytes (15 beats) with 13..16, its ICRC at byte 98,
     102, 106, 110 or 114. The next request is taken in the cycle after the last beat of the
     previous frame was taken.
+
+    UDP-mode request (the QP's ``transport`` 1; CUDA-Q realtime's udp bridge): Ethernet and IPv4
+    as below, UDP (``UDP_CALL_PORT_BASE + ppu`` -> ``peer_udp_port``, checksum 0), RPCHeader and
+    the ``arg_len`` argument bytes (no pad, no ICRC): 66..82 bytes (9..11 beats), first beat
+    after the same :data:`START_LATENCY_CYCLES`. It takes no PSN and no ring slot (``tx_psn``
+    and the slot counter stay).
 
     RPC request frame: Ethernet (host MAC <- QSC MAC), IPv4 (DF, TTL 64, identification 0, UDP),
     UDP (``config.udp_src_port`` -> 4791, checksum 0), BTH (RDMA_WRITE_ONLY_WITH_IMMEDIATE,
