@@ -227,21 +227,23 @@ COUNTERS: tuple[tuple[str, str], ...] = (
     ("DROP_QPN", "DestQP is no QP's QSC_QPN"),
     ("DROP_RKEY", "R_Key does not match the region's"),
     ("DROP_VA", "VA range leaves the region, or is not 4-byte aligned"),
-    ("DROP_LENGTH", "Payload length inconsistent with DMALen, pad count or buffer"),
+    ("DROP_LENGTH", "Payload length inconsistent with DMALen, pad count or buffer; a UDP-mode "
+                    "response shorter than 24 bytes or longer than RESPONSE_BYTES"),
     ("DROP_PSN", "MIDDLE/LAST with unexpected PSN or no open message"),
     ("PSN_GAP", "FIRST/ONLY whose PSN jumped (kept)"),
     ("DROP_OVERFLOW", "Receive buffer full"),
     ("TX_FRAMES", "Frames sent to the MAC"),
     ("TX_RPC_REQUESTS", "RPC requests sent"),
     ("RX_RPC_RESPONSES", "RPC responses delivered to a mailbox (a SEND message's LAST or ONLY "
-                         "packet)"),
+                         "packet, or a UDP-mode response datagram)"),
     ("DROP_BUS", "Commands to the PPUs dropped: the dtd side took none for 256 rti cycles "
                  "(no clock, in reset)"),
     ("DROP_MAC", "Frame flagged bad by the MAC: FCS or PHY error"),
     ("DROP_IMMDT", "RDMA_WRITE_WITH_IMMEDIATE into an instruction ring whose ImmDt is not a "
                    "TAIL of the ring (>= imem_depth): dropped whole, no byte written"),
     ("DROP_PEER", "RoCEv2 packet whose source MAC or IP is not the QP's peer (its PEER_MAC, "
-                  "PEER_IP)"),
+                  "PEER_IP); a UDP-mode response whose source MAC, IP or UDP port is not the "
+                  "QP's PEER_MAC, PEER_IP, PEER_UDP_PORT"),
     ("RX_ARP_REQUESTS", "ARP requests for the QSC's IP (each answered, unless counted in "
                         "REPLIES_SKIPPED)"),
     ("RX_ECHO_REQUESTS", "ICMP echo requests to the QSC (each answered, unless counted in "
@@ -275,13 +277,16 @@ QP_REGISTERS: tuple[Register, ...] = (
     _R("ENV_RKEY", 0x20, Access.RW, 0, "R_Key of the envelope memory"),
     _R("REGS_RKEY", 0x24, Access.RW, 0, "R_Key of the PPU registers TAIL .. TRIGGER"),
     _R("TX_PSN", 0x28, Access.RO, 0,
-       "Next PSN we send on this QP (a QP q >= NUM_PPUS sends nothing: 0)"),
+       "Next PSN we send on this QP (a QP q >= NUM_PPUS sends nothing: 0; a request in UDP "
+       "mode takes no PSN)"),
     _R("RX_EPSN", 0x2C, Access.RO, 0, "Next PSN we expect on this QP"),
     _R("RESPONSE_BYTES", 0x30, Access.RW, 64,
        "Largest SEND payload this QP takes into the PPU's response mailbox, in bytes (13 "
        "bits; a larger SEND is dropped, DROP_LENGTH). The mailbox keeps the first 64 bytes: the "
        "RPC response header and up to 40 result bytes, as result_len says. CUDA-Q's GPU "
-       "bridge SENDs 24 + its payload size whatever result_len is: set its size here"),
+       "bridge SENDs 24 + its payload size whatever result_len is: set its size here. In UDP "
+       "mode (TRANSPORT 1) also the largest response datagram (24 bytes at least): CUDA-Q's "
+       "udp bridge answers with whole slots, so set its slot_size here"),
     _R("PMTU", 0x34, Access.RW, 3,
        "Path MTU of this QP as IBTA's PathMTU / ibverbs' ibv_mtu codes it: 1 = 256, 2 = 512, "
        "3 = 1024, 4 = 2048, 5 = 4096 bytes (3 bits; other values act as 256). A FIRST or MIDDLE "
@@ -298,13 +303,26 @@ QP_REGISTERS: tuple[Register, ...] = (
        "The PPU whose regions (as this QP's R_Keys open them) and response mailbox this QP "
        "reaches (4 bits). A PPU's own QP (q < NUM_PPUS) reads q and ignores writes; another "
        "QP's is 0 from reset, and a write of a PPU the build lacks is ignored"),
+    _R("TRANSPORT", 0x48, Access.RW, 0,
+       "How this QP carries its PPU's CALLs (1 bit): 0 = RoCEv2 UC (requests as "
+       "RDMA_WRITE_ONLY_WITH_IMMEDIATE into the host ring, responses as SENDs), 1 = UDP, CUDA-Q "
+       "realtime's udp bridge format (a request is one datagram, RPCHeader and arguments, from "
+       "UDP port UDP_CALL_PORT_BASE + q to PEER_UDP_PORT; a response is a datagram from "
+       "PEER_UDP_PORT to UDP_CALL_PORT_BASE + q whose first 64 bytes go to the mailbox). RoCE "
+       "packets for the QP's QSC_QPN are taken in both modes. A PPU's own QP (q < NUM_PPUS) "
+       "only: another QP reads 0 and ignores writes"),
+    _R("PEER_UDP_PORT", 0x4C, Access.RW, 0,
+       "The peer's UDP port (16 bits), used in UDP mode (TRANSPORT = 1): the destination "
+       "port of this QP's requests and the only source port whose responses it takes "
+       "(DROP_PEER)"),
 )
 
 #: Offset of the QP counters in each QP context.
 QP_COUNTERS_OFFSET = 0x80
 
 #: Counters of each QP (RO, 32-bit, wrap) at ``QP_BASE + QP_STRIDE * q + QP_COUNTERS_OFFSET``,
-#: 4 bytes apart. A packet is the QP's when its DestQP is the QP's QSC_QPN.
+#: 4 bytes apart. A packet is the QP's when its DestQP is the QP's QSC_QPN; in UDP mode
+#: (TRANSPORT 1) a UDP datagram to the QP's UDP port (UDP_CALL_PORT_BASE + q) is too.
 QP_COUNTERS: tuple[tuple[str, str], ...] = (
     ("RX_PACKETS", "Packets of this QP accepted"),
     ("RX_DROPS", "Packets of this QP dropped, for any reason after DestQP (DROP_PEER and "

@@ -7,8 +7,9 @@
 # 9.7.6 and 9.8.3 (UC receive: PSN, FIRST/MIDDLE/LAST sequences), C9-88 (a zero-length RDMA WRITE
 # checks no VA or R_Key), 10.9.3 (P_Key), 7.8.1 (ICRC); IBTA Annex A17 (RoCEv2) A17.2.3 (UDP port
 # 4791), A17.4.4 (ICRC over the IPv4/UDP/BTH headers with their variant fields masked);
-# rdma-core rxe ``check_psn`` (UC) and ``check_rkey``; :mod:`openqlink.memory_map` (regions,
-# COUNTERS, the QP registers, QP_COUNTERS); the receive order that
+# rdma-core rxe ``check_psn`` (UC) and ``check_rkey``; cuda-quantum realtime's udp bridge
+# (bridge_impl.cpp, udp_transceiver.cpp: one datagram a ring slot); :mod:`openqlink.memory_map`
+# (regions, COUNTERS, the QP registers, QP_COUNTERS); the receive order that
 # :mod:`openqlink.gateware.net.rx` documents.
 
 The model is written from those documents, not from the receiver's logic. Given the
@@ -17,7 +18,18 @@ each of the build's ``num_qps`` QPs, its peer's addresses, the PPU it reaches, i
 R_Keys and their valid bits, QSC_QPN, RESPONSE_BYTES and PMTU) and the state of each QP (the
 expected PSN and the open message: :class:`Message`), it decides a frame
 (:meth:`RxModel.judge`): the first failing check of the documented order names the drop
-counter, or the frame is taken (a RoCEv2 packet, a control request, an ARP or echo request).
+counter, or the frame is taken (a RoCEv2 packet, a control request, an ARP or echo request, a
+UDP-mode response).
+
+UDP mode (a PPU's own QP ``q`` whose TRANSPORT register is 1, CUDA-Q realtime's udp bridge): a
+UDP datagram to port UDP_CALL_PORT_BASE + q is the QP's response; after the UDP checks (its
+checksum verified unless 0) it must come from the QP's peer MAC and IP and from its
+PEER_UDP_PORT (else DROP_PEER) and carry 24 (an RPCResponse) to RESPONSE_BYTES bytes (else
+DROP_LENGTH); taken (:data:`UDP_RESPONSE`), its first MAILBOX_BYTES land in the PPU's mailbox
+with a MAILBOX_COMMIT, and it counts RX_RPC_RESPONSES, never RX_ROCE_ACCEPTED. It counts in the
+QP's RX_PACKETS or RX_DROPS and leaves the QP's expected PSN and open message. A datagram to that
+port while the QP is in RoCE mode (TRANSPORT 0), or to the port of a QP beyond the PPUs, is no
+QP's: DROP_UDP.
 
 QPs and PPUs: a RoCEv2 packet belongs to the lowest QP ``q`` whose QSC_QPN is its DestQP. QP
 ``q < num_ppus`` is PPU ``q``'s own; every other QP reaches the PPU its PPU register names (0
@@ -78,7 +90,8 @@ from ..memory_map import (
 from ..wire.roce import PATH_MTU_BYTES
 
 __all__ = [
-    "ACCEPTED", "CONTROL", "ARP_REQUEST", "ECHO_REQUEST", "DROP_REASONS", "OUTCOMES",
+    "ACCEPTED", "UDP_RESPONSE", "CONTROL", "ARP_REQUEST", "ECHO_REQUEST", "DROP_REASONS",
+    "OUTCOMES",
     "PMTU_RESET", "RxConfig", "Write", "Message", "Verdict", "RxModel",
     "ones_complement_sum", "ipv4_header_ok", "udp_checksum_ok", "roce_icrc", "parse_mac",
     "parse_ip", "pmtu_bytes",
@@ -86,6 +99,8 @@ __all__ = [
 
 #: Outcome of a RoCEv2 packet taken (counted RX_ROCE_ACCEPTED).
 ACCEPTED = "RX_ROCE_ACCEPTED"
+#: Outcome of a UDP-mode response taken (no counter of its own: RX_RPC_RESPONSES alone).
+UDP_RESPONSE = "UDP_RESPONSE"
 #: Outcome of a control request taken (no counter of the receiver's; the control plane's).
 CONTROL = "CONTROL"
 #: Outcome of an ARP request for the QSC's IP (counted RX_ARP_REQUESTS).
@@ -97,7 +112,7 @@ DROP_REASONS = ("DROP_MAC", "DROP_ETH", "DROP_ARP", "DROP_IP", "DROP_ICMP", "DRO
                 "DROP_ICRC", "DROP_OPCODE", "DROP_PKEY", "DROP_QPN", "DROP_PEER", "DROP_PSN",
                 "DROP_LENGTH", "DROP_VA", "DROP_RKEY", "DROP_IMMDT", "DROP_OVERFLOW")
 #: Every outcome of a frame: exactly one per frame.
-OUTCOMES = (ACCEPTED, CONTROL, ARP_REQUEST, ECHO_REQUEST) + DROP_REASONS
+OUTCOMES = (ACCEPTED, UDP_RESPONSE, CONTROL, ARP_REQUEST, ECHO_REQUEST) + DROP_REASONS
 
 # Wire constants, from the specs named.
 _ETH = 14                       # IEEE 802.3 3.2: dst, src, EtherType
@@ -116,6 +131,8 @@ _PROTO_ICMP = 1
 _PROTO_UDP = 17
 _ROCEV2_PORT = 4791             # IBTA Annex A17.2.3
 _CONTROL_PORT = 8192            # the control plane (Holoscan Sensor Bridge control bus)
+_UDP_CALL_PORT_BASE = 12288     # UDP mode: QP q's port (Holoscan Sensor Bridge data port)
+_RPC_RESPONSE = 24              # CUDA-Q realtime RPCResponse header
 _CONTROL_REQUEST = 14           # cmd, flags, seq, reserved, addr, data
 _RD_DWORD_SHORT = 10            # a RD_DWORD without its data word
 _RD_DWORD = 0x14
@@ -249,6 +266,10 @@ class RxConfig:
     #: The path MTU of each QP in payload bytes (:func:`pmtu_bytes` of its PMTU register;
     #: default 1024, the register's reset value 3).
     pmtu: list[int] = field(default_factory=list)
+    #: TRANSPORT of each QP (default 0, RoCE; 1: UDP mode, a PPU's own QP only).
+    transports: list[int] = field(default_factory=list)
+    #: PEER_UDP_PORT of each QP (default 0): a UDP-mode response's source port.
+    peer_udp_ports: list[int] = field(default_factory=list)
     #: The receiver's buffer (``RoCEReceiver(buffer_bytes=...)``): a frame of more 64-bit words
     #: never fits (``None``: not modelled).
     buffer_bytes: int | None = 16384
@@ -275,7 +296,12 @@ class RxConfig:
             self.response_bytes.append(MAILBOX_BYTES)
         while len(self.pmtu) < p.num_qps:
             self.pmtu.append(pmtu_bytes(PMTU_RESET))
-        for name in ("rkeys", "peers", "qp_ppus", "qsc_qpns", "response_bytes", "pmtu"):
+        while len(self.transports) < p.num_qps:
+            self.transports.append(0)
+        while len(self.peer_udp_ports) < p.num_qps:
+            self.peer_udp_ports.append(0)
+        for name in ("rkeys", "peers", "qp_ppus", "qsc_qpns", "response_bytes", "pmtu",
+                     "transports", "peer_udp_ports"):
             if len(getattr(self, name)) != p.num_qps:
                 raise ValueError(f"{name}: one entry per QP ({p.num_qps}), not "
                                  f"{len(getattr(self, name))}")
@@ -283,6 +309,16 @@ class RxConfig:
             if (q < p.num_ppus and ppu != q) or not 0 <= ppu < p.num_ppus:
                 raise ValueError(f"QP {q} cannot reach PPU {ppu}: a PPU's own QP reaches that "
                                  f"PPU, another QP one of the build's {p.num_ppus}")
+        for q, transport in enumerate(self.transports):
+            if transport not in (0, 1) or (transport and q >= p.num_ppus):
+                raise ValueError(f"QP {q} cannot have TRANSPORT {transport}: 0 or 1, and 1 "
+                                 f"only on a PPU's own QP (of {p.num_ppus})")
+
+    def write_transport(self, qp: int, value: int) -> None:
+        """A write of ``value`` to QP ``qp``'s TRANSPORT register: its bit 0, on a PPU's own QP;
+        another QP ignores it."""
+        if qp < self.params.num_ppus:
+            self.transports[qp] = value & 1
 
     def write_ppu(self, qp: int, value: int) -> None:
         """A write of ``value`` to QP ``qp``'s PPU register: a PPU's own QP ignores it, and so
@@ -418,7 +454,8 @@ class RxModel:
         (taken) or RX_DROPS (dropped; a DROP_PSN in RX_DROPS_PSN too). Frames of no QP change
         nothing."""
         if verdict.qp is not None:
-            self._count(verdict.qp, "RX_PACKETS" if verdict.outcome == ACCEPTED else "RX_DROPS")
+            self._count(verdict.qp, "RX_PACKETS" if verdict.outcome in (ACCEPTED, UDP_RESPONSE)
+                        else "RX_DROPS")
             if verdict.outcome == "DROP_PSN":
                 self._count(verdict.qp, "RX_DROPS_PSN")
         if verdict.outcome == ACCEPTED:
@@ -460,6 +497,8 @@ class RxModel:
             if verdict.outcome == ACCEPTED:
                 return Verdict("DROP_OVERFLOW", qp=verdict.qp, ppu=verdict.ppu, psn=verdict.psn,
                                icrc_ok=True, opcode=verdict.opcode, of_qp=True)
+            if verdict.outcome == UDP_RESPONSE:
+                return Verdict("DROP_OVERFLOW", qp=verdict.qp, ppu=verdict.ppu)
             if verdict.outcome == CONTROL:
                 return dataclasses.replace(verdict, also=frozenset({"DROP_OVERFLOW"}))
         return verdict
@@ -507,7 +546,11 @@ class RxModel:
             return Verdict("DROP_UDP")
         roce = dst_port == _ROCEV2_PORT and c.rx_enable
         control = dst_port == _CONTROL_PORT
-        if not (roce or control):
+        # UDP mode: the port of a PPU's own QP whose TRANSPORT is 1
+        ucall = dst_port - _UDP_CALL_PORT_BASE
+        if not (0 <= ucall < c.params.num_ppus and c.transports[ucall]):
+            ucall = None
+        if not (roce or control or ucall is not None):
             return Verdict("DROP_UDP")
         body = udp_length - _UDP
         if roce and (udp_length < _UDP + _BTH + _ICRC or udp_length % 4):
@@ -520,7 +563,25 @@ class RxModel:
             return Verdict("DROP_UDP")
         if control:
             return self._control(frame, src_mac, src_ip, src_port, body)
+        if ucall is not None:
+            return self._udp_response(frame, ip_end, ucall, src_mac, src_ip, src_port)
         return self._roce(frame, ip_end, src_mac, src_ip, udp_length)
+
+    def _udp_response(self, frame: bytes, ip_end: int, qp: int, src_mac: int, src_ip: int,
+                      src_port: int) -> Verdict:
+        # CUDA-Q realtime's udp bridge: one datagram, an RPCResponse and its result (a whole
+        # ring slot, zero-padded), to QP ``qp``'s port from the peer's socket. The QP is a
+        # PPU's own: it reaches that PPU.
+        c = self.config
+        if (src_mac, src_ip) != c.peers[qp] or src_port != c.peer_udp_ports[qp]:
+            return Verdict("DROP_PEER", qp=qp, ppu=qp)
+        payload = bytes(frame[_ETH + _IPV4 + _UDP:ip_end])
+        if not _RPC_RESPONSE <= len(payload) <= c.response_bytes[qp]:
+            return Verdict("DROP_LENGTH", qp=qp, ppu=qp)
+        mailbox = ppu_base(qp) + MAILBOX_OFFSET
+        kept = payload[:MAILBOX_BYTES]
+        return Verdict(UDP_RESPONSE, kind="udp", qp=qp, ppu=qp, writes=(Write(mailbox, kept),),
+                       mailbox_commit=(mailbox, len(kept)), rpc_response=True)
 
     def _arp(self, frame: bytes) -> Verdict:
         # RFC 826: hardware Ethernet (1), protocol IPv4, lengths 6 and 4, operation request (1),

@@ -44,6 +44,8 @@ class QPContext(data.Struct):
     peer_mac: unsigned(48)          #: the peer's MAC and IP: packets from them only, requests
     peer_ip: unsigned(32)           #: to them
     ppu: unsigned(4)                #: the PPU whose regions and mailbox the QP reaches
+    transport: unsigned(1)          #: CALLs: 0 = RoCEv2 UC, 1 = UDP (a PPU's own QP only)
+    peer_udp_port: unsigned(16)     #: UDP mode: the peer's port (requests to, responses from)
 
 
 class ControlReply(data.Struct):

@@ -45,6 +45,10 @@ a second CRC-32 in the monitor would ask the solver to prove two XOR networks ov
 symbolic input bits equal, which was not attempted; the simulation tests check the engine
 against the software reference (:func:`openqlink.wire.roce.icrc`).
 
+Every QP is assumed in RoCE mode (its TRANSPORT input 0): UDP-mode responses (CUDA-Q
+realtime's udp bridge) are left to the fuzzer (``tests/gateware/net/test_rx_fuzz.py``, against
+:mod:`openqlink.sim.rx_model`).
+
 The claims are bounded: every input sequence of ``depth`` cycles from reset. Depth is costly
 here: an RDMA WRITE's first payload word reaches the bus in cycle 17 (a 10-beat frame, then
 ``COMMIT_LATENCY_CYCLES``; a packet without payload words makes its trailer 2 cycles sooner),
@@ -299,6 +303,9 @@ class RxFormalHarness(wiring.Component):
                                      for size in PATH_MTU_BYTES.values())).any())
             if n >= params.num_ppus:
                 m.d.comb += Assume(self.qp[n].ppu < params.num_ppus)
+            # RoCE mode: the monitor ties commands to RoCEv2 packets; UDP-mode responses
+            # (TRANSPORT 1) are checked by the fuzzer and its model, not here.
+            m.d.comb += Assume(self.qp[n].transport == 0)
         # The QP: the lowest whose QSC_QPN is the DestQP. Each QP's QSC_QPN and PPU are any
         # values, the same in every cycle (a host sets them before it opens the QP); two QPs
         # may share a QPN, and several QPs a PPU.

@@ -100,6 +100,8 @@ REGISTER_WIDTHS: dict[str, int] = {
     "PEER_MAC_LO": 32,
     "PEER_IP": 32,
     "PPU": 4,
+    "TRANSPORT": 1,
+    "PEER_UDP_PORT": 16,
 }
 
 
@@ -294,6 +296,10 @@ class NetRegisters(wiring.Component):
                                      None)
                 elif reg.name == "RX_EPSN":
                     entries[addr] = (self.rx_epsn[n], None)
+                elif reg.name == "TRANSPORT" and n >= params.num_ppus:
+                    # only a PPU's own QP sends CALLs: another reads 0, ignores writes
+                    regs[reg.name] = Const(0, REGISTER_WIDTHS[reg.name])
+                    entries[addr] = (regs[reg.name], None)
                 elif reg.name == "PPU" and n < params.num_ppus:
                     # a PPU's own QP: fixed
                     regs[reg.name] = Const(n, REGISTER_WIDTHS[reg.name])
@@ -394,6 +400,8 @@ class NetRegisters(wiring.Component):
                 qp.peer_mac.eq(Cat(regs["PEER_MAC_LO"], regs["PEER_MAC_HI"])),
                 qp.peer_ip.eq(regs["PEER_IP"]),
                 qp.ppu.eq(regs["PPU"]),
+                qp.transport.eq(regs["TRANSPORT"]),
+                qp.peer_udp_port.eq(regs["PEER_UDP_PORT"]),
             ]
         return m
 

@@ -26,7 +26,8 @@ order (the first failing check names the reason); the counter strobes show one c
    not verify, or a frame longer than :data:`ECHO_MAX_FRAME_BYTES`: counted ICMP. An echo request
    passes to the responder.
 4. UDP: ``length`` != ``total_length`` - 20, destination port neither 4791 (with RX_ENABLE set:
-   off from reset) nor 8192, a RoCEv2 datagram shorter than BTH + ICRC or not a multiple of 4
+   off from reset) nor 8192 nor the UDP port ``UDP_CALL_PORT_BASE + q`` of a PPU's own QP ``q``
+   in UDP mode (TRANSPORT 1), a RoCEv2 datagram shorter than BTH + ICRC or not a multiple of 4
    bytes, a control datagram shorter than the 14-byte request (10 bytes for a RD_DWORD, the
    form without a data word that the Holoscan Sensor Bridge host sends), a WR_BLOCK or
    RD_BLOCK of more than BLOCK_MAX_PAIRS (183) pairs; then a non-zero UDP
@@ -64,6 +65,15 @@ order (the first failing check names the reason); the counter strobes show one c
 17. OVERFLOW: the frame did not fit the receive buffer, or the descriptor / control request queue
     is full, or a block's pairs after its first did not fit the pair ring (only frames that
     pass every other check count here).
+
+UDP mode (CUDA-Q realtime's udp bridge; cuda-quantum realtime bridge_impl.cpp,
+udp_transceiver.cpp): a datagram to QP ``q``'s UDP port is checked after the UDP checks as a
+SEND ONLY of QP ``q`` whose payload is the UDP payload: PEER (9) also compares the source UDP
+port with the QP's PEER_UDP_PORT; LENGTH: a payload shorter than an RPCResponse (24 bytes) or
+longer than the QP's RESPONSE_BYTES (no PMTU); the checks of RoCEv2 alone (ICRC, OPCODE, PKEY,
+PSN, VA, RKEY, IMMDT) do not apply. It is committed as a SEND ONLY (its first MAILBOX_BYTES into
+the mailbox, a MAILBOX_COMMIT), counts RX_RPC_RESPONSES and the QP's counters (not
+RX_ROCE_ACCEPTED, not PSN_GAP) and leaves the QP's ``epsn`` and open message alone.
 
 PSN and messages (UC, IBTA Vol 1 9.8.3; rxe ``check_psn``, ``check_op_seq``): a FIRST or ONLY is
 accepted whatever its PSN and resynchronises the expected PSN (``epsn``; a PSN other than the
@@ -121,7 +131,8 @@ from ...wire.header import Header
 from ...wire.icmp import ICMP_ECHO, IcmpType
 from ...wire.ipv4 import IPV4, IpProtocol
 from ...wire.roce import BTH, ICRC_BYTES, IMMDT, PATH_MTU_BYTES, RETH, Opcode
-from ...wire.udp import CONTROL_PORT, ROCEV2_PORT, UDP
+from ...wire.rpc import HEADER_BYTES as RPC_RESPONSE_BYTES
+from ...wire.udp import CONTROL_PORT, ROCEV2_PORT, UDP, UDP_CALL_PORT_BASE
 from .. import bram
 from ..bus import BusCommand, BusOp
 from ..logic import kept
@@ -933,9 +944,21 @@ class RoCEReceiver(wiring.Component):
         # cycle like ``tl_p14`` below: exact for a frame whose last beat comes after beat 5
         # (the BTH's first bytes); shorter frames fail the IP or UDP checks (a RoCEv2 datagram
         # has at least 24 bytes) before any check that uses them.
+        # A UDP-mode response (CUDA-Q realtime's udp bridge): a datagram to the port
+        # UDP_CALL_PORT_BASE + q of a PPU's own QP q whose TRANSPORT is 1, registered from
+        # ``hdr`` every cycle (the port is in beat 4; a frame that reaches the UDP check has at
+        # least 6 beats). It is taken as a SEND ONLY of that QP whose payload is the UDP
+        # payload: the opcode's decode says so, and ``qpn_hit`` names the QP.
+        ucall_now = Cat(*((udp["dst_port"] == UDP_CALL_PORT_BASE + n) & self.qp[n].transport
+                          for n in range(num_ppus)))
+        ucall = Signal()                      # registered: the frame is a UDP-mode response
+        m.d.sync += ucall.eq(ucall_now.any())
         op_now = _opcode_info(bth["opcode"])
         op = {name: Signal(name=f"op_{name}") for name in op_now}
-        m.d.sync += [op[name].eq(value) for name, value in op_now.items()]
+        as_send = {"has_reth": 0, "has_immdt": 0, "send": 1, "start": 1, "end": 1}
+        m.d.sync += [op[name].eq(Mux(ucall_now.any(), as_send[name], value)
+                                 if name in as_send else value)
+                     for name, value in op_now.items()]
         win_bits = PPU_STRIDE.bit_length() - 1
         region_list = regions(params, 0)
         va = reth["va"]
@@ -944,10 +967,12 @@ class RoCEReceiver(wiring.Component):
 
         # DestQP against each QP's QSC_QPN, registered from ``hdr`` every cycle like
         # ``src_mac_peer`` below: DestQP ends in beat 6, and a frame that reaches the QPN check
-        # has at least 8 beats. The packet goes to the lowest QP whose QPN matches.
+        # has at least 8 beats. The packet goes to the lowest QP whose QPN matches; a UDP-mode
+        # response to the QP its port names.
         qpn_hit = Signal(num_qps)
-        m.d.sync += qpn_hit.eq(Cat(*(bth["dest_qp"] == self.qp[n].qsc_qpn
-                                     for n in range(num_qps))))
+        m.d.sync += qpn_hit.eq(Mux(ucall_now.any(), ucall_now,
+                                   Cat(*(bth["dest_qp"] == self.qp[n].qsc_qpn
+                                         for n in range(num_qps)))))
         qp_now = Signal(q_bits)
         for n in reversed(range(num_qps)):
             with m.If(qpn_hit[n]):
@@ -959,14 +984,18 @@ class RoCEReceiver(wiring.Component):
         m.d.comb += ppu_now.eq(Array([Const(n, n_bits) for n in range(num_ppus)] +
                                      [self.qp[n].ppu[:n_bits]
                                       for n in range(num_ppus, num_qps)])[qp_now])
-        ext_bytes = Signal(5)
-        m.d.sync += ext_bytes.eq(Mux(op_now["has_reth"], RETH.length_bytes, 0) +
-                                 Mux(op_now["has_immdt"], IMMDT.length_bytes, 0))
+        # The payload's frame offset, and the datagram's bytes besides the payload (a UDP-mode
+        # response: the UDP payload, behind the UDP header).
+        payload_at = Signal(7)
+        m.d.sync += payload_at.eq(Mux(ucall_now.any(), _L4_AT,
+                                      _RETH_AT + Mux(op_now["has_reth"], RETH.length_bytes, 0) +
+                                      Mux(op_now["has_immdt"], IMMDT.length_bytes, 0)))
         overhead = Signal(6)
-        m.d.sync += overhead.eq(_ROCE_FIXED_BYTES +
-                                Mux(op_now["has_reth"], RETH.length_bytes, 0) +
-                                Mux(op_now["has_immdt"], IMMDT.length_bytes, 0) +
-                                bth["pad_cnt"])
+        m.d.sync += overhead.eq(Mux(ucall_now.any(), UDP.length_bytes,
+                                    _ROCE_FIXED_BYTES +
+                                    Mux(op_now["has_reth"], RETH.length_bytes, 0) +
+                                    Mux(op_now["has_immdt"], IMMDT.length_bytes, 0) +
+                                    bth["pad_cnt"]))
         # The open message of each QP (UC, IBTA Vol 1 9.8.3): whether one is open, its kind
         # (SEND or WRITE), whether a WRITE goes to the instruction ring, the bus address of its
         # next byte, the bytes it may still bring (a WRITE's DMALen left, a SEND's
@@ -996,6 +1025,8 @@ class RoCEReceiver(wiring.Component):
             "udp_fail": 1,
             "udp_len_fail": 1,
             "is_roce": 1,
+            "is_ucall": 1,                    # a UDP-mode response (to a QP's UDP port)
+            "ucall_short": 1,                 # ... of less than an RPCResponse (24 bytes)
             "is_ctrl": 1,
             "is_udp": 1,                      # IPv4 carrying UDP
             "is_arp": 1,
@@ -1050,11 +1081,13 @@ class RoCEReceiver(wiring.Component):
                      dst_bcast.eq(eth["dst"] == _BROADCAST)]
         udp_p20 = Signal(17)                  # udp length + 20 (beat 4)
         # The source MAC (beat 1) and IP (beat 3) against each QP's peer, the QP's taken below
-        # like ``qpn_hit``'s.
+        # like ``qpn_hit``'s; of a UDP-mode response also the source port (beat 4).
         src_is_peer = Signal(num_qps)
-        m.d.sync += src_is_peer.eq(Cat(*((eth["src"] == self.qp[n].peer_mac) &
-                                         (ip["src"] == self.qp[n].peer_ip)
-                                         for n in range(num_qps))))
+        m.d.sync += src_is_peer.eq(Cat(*(
+            (eth["src"] == self.qp[n].peer_mac) & (ip["src"] == self.qp[n].peer_ip) &
+            ((udp["src_port"] == self.qp[n].peer_udp_port) | ~ucall_now.any()
+             if n < num_ppus else 1)
+            for n in range(num_qps))))
         m.d.sync += [tl_p14.eq(total_length + _IP_AT),
                      udp_p20.eq(udp_len + IPV4.length_bytes)]
         is_arp = eth["ethertype"] == EtherType.ARP
@@ -1064,6 +1097,7 @@ class RoCEReceiver(wiring.Component):
                         (ip["fragment_offset"] == 0) & (proto_udp | proto_icmp))
         is_roce = (udp["dst_port"] == ROCEV2_PORT) & cfg.rx_enable & proto_udp & ~is_arp
         is_ctrl = (udp["dst_port"] == CONTROL_PORT) & proto_udp & ~is_arp
+        is_ucall = ucall & proto_udp & ~is_arp
         arp = ARP.view(hbytes(_IP_AT, ARP))
         icmp = ICMP_ECHO.view(hbytes(_UDP_AT, ICMP_ECHO))
         # An ARP packet's target IP is ours (bytes 38-41, beats 4-5), compared as the header
@@ -1106,7 +1140,7 @@ class RoCEReceiver(wiring.Component):
             c1.udp_len_fail.eq(udp_p20 != total_length),
             c1.udp_fail.eq(
                 (total_length < IPV4.length_bytes + UDP.length_bytes) |
-                ~(is_roce | is_ctrl) |
+                ~(is_roce | is_ctrl | is_ucall) |
                 (is_roce & ((udp_len < _ROCE_FIXED_BYTES) | (udp_len[:2] != 0))) |
                 (is_ctrl & ((udp_len < UDP.length_bytes + RD_DWORD_SHORT_BYTES) |
                             ((udp_len < UDP.length_bytes + CONTROL_REQUEST.length_bytes) &
@@ -1114,6 +1148,8 @@ class RoCEReceiver(wiring.Component):
                             (ctl_block & ((udp_len < _BLOCK_MIN_UDP) |
                                           (udp_len > _BLOCK_MAX_UDP)))))),
             c1.is_roce.eq(is_roce),
+            c1.is_ucall.eq(is_ucall),
+            c1.ucall_short.eq(udp_len < UDP.length_bytes + RPC_RESPONSE_BYTES),
             c1.opcode_fail.eq(~op["supported"] | (bth["tver"] != 0)),
             c1.pkey_fail.eq((rx_pkey[:15] != cfg.p_key[:15]) | ~(rx_pkey[15] | cfg.p_key[15])),
             c1.qpn_fail.eq(qpn_hit == 0),
@@ -1125,7 +1161,8 @@ class RoCEReceiver(wiring.Component):
             c1.send.eq(op["send"]),
             c1.start.eq(op["start"]),
             c1.end.eq(op["end"]),
-            c1.pmtu.eq(qpc_now.pmtu_bytes),
+            # (a UDP-mode response: no PMTU, RESPONSE_BYTES alone bounds it)
+            c1.pmtu.eq(Mux(ucall, 2**13 - 1, qpc_now.pmtu_bytes)),
             # A WRITE ONLY or FIRST may bring its DMALen, a SEND ONLY or FIRST the QP's
             # RESPONSE_BYTES, a MIDDLE or LAST what its message has left.
             c1.room.eq(Mux(op["has_reth"], reth["dma_len"],
@@ -1148,7 +1185,7 @@ class RoCEReceiver(wiring.Component):
             c1.dma_end.eq(win_off + reth["dma_len"]),
             c1.dst_addr.eq(dst_addr),
             c1.dst_lo_p7.eq(dst_addr[:3] + 7),
-            c1.src_delta.eq(_RETH_AT + ext_bytes - dst_addr[:3]),
+            c1.src_delta.eq(payload_at - dst_addr[:3]),
             c1.imm.eq(imm_now),
             c1.imm_fail.eq(imm_now[exact_log2(params.imem_depth):] != 0),
             c1.beats.eq(f_beats),
@@ -1225,6 +1262,8 @@ class RoCEReceiver(wiring.Component):
         m.d.comb += icrc_fail.eq(crc_now != icrc_rx)
 
         roce = c1.is_roce
+        # the QP's packets: RoCEv2, or a UDP-mode response (checked as a SEND ONLY of its QP)
+        of_a_qp = c1.is_roce | c1.is_ucall
         # The VA and R_Key checks of an ONLY or FIRST WRITE, but not of a zero-length one (IBTA
         # Vol 1 C9-88: it writes nothing and its ImmDt reaches no TAIL)
         write = c1.has_reth & ~c1.dma_zero
@@ -1251,14 +1290,15 @@ class RoCEReceiver(wiring.Component):
             (roce & c1.opcode_fail, DropReason.OPCODE, True),
             (roce & c1.pkey_fail, DropReason.PKEY, True),
             (roce & c1.qpn_fail, DropReason.QPN, True),
-            (roce & c1.peer_fail, DropReason.PEER, True),
+            (of_a_qp & c1.peer_fail, DropReason.PEER, True),
             (roce & psn_fail, DropReason.PSN, False),
             (roce & hdrlen_fail, DropReason.LENGTH, True),
+            (c1.is_ucall & c1.ucall_short, DropReason.LENGTH, True),
             (roce & write & (c1.va_fail | ~region_hit), DropReason.VA, False),
             (roce & write & rkey_fail, DropReason.RKEY, False),
             (roce & write & range_fail, DropReason.VA, False),
             (roce & imm_tail & c1.imm_fail, DropReason.IMMDT, False),
-            (roce & len_fail, DropReason.LENGTH, False),
+            (of_a_qp & len_fail, DropReason.LENGTH, False),
         ]
         checks = [(cond, why) for cond, why, _ in ranked]
         early = [i for i, (_, _, is_early) in enumerate(ranked) if is_early]
@@ -1292,6 +1332,7 @@ class RoCEReceiver(wiring.Component):
             "early_fail": 1,
             "roce_ok": 1,
             "roce": 1,
+            "qp_pkt": 1,                      # RoCEv2 or a UDP-mode response
             "is_ctrl": 1,
             "arp": 1,
             "icmp": 1,
@@ -1315,8 +1356,9 @@ class RoCEReceiver(wiring.Component):
             s2.valid.eq(c1.valid),
             s2.fail.eq(Cat(*(cond for cond, _ in checks))),
             s2.early_fail.eq(early_fail),
-            s2.roce_ok.eq(c1.valid & roce & ~early_fail),
+            s2.roce_ok.eq(c1.valid & of_a_qp & ~early_fail),
             s2.roce.eq(roce),
+            s2.qp_pkt.eq(of_a_qp),
             s2.is_ctrl.eq(c1.is_ctrl),
             s2.arp.eq(c1.is_arp),
             s2.icmp.eq(c1.is_icmp),
@@ -1362,7 +1404,7 @@ class RoCEReceiver(wiring.Component):
         # beat and not its first: ``ovf_frame`` is ``ovf | w3.nofit``, two registers (for
         # other frames ``overflow`` is not used).
         overflow = Signal()
-        m.d.comb += overflow.eq(Mux(s2.roce, ovf | w3.nofit | ~desc_fifo.w_rdy,
+        m.d.comb += overflow.eq(Mux(s2.qp_pkt, ovf | w3.nofit | ~desc_fifo.w_rdy,
                                     s2.is_ctrl & (~ctrl_fifo.w_rdy | s2.pairs_short)))
         # The RoCE write strobe from few registered bits: ``s2.roce_ok`` (valid, RoCE, no early
         # check failed), the other checks' fail bits, the overflow registers, the queue's flag.
@@ -1377,7 +1419,9 @@ class RoCEReceiver(wiring.Component):
         # one-hot strobe and the PSN): the next decision that reads it is a frame away.
         epsn_we = Signal(num_qps)
         epsn_next = Signal(24)
-        m.d.sync += [epsn_we.eq(Mux(roce_write, 1 << s2.qp, 0)), epsn_next.eq(s2.psn_next)]
+        # (a UDP-mode response has no PSN: it leaves ``epsn`` and the QP's message alone)
+        m.d.sync += [epsn_we.eq(Mux(roce_write & s2.roce, 1 << s2.qp, 0)),
+                     epsn_next.eq(s2.psn_next)]
         # The message state likewise, for a packet of the QP (it passed the checks up to PEER):
         # taken, the packet opens, advances or closes its message; dropped (overflow included),
         # it closes it (IBTA Vol 1 9.8.3: the rest of the message is dropped up to a FIRST or
@@ -1425,13 +1469,13 @@ class RoCEReceiver(wiring.Component):
         for index, firsts in strobes.items():
             m.d.comb += count_next[index].eq(s2.valid & Cat(*firsts).any())
         accept = Signal()
-        m.d.comb += accept.eq(s2.valid & ~dropped & ~overflow & s2.roce)
+        m.d.comb += accept.eq(s2.valid & ~dropped & ~overflow & s2.qp_pkt)
         m.d.comb += [
             count_next[COUNTER_INDEX["RX_FRAMES"]].eq(s2.valid),
             count_next[COUNTER_INDEX["DROP_OVERFLOW"]].eq(s2.valid & ~dropped & overflow),
-            count_next[COUNTER_INDEX["RX_ROCE_ACCEPTED"]].eq(accept),
+            count_next[COUNTER_INDEX["RX_ROCE_ACCEPTED"]].eq(accept & s2.roce),
             count_next[COUNTER_INDEX["RX_RPC_RESPONSES"]].eq(accept & s2.send & s2.end),
-            count_next[COUNTER_INDEX["PSN_GAP"]].eq(accept & s2.psn_gap),
+            count_next[COUNTER_INDEX["PSN_GAP"]].eq(accept & s2.roce & s2.psn_gap),
             count_next[COUNTER_INDEX["RX_ARP_REQUESTS"]].eq(s2.valid & s2.arp & ~dropped),
             count_next[COUNTER_INDEX["RX_ECHO_REQUESTS"]].eq(s2.valid & s2.icmp & ~dropped),
         ]
@@ -1439,7 +1483,7 @@ class RoCEReceiver(wiring.Component):
         qpn_rank = next(i for i, (_, why) in enumerate(checks) if why is DropReason.QPN)
         psn_rank = next(i for i, (_, why) in enumerate(checks) if why is DropReason.PSN)
         of_qp = Signal()
-        m.d.comb += of_qp.eq(s2.valid & s2.roce & ~fail[:qpn_rank + 1].any())
+        m.d.comb += of_qp.eq(s2.valid & s2.qp_pkt & ~fail[:qpn_rank + 1].any())
         qp_count_next = Signal.like(self.qp_count)
         k_packets, k_drops, k_drops_psn = (
             [name for name, _ in QP_COUNTERS].index(name)

@@ -3,11 +3,14 @@
 # Ref: IEEE 802.3-2018 3.2 (Ethernet II, 60-byte minimum frame); RFC 791 3.1 (IPv4), RFC 1071
 # (header checksum); RFC 768 (UDP; checksum 0 = none); IBTA Vol 1 9.2 (BTH), 9.3.2 (RETH),
 # 9.3.4 (ImmDt), 9.8.3 (UC RDMA WRITE), 7.8.1 + Annex A17.4.4 (ICRC); cuda-quantum
-# realtime/docs/cudaq_realtime_message_protocol.md (RPCHeader, ring slots, ImmDt {PSN, slot}).
+# realtime/docs/cudaq_realtime_message_protocol.md (RPCHeader, ring slots, ImmDt {PSN, slot});
+# cuda-quantum realtime udp bridge (bridge_impl.cpp, udp_transceiver.cpp: one datagram a slot).
 
 Each :class:`~openqlink.gateware.bus.CallRequest` becomes one RoCEv2 UC
-RDMA_WRITE_ONLY_WITH_IMMEDIATE into the host ring of its PPU (control-plane responses have a
-builder of their own, :class:`~openqlink.gateware.net.control.ControlReplyBuilder`).
+RDMA_WRITE_ONLY_WITH_IMMEDIATE into the host ring of its PPU, or, where the PPU's QP is in UDP
+mode (its TRANSPORT register 1), one UDP datagram of the RPC message alone, as CUDA-Q realtime's
+udp bridge takes it (control-plane responses have a builder of their own,
+:class:`~openqlink.gateware.net.control.ControlReplyBuilder`).
 The fields of a request are latched once, when it is taken; the frame is never held
 whole. A window of four 64-bit registers (the beat on ``tx`` and the next three frame words)
 moves by one word at each take, and the word that enters it is chosen from the fields (an AND-OR
@@ -20,9 +23,16 @@ when the beat that carries it is due, so a frame leaves without gaps whenever ``
 high. Where ``V`` ends and the ICRC lies (five request lengths, two lane alignments) is kept in
 flip-flops that move with the takes, set from flags latched with the request. The slot's offset
 in the ring is counted beside the slot counter (no multiplier).
+
+A UDP-mode request is the same frame with its BTH, RETH and ImmDt (32 bytes, four words) left
+out: its RPC message lies in the same lanes as a RoCE request's, four words sooner. The window
+loads the same word selects, words 9 up moved four shifts earlier by a one-hot register that
+moves with the beat index (``load``), chosen by a flag latched with the request (``udp``); the
+lengths, ports and the last beat's keep are constants latched with the request, and the ICRC
+flags stay clear (no ICRC; the frame ends at ``udp_end_at``).
 """
 
-from amaranth.hdl import Cat, Const, Module, Mux, Signal, Value
+from amaranth.hdl import Array, Cat, Const, Module, Mux, Signal, Value
 from amaranth.lib import data, stream, wiring
 from amaranth.lib.wiring import In, Out
 
@@ -31,14 +41,14 @@ from ...wire.ethernet import ETHERNET, MIN_FRAME_BYTES, EtherType
 from ...wire.ipv4 import IPV4, IpProtocol
 from ...wire.roce import BTH, ICRC_BYTES, IMMDT, RETH, Opcode
 from ...wire.rpc import HEADER_BYTES, REQUEST_MAGIC, RPCHeader
-from ...wire.udp import ROCEV2_PORT, UDP
+from ...wire.udp import ROCEV2_PORT, UDP, UDP_CALL_PORT_BASE
 from ..bus import MAX_CALL_ARG_BYTES, CallRequest
 from ..packet import packet_signature
 from .common import NetConfig, QPContext
 from .icrc import ICRC_WORD_MASKS, ICRCEngine, icrc_terms
 from .ipv4csum import IPv4Checksum
 
-__all__ = ["TxBuilder", "rpc_frame_bytes", "START_LATENCY_CYCLES"]
+__all__ = ["TxBuilder", "rpc_frame_bytes", "udp_call_frame_bytes", "START_LATENCY_CYCLES"]
 
 _ETH_BYTES = ETHERNET.length_bytes
 _IP_OFFSET = _ETH_BYTES
@@ -47,6 +57,16 @@ _L4_OFFSET = _UDP_OFFSET + UDP.length_bytes
 #: Offset of the RPC payload (RPCHeader) in a request frame: Eth + IPv4 + UDP + BTH + RETH + ImmDt.
 _RPC_OFFSET = _L4_OFFSET + BTH.length_bytes + RETH.length_bytes + IMMDT.length_bytes
 _ARG_OFFSET = _RPC_OFFSET + HEADER_BYTES
+#: Offset of the RPC payload in a UDP-mode request: Eth + IPv4 + UDP. It lies the BTH, RETH and
+#: ImmDt (32 bytes, 4 words) before the RoCE one, in the same lanes: word ``k`` >= 5 of a UDP
+#: request is word ``k + 4`` of the RoCE request of the same fields.
+_UDP_RPC_OFFSET = _L4_OFFSET
+_UDP_SKIP_WORDS = (_RPC_OFFSET - _UDP_RPC_OFFSET) // 8
+assert (_RPC_OFFSET - _UDP_RPC_OFFSET) % 8 == 0
+#: The first word of a UDP-mode request that follows the UDP header (word 5: the checksum in
+#: lanes 0-1, RPCHeader from lane 2).
+_UDP_FIRST_MOVED = (_UDP_RPC_OFFSET - 2) // 8
+assert _UDP_RPC_OFFSET % 8 == 2
 
 
 def _or_tree(values: list[Value]) -> Value:
@@ -94,6 +114,14 @@ def _v_last(area: int) -> int:
     return (_v_bytes(area) + 4 * _behind_zeros(area)) // 8 - 1
 
 
+def udp_call_frame_bytes(arg_len: int) -> int:
+    """Frame length in bytes (FCS excluded) of a UDP-mode request with ``arg_len`` argument
+    bytes: Eth + IPv4 + UDP + RPCHeader + args (66..82 bytes, above the 60-byte minimum)."""
+    if not 0 <= arg_len <= MAX_CALL_ARG_BYTES:
+        raise ValueError(f"arg_len must be 0..{MAX_CALL_ARG_BYTES}, not {arg_len}")
+    return max(_UDP_RPC_OFFSET + HEADER_BYTES + arg_len, MIN_FRAME_BYTES)
+
+
 def rpc_frame_bytes(arg_len: int) -> int:
     """Frame length in bytes (FCS excluded) of an RPC request with ``arg_len`` argument bytes."""
     if not 0 <= arg_len <= MAX_CALL_ARG_BYTES:
@@ -133,7 +161,7 @@ class TxBuilder(wiring.Component):
         Global network configuration; sampled when a request is taken.
     qp : In(ArrayLayout(QPContext, num_ppus))
         The contexts of the PPUs' own QPs (QP n of PPU n: host QPN, ring VA, R_Key,
-        num_slots, slot_size); sampled likewise.
+        num_slots, slot_size, transport, peer UDP port); sampled likewise.
     timestamp : In(64)
         From :class:`~openqlink.gateware.net.timebase.Timebase`, already in the configured
         format; sampled into ``ptp_timestamp`` in the cycle the request is taken.
@@ -151,7 +179,7 @@ class TxBuilder(wiring.Component):
         taken (no gaps of ours inside a frame). Back-pressure: ``tx.ready`` low stalls the
         beat; nothing is lost, and no new request is taken until the frame has left.
     tx_psn : Out(ArrayLayout(24, num_ppus))
-        Next PSN of each PPU's QP (reset 0), incremented modulo 2**24 per request taken.
+        Next PSN of each PPU's QP (reset 0), incremented modulo 2**24 per RoCE request taken.
     sent_frame : Out(1)
         One-cycle strobe when the last beat of a frame is taken (TX_FRAMES).
     sent_rpc : Out(1)
@@ -167,6 +195,12 @@ class TxBuilder(wiring.Component):
     114 bytes (15 beats) with 9..12 and 118 bytes (15 beats) with 13..16, its ICRC at byte 98,
     102, 106, 110 or 114. The next request is taken in the cycle after the last beat of the
     previous frame was taken.
+
+    UDP-mode request (the QP's ``transport`` 1; CUDA-Q realtime's udp bridge): Ethernet and IPv4
+    as below, UDP (``UDP_CALL_PORT_BASE + ppu`` -> ``peer_udp_port``, checksum 0), RPCHeader and
+    the ``arg_len`` argument bytes (no pad, no ICRC): 66..82 bytes (9..11 beats), first beat
+    after the same :data:`START_LATENCY_CYCLES`. It takes no PSN and no ring slot (``tx_psn``
+    and the slot counter stay).
 
     RPC request frame: Ethernet (host MAC <- QSC MAC), IPv4 (DF, TTL 64, identification 0, UDP),
     UDP (``config.udp_src_port`` -> 4791, checksum 0), BTH (RDMA_WRITE_ONLY_WITH_IMMEDIATE,
@@ -216,12 +250,21 @@ class TxBuilder(wiring.Component):
 
         # --- fields latched when a request is taken (one copy each) ----------------------------
         arg_len = Signal(range(MAX_CALL_ARG_BYTES + 1))
-        # The request's length as flags, so that nothing downstream decodes
-        # ``arg_len``: ``area`` one-hot by argument area (``_AREAS``: 102..118 bytes), ``half``
-        # for a ``V`` fed behind 4 zero bytes, ``v_end_at[w]`` for a ``V`` whose last word is w.
-        area = Signal(len(_AREAS))
+        # ``udp``: the request goes in UDP mode (its QP's TRANSPORT register was 1).
+        udp = Signal()
+        # The request's length as flags and constants, so that nothing downstream decodes
+        # ``arg_len``: ``half`` for a ``V`` fed behind 4 zero bytes, ``v_end_at[w]`` for a RoCE
+        # request whose ``V`` ends with word w, ``udp_end_at[w]`` for a UDP request whose last
+        # beat is w; ``ip_len`` and ``udp_len`` (the IPv4 total length and UDP length, below 128)
+        # and ``last_keep`` (the keep of the frame's last beat).
         half = Signal()
         v_end_at = {w: Signal(name=f"v_end_at_{w}") for w in sorted({_v_last(a) for a in _AREAS})}
+        udp_lasts = {(udp_call_frame_bytes(a) - 1) // 8 for a in range(MAX_CALL_ARG_BYTES + 1)}
+        udp_end_at = {w: Signal(name=f"udp_end_at_{w}") for w in sorted(udp_lasts)}
+        ip_len = Signal(7)
+        udp_len = Signal(7)
+        last_keep = Signal(8)
+        dst_port = Signal(16)                       # UDP destination port
         eth_src = Signal(48)
         ip_src = Signal(32)
         ip_dst = Signal(32)                         # host IP
@@ -289,6 +332,8 @@ class TxBuilder(wiring.Component):
 
         # The request's PPU state (combinational).
         qp_sel = self.qp[rq.ppu]
+        udp_now = Signal()
+        m.d.comb += udp_now.eq(qp_sel.transport)
         cur_slot = Signal(12)
         cur_off = Signal(28)
         sel_slot = Signal(12)
@@ -305,6 +350,17 @@ class TxBuilder(wiring.Component):
             """The request's ``arg_len`` is one of ``lengths`` (a function of its 5 bits)."""
             return Cat(*(rq.arg_len == n for n in lengths)).any()
 
+        def by_len(roce, udp_mode, width: int) -> Value:
+            """A constant of ``width`` bits chosen by ``arg_len`` and the mode: ``roce(a)`` or
+            ``udp_mode(a)`` for a length ``a`` <= MAX_CALL_ARG_BYTES (0 beyond: dropped)."""
+            n = 1 << len(rq.arg_len)
+            table = [Const(f(a) if a <= MAX_CALL_ARG_BYTES else 0, width)
+                     for f in (roce, udp_mode) for a in range(n)]
+            return Array(table)[Cat(rq.arg_len, udp_now)]
+
+        def last_keep_of(frame_bytes: int) -> int:
+            return (1 << (frame_bytes % 8 or 8)) - 1
+
         # The fields load in every IDLE cycle (the last one takes the request): their enables do
         # not wait on the valid.
         fields = [
@@ -312,12 +368,23 @@ class TxBuilder(wiring.Component):
             eth_src.eq(self.config.qsc_mac),
             ip_src.eq(self.config.qsc_ip),
             ip_dst.eq(qp_sel.peer_ip),
-            port.eq(self.config.udp_src_port),
+            port.eq(Mux(udp_now, UDP_CALL_PORT_BASE + rq.ppu, self.config.udp_src_port)),
+            dst_port.eq(Mux(udp_now, qp_sel.peer_udp_port, ROCEV2_PORT)),
+            udp.eq(udp_now),
             arg_len.eq(rq.arg_len),
-            area.eq(Cat(*(has_len(_lengths_of(a)) for a in _AREAS))),
+            ip_len.eq(by_len(lambda a: _icrc_offset(a) + ICRC_BYTES - _IP_OFFSET,
+                             lambda a: _UDP_RPC_OFFSET + HEADER_BYTES + a - _IP_OFFSET, 7)),
+            udp_len.eq(by_len(lambda a: _icrc_offset(a) + ICRC_BYTES - _UDP_OFFSET,
+                              lambda a: _UDP_RPC_OFFSET + HEADER_BYTES + a - _UDP_OFFSET, 7)),
+            last_keep.eq(by_len(lambda a: last_keep_of(rpc_frame_bytes(a)),
+                                lambda a: last_keep_of(udp_call_frame_bytes(a)), 8)),
             half.eq(has_len([n for a in _AREAS if _behind_zeros(a) for n in _lengths_of(a)])),
-            *(flag.eq(has_len([n for a in _AREAS if _v_last(a) == w for n in _lengths_of(a)]))
+            *(flag.eq(~udp_now & has_len([n for a in _AREAS if _v_last(a) == w
+                                          for n in _lengths_of(a)]))
               for w, flag in v_end_at.items()),
+            *(flag.eq(udp_now & has_len([a for a in range(MAX_CALL_ARG_BYTES + 1)
+                                         if (udp_call_frame_bytes(a) - 1) // 8 == w]))
+              for w, flag in udp_end_at.items()),
             ppu.eq(rq.ppu),
             ts.eq(self.timestamp),
             p_key.eq(self.config.p_key),
@@ -325,8 +392,10 @@ class TxBuilder(wiring.Component):
             ring_va.eq(qp_sel.ring_va),
             num_slots.eq(qp_sel.num_slots),
             rkey.eq(qp_sel.host_rkey),
-            psn.eq(sel_psn),
-            slot.eq(sel_slot),
+            # (UDP mode: no PSN nor slot; ImmDt's low bytes, which a UDP request's word 5
+            # takes the place of, are zero there: its UDP checksum)
+            psn.eq(Cat(Mux(udp_now, 0, sel_psn[:4]), sel_psn[4:])),
+            slot.eq(Mux(udp_now, 0, sel_slot)),
             slot_off.eq(Mux(in_ring, cur_off, 0)),
             slot_size.eq(qp_sel.slot_size),
             function_id.eq(rq.function_id),
@@ -337,7 +406,7 @@ class TxBuilder(wiring.Component):
         for k, en in enumerate(field_idle):
             with m.If(en):
                 m.d.sync += fields[k::len(field_idle)]
-        with m.If(idle & self.call_req.valid & req_ok):
+        with m.If(idle & self.call_req.valid & req_ok & ~udp_now):
             for n in range(self.num_ppus):
                 with m.If(rq.ppu == n):
                     m.d.sync += self.tx_psn[n].eq(self.tx_psn[n] + 1)
@@ -354,7 +423,7 @@ class TxBuilder(wiring.Component):
         advance = Signal()
         with m.If(phase[1]):
             m.d.sync += [next_wrap.eq(slot + 1 >= num_slots), next_off.eq(slot_off + slot_size),
-                         advance.eq(~bad)]
+                         advance.eq(~bad & ~udp)]
         with m.If(phase[2] & advance):
             for n in range(self.num_ppus):
                 with m.If(ppu == n):
@@ -378,14 +447,8 @@ class TxBuilder(wiring.Component):
                 m.d.sync += self.tx_psn[n].eq(0)
 
         # --- the frame words, from the latched fields (combinational) --------------------------
-        def length_from(offset: int) -> Value:
-            """Bytes from frame offset ``offset`` to the end of the IPv4 datagram (16 bits): an
-            AND-OR of the area flags (no adder)."""
-            return _or_tree([Mux(area[i], Const(_ARG_OFFSET + a + ICRC_BYTES - offset, 16), 0)
-                             for i, a in enumerate(_AREAS)])
-
         def ip_header(checksum) -> Value:
-            return IPV4.build(tos=0, total_length=length_from(_IP_OFFSET), identification=0,
+            return IPV4.build(tos=0, total_length=ip_len, identification=0,
                               fragment_offset=0, protocol=IpProtocol.UDP.value, src=ip_src,
                               dst=ip_dst, checksum=checksum)
 
@@ -407,9 +470,8 @@ class TxBuilder(wiring.Component):
         ]
 
         eth = ETHERNET.build(dst=0, src=eth_src, ethertype=EtherType.IPV4.value)
-        udp = UDP.build(src_port=port, dst_port=ROCEV2_PORT, length=length_from(_UDP_OFFSET),
-                        checksum=0)
-        out = Cat(eth, ip_header(0), udp, bth, reth, immdt, rpc.as_value(), args)
+        udp_hdr = UDP.build(src_port=port, dst_port=dst_port, length=udp_len, checksum=0)
+        out = Cat(eth, ip_header(0), udp_hdr, bth, reth, immdt, rpc.as_value(), args)
         assert len(out) <= 64 * _FRAME_WORDS      # the checksum: laid over on tx
         rpc_frame = Cat(out, Const(0, 64 * _FRAME_WORDS - len(out)))
         # Words 1 and up (word 0 comes from the inputs in IDLE): the word loaded is an AND-OR of
@@ -418,8 +480,15 @@ class TxBuilder(wiring.Component):
         terms = [Mux(shift_idle[1], ETHERNET.build(dst=qp_sel.peer_mac,
                                                    src=self.config.qsc_mac, ethertype=0)[:64],
                      0)]
+        # Words 1-4 are loaded at shifts 1-4 in both modes (a UDP request differs there only in
+        # latched fields: lengths and ports); word k >= 5 under ``load[k]``: at shift k in RoCE
+        # mode, at shift k - 4 in UDP mode (word k of the RoCE layout is word k - 4 of the UDP
+        # one; ImmDt's low bytes, zero in UDP mode, are its UDP checksum), never for words 5-8
+        # in UDP mode. ``load`` is a one-hot register (words 5 up) that moves with ``pos``.
+        load = Signal(_FRAME_WORDS - _UDP_FIRST_MOVED)
         for k in range(1, _FRAME_WORDS):
-            terms.append(Mux(phase[k], rpc_frame[64 * k:64 * k + 64], 0))
+            sel = phase[k] if k < _UDP_FIRST_MOVED else load[k - _UDP_FIRST_MOVED]
+            terms.append(Mux(sel, rpc_frame[64 * k:64 * k + 64], 0))
 
         take = Signal()
         m.d.comb += take.eq(self.tx.valid & self.tx.ready)
@@ -442,6 +511,18 @@ class TxBuilder(wiring.Component):
             m.d.sync += pos.eq(1)
         with m.Elif(take):
             m.d.sync += pos.eq(Mux(last, 0, pos << 1))
+        # ``load[j]`` (word 5 + j) is ``phase[5 + j] & ~udp`` | ``phase[1 + j] & udp`` (words 9
+        # up): set from ``pos`` at the take that moves ``pos`` to its shift.
+        first_load = pos[_UDP_FIRST_MOVED - 1 - _FILL_SHIFTS]
+        load_next = [Const(0, 1)] * len(load)
+        load_next[0] = first_load & ~udp
+        for j in range(1, len(load)):
+            load_next[j] = load[j - 1]
+        load_next[_UDP_SKIP_WORDS] = load[_UDP_SKIP_WORDS - 1] | (first_load & udp)
+        with m.If(fill[-1]):
+            m.d.sync += load.eq(0)
+        with m.Elif(take):
+            m.d.sync += load.eq(Mux(last, 0, Cat(*load_next)))
         with m.If(start):
             m.d.sync += [r.eq(0) for r in idle_reps]
         with m.If(phase[1] & bad):
@@ -486,12 +567,13 @@ class TxBuilder(wiring.Component):
                 data = Mux(pos[csum_word], csum_bytes[lane], data)
             m.d.comb += out_data[8 * lane:8 * lane + 8].eq(
                 Mux(crc_sel[role], icrc.crc[8 * k:8 * k + 8], data))
-        keep = Mux(half, keep_last[True], keep_last[False])
+        for a in range(MAX_CALL_ARG_BYTES + 1):
+            assert last_keep_of(rpc_frame_bytes(a)) == keep_last[_behind_zeros(_padded(a))]
         m.d.comb += [
             self.tx.p.data.eq(out_data),
             self.tx.p.first.eq(pos[0]),
             self.tx.p.last.eq(last),
-            self.tx.p.keep.eq(Mux(last, keep, 0xFF)),
+            self.tx.p.keep.eq(Mux(last, last_keep, 0xFF)),
         ]
 
         # --- ICRC over V = 8 x 0xFF, frame bytes [14, icrc_pos), masked ------------------------
@@ -545,7 +627,9 @@ class TxBuilder(wiring.Component):
                 crc_sel["lo"].eq(crc_sel["hi"]),
                 # A request ends with its ICRC's first beat behind zeros, else with the beat
                 # after it.
-                last.eq((v_end & half) | crc_sel["hi"]),
+                # A UDP request (no ICRC) ends with beat ``udp_end_at``.
+                last.eq((v_end & half) | crc_sel["hi"] |
+                        _or_tree([pos[w - 1] & flag for w, flag in udp_end_at.items()])),
             ]
             with m.If(last):
                 m.d.comb += [self.sent_frame.eq(1), self.sent_rpc.eq(1)]

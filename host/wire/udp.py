@@ -1,7 +1,7 @@
 """UDP header (RFC 768) and the well-known ports the QSC listens on.
 
 # Ref: RFC 768; IBTA Vol 1 Annex A17.2.3 (RoCEv2 destination port 4791); Holoscan Sensor Bridge
-# control port 8192.
+# control port 8192 and data source port 12288 (UDP_CALL_PORT_BASE).
 """
 
 from __future__ import annotations
@@ -21,9 +21,10 @@ UDP = Header("UDP", [("src_port", 16), ("dst_port", 16), ("length", 16), ("check
 ROCEV2_PORT = 4791
 #: Control plane port, as Holoscan Sensor Bridge's control bus.
 CONTROL_PORT = 8192
-#: QP ``q``'s own UDP port in the QSC's UDP transport (the QP's TRANSPORT register):
-#: ``UDP_CALL_PORT_BASE + q`` is the source port of its RPC requests and the destination port of
-#: their responses (12288 is Holoscan Sensor Bridge's data source port).
+#: First UDP port of the QSC's CALLs in UDP mode (a QP's TRANSPORT register 1), Holoscan Sensor
+#: Bridge's data source port: QP ``q``'s own port is ``UDP_CALL_PORT_BASE + q``, the source port
+#: of its requests and the destination port of their responses (CUDA-Q realtime's udp bridge
+#: answers each request to the address and port it came from).
 UDP_CALL_PORT_BASE = 12288
 
 

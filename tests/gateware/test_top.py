@@ -323,3 +323,95 @@ def test_channel_counts_come_from_the_params():
         for bad in (0, 17):
             with pytest.raises(ValueError, match=f"{name} must be 1..16"):
                 QSCParams(**{name: bad})
+
+
+# The instruction builders of the PPU tests (tests/gateware/ppu/ppu_bench.py).
+_spec = importlib.util.spec_from_file_location(
+    "ppu_bench", Path(__file__).resolve().parent / "ppu" / "ppu_bench.py")
+ppu_bench = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(ppu_bench)
+
+
+def _udp_response_frame(payload: bytes, dst_port: int, src_port: int) -> bytes:
+    """A UDP datagram from the host's socket to the QSC as Linux sends it (scapy computes its
+    UDP checksum)."""
+    from scapy.layers.inet import IP, UDP
+    from scapy.layers.l2 import Ether
+
+    def ip(v: int) -> str:
+        return ".".join(str(b) for b in v.to_bytes(4, "big"))
+
+    frame = bytes(Ether(dst=netbench.QSC_MAC.to_bytes(6, "big").hex(":"),
+                        src=netbench.HOST_MAC.to_bytes(6, "big").hex(":")) /
+                  IP(src=ip(netbench.HOST_IP), dst=ip(netbench.QSC_IP)) /
+                  UDP(sport=src_port, dport=dst_port) / payload)
+    assert frame[40:42] != bytes(2)                  # a checksum, not 0
+    return frame
+
+
+def test_a_call_in_udp_mode_completes_with_the_result():
+    """QP 0 in UDP mode (CUDA-Q realtime's udp bridge): the program is uploaded and triggered
+    as before (RDMA WRITE_WITH_IMMEDIATE, control plane), its CALL leaves as one UDP datagram
+    (RPCHeader and argument, UDP checksum 0, from UDP_CALL_PORT_BASE to PEER_UDP_PORT), and the
+    bridge's full 256-byte slot answer, with a Linux UDP checksum, completes the CALL: the
+    result lands in r5 and r6 and the PPU is DONE."""
+    from openqlink.isa.layout import PPUState, PPUStatus
+    from openqlink.wire.ipv4 import ipv4_checksum
+    from openqlink.wire.rpc import Request, Response, fnv1a32
+    from openqlink.wire.udp import UDP_CALL_PORT_BASE
+
+    peer_port = 47001
+    fid = fnv1a32("decode")
+    prog = [ppu_bench.set_(1, 0x5A), ppu_bench.call(5, 1, 8, fid, rd_hi=6), ppu_bench.end()]
+    code = b"".join(word.to_bytes(16, "little") for word in prog)
+    result = 0x1234_5678_9ABC_DEF0
+
+    async def tb(ctx, b):
+        for addr, value in [
+                (qp_reg(0, "PEER_MAC_HI"), netbench.HOST_MAC >> 32),
+                (qp_reg(0, "PEER_MAC_LO"), netbench.HOST_MAC & 0xFFFF_FFFF),
+                (qp_reg(0, "PEER_IP"), netbench.HOST_IP),
+                (qp_reg(0, "IMEM_RKEY"), IMEM_RKEY), (global_reg("RX_ENABLE"), 1),
+                (qp_reg(0, "TRANSPORT"), 1), (qp_reg(0, "PEER_UDP_PORT"), peer_port),
+                (qp_reg(0, "RESPONSE_BYTES"), 256)]:
+            await b.write(ctx, addr, value)
+        await b.send(ctx, write_frame(ppu_base(0) + IMEM_OFFSET, code, IMEM_RKEY,
+                                      imm=len(prog)))
+        await b.ticks(ctx, 40)
+        now = await b.read(ctx, ppu_reg(0, "TIMELINE_LO"))
+        await b.write(ctx, START_LO, now + 2000)
+        await b.write(ctx, START_HI, 0)
+        before = len(b.tx_frames)
+        await b.write(ctx, ppu_reg(0, "TRIGGER"), len(prog))
+        for _ in range(3000):
+            if any(f[36:38] == peer_port.to_bytes(2, "big") for f in b.tx_frames[before:]):
+                break
+            await ctx.tick("rti")
+        request, = [f for f in b.tx_frames[before:] if f[36:38] == peer_port.to_bytes(2, "big")]
+        # the UDP-mode request, byte for byte
+        req = Request.unpack(request[42:])
+        assert (req.function_id, req.payload) == (fid, b"\x5a")
+        assert len(request) == 14 + 20 + 8 + 24 + 1
+        assert request[12:14] == b"\x08\x00" and ipv4_checksum(request[14:34]) == 0
+        assert request[34:42] == (UDP_CALL_PORT_BASE.to_bytes(2, "big") +
+                                  peer_port.to_bytes(2, "big") + (8 + 25).to_bytes(2, "big") +
+                                  bytes(2))
+        # the bridge's answer: one full slot, to the request's source port
+        slot = Response(0, req.request_id, req.ptp_timestamp,
+                        result.to_bytes(8, "little")).pack().ljust(256, b"\0")
+        await b.send(ctx, _udp_response_frame(slot, UDP_CALL_PORT_BASE, peer_port))
+        # (the core runs ahead of the timeline: the CALL leaves while the PPU waits for
+        # START_TIME; it is DONE once the timeline passed it)
+        for _ in range(200):
+            state = PPUStatus.from_bits(await b.read(ctx, ppu_reg(0, "STATUS"))).state
+            if state != PPUState.ARMED:
+                break
+        assert state == PPUState.DONE
+        assert await b.read(ctx, ppu_reg(0, "R5")) == result & 0xFFFF_FFFF
+        assert await b.read(ctx, ppu_reg(0, "R6")) == result >> 32
+        assert await b.read(ctx, ppu_reg(0, "CALL_COUNT")) == 1
+        assert await b.read(ctx, qp_reg(0, "TX_PSN")) == 0
+        assert await b.read(ctx, qp_reg(0, "TX_PACKETS")) == 1
+        assert await b.read(ctx, counter_addr("RX_RPC_RESPONSES")) == 1
+
+    TopBench().run(tb)

@@ -469,3 +469,26 @@ def test_parameter_errors():
         with pytest.raises(ValueError, match="num_inc_sources must be at least 1, not 0"):
             NetRegisters(QSCParams(), num_inc_sources=0)
         gc.collect()
+
+
+def test_transport_and_peer_udp_port():
+    """TRANSPORT (1 bit) and PEER_UDP_PORT (16 bits) read back on a PPU's own QP and reach its
+    context; an extra QP's TRANSPORT reads 0 whatever is written (it sends no CALLs)."""
+    async def tb(ctx, dut):
+        for n in range(4):
+            assert await read(ctx, dut, qp_reg(n, "TRANSPORT")) == (1, 0)
+            assert await read(ctx, dut, qp_reg(n, "PEER_UDP_PORT")) == (1, 0)
+        for n in range(4):
+            await write(ctx, dut, qp_reg(n, "TRANSPORT"), 0xFFFF_FFFF)   # bit 0 kept
+            await write(ctx, dut, qp_reg(n, "PEER_UDP_PORT"), 0xABCD_0000 | (40000 + n))
+        for n in range(4):
+            assert await read(ctx, dut, qp_reg(n, "TRANSPORT")) == (1, 1 if n < 3 else 0), n
+            assert await read(ctx, dut, qp_reg(n, "PEER_UDP_PORT")) == (1, 40000 + n), n
+        await ctx.tick()
+        assert [q.transport for q in ctx.get(dut.qp)] == [1, 1, 1, 0]
+        assert [q.peer_udp_port for q in ctx.get(dut.qp)] == [40000 + n for n in range(4)]
+        await write(ctx, dut, qp_reg(1, "TRANSPORT"), 2)                  # bit 0 clear
+        assert await read(ctx, dut, qp_reg(1, "TRANSPORT")) == (1, 0)
+        assert await read(ctx, dut, qp_reg(0, "TRANSPORT")) == (1, 1)
+
+    simulate(tb)

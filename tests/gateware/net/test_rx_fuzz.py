@@ -80,6 +80,7 @@ from openqlink.sim.rx_model import (
     CONTROL,
     DROP_REASONS,
     PMTU_RESET,
+    UDP_RESPONSE,
     RxConfig,
     RxModel,
     Verdict,
@@ -91,12 +92,12 @@ from openqlink.wire.ethernet import ETHERNET, EtherType
 from openqlink.wire.icmp import ICMP_ECHO
 from openqlink.wire.ipv4 import IPV4, IpProtocol, ipv4_checksum
 from openqlink.wire.roce import Opcode, icrc
-from openqlink.wire.udp import CONTROL_PORT, ROCEV2_PORT
+from openqlink.wire.udp import CONTROL_PORT, ROCEV2_PORT, UDP_CALL_PORT_BASE
 
 Cmd = tuple[BusOp, int, int, int]     # (op, word_addr, be, data)
 
 #: Counters that the receiver strobes, one of them per frame (with RX_FRAMES), or none for a
-#: control request taken.
+#: control request or a UDP-mode response taken (the latter strobes RX_RPC_RESPONSES).
 OUTCOME_COUNTERS = (ACCEPTED, "RX_ARP_REQUESTS", "RX_ECHO_REQUESTS") + DROP_REASONS
 
 
@@ -243,16 +244,34 @@ def make_setup(ch: Chooser, rng: random.Random, *, vary: bool) -> Setup:
         if not (vary and register == PMTU_RESET and ch.chance(50)):
             writes.append((qp_reg(q, "PMTU"), register))
         pmtu[q] = pmtu_bytes(register)
+    # UDP mode (CUDA-Q realtime's udp bridge) on some PPUs' own QPs, with their peer's port;
+    # now and then a TRANSPORT write to an extra QP (ignored)
+    transports = [0] * num_qps
+    peer_udp_ports = [0] * num_qps
+    transport_writes: list[tuple[int, int]] = []
+    for q in range(num_qps):
+        if q < num_ppus and ch.chance(40):
+            transports[q] = 1
+            transport_writes.append((q, 1))
+        if q < num_ppus and (transports[q] or ch.chance(20)):
+            peer_udp_ports[q] = ch.choice([rng.getrandbits(16), 0, UDP_CALL_PORT_BASE + q])
+            writes.append((qp_reg(q, "PEER_UDP_PORT"), peer_udp_ports[q]))
+        if q >= num_ppus and ch.chance(8):
+            transport_writes.append((q, 1))
     rx_enable = not (vary and ch.chance(15))
     if rx_enable:
         writes.append((global_reg("RX_ENABLE"), 1))
     config = RxConfig(params=params, qsc_mac=qsc_mac, qsc_ip=qsc_ip, host_mac=host_mac,
                       host_ip=host_ip, p_key=p_key, rx_enable=rx_enable, rkeys=rkeys,
                       peers=peers, qsc_qpns=qsc_qpns, response_bytes=response_bytes, pmtu=pmtu,
+                      peer_udp_ports=peer_udp_ports,
                       buffer_bytes=4096 if small_buffer else 16384)
     for q, value in ppu_writes:
         writes.append((qp_reg(q, "PPU"), value))
         config.write_ppu(q, value)
+    for q, value in transport_writes:
+        writes.append((qp_reg(q, "TRANSPORT"), value))
+        config.write_transport(q, value)
     return Setup(config, writes)
 
 
@@ -269,7 +288,7 @@ class Frame:
     label: str = ""
     #: Configuration changes made before the frame, once every earlier frame is decided:
     #: ``("restart", qp)`` (a write of HOST_QPN), ``("rkey", qp, register, key)``,
-    #: ``("ppu", qp, value)``, ``("peer", qp, mac, ip)``,
+    #: ``("ppu", qp, value)``, ``("peer", qp, mac, ip)``, ``("transport", qp, value)``,
     #: ``("p_key", value)``, ``("rx_enable", bit)``.
     before: tuple[tuple, ...] = ()
 
@@ -312,8 +331,10 @@ FIELDS = {
     "control": [_COMMON, _IP, _UDP_F, _UDP_F, _CTL_F, _CTL_F],
     "arp": [_COMMON, _ARP_F, _ARP_F, _ARP_F],
     "icmp": [_COMMON, _IP, _ICMP_F, _ICMP_F],
+    # a UDP-mode response (CUDA-Q realtime's udp bridge): its ports and length above all
+    "udp": [_COMMON, _IP, _UDP_F, _UDP_F, _UDP_F],
 }
-KINDS = ("write", "write", "write_imm", "write_imm", "send", "control", "arp", "icmp")
+KINDS = ("write", "write", "write_imm", "write_imm", "send", "control", "arp", "icmp", "udp")
 #: The kinds (frame layouts) of RoCEv2 packets.
 ROCE_KINDS = ("write", "write_imm", "send", "cont", "cont_imm")
 _PSN_MASK = (1 << 24) - 1
@@ -380,6 +401,8 @@ def apply_action(model: RxModel, action: tuple) -> None:
         model.config.peers[qp] = (mac, ip)
     elif action[0] == "p_key":
         model.config.p_key = action[1]
+    elif action[0] == "transport":
+        model.config.write_transport(action[1], action[2])
     else:
         model.config.rx_enable = bool(action[1])
 
@@ -397,6 +420,8 @@ def action_writes(action: tuple) -> list[tuple[int, int]]:
         _, qp, mac, ip = action
         return [(qp_reg(qp, "PEER_MAC_HI"), mac >> 32),
                 (qp_reg(qp, "PEER_MAC_LO"), mac & 0xFFFF_FFFF), (qp_reg(qp, "PEER_IP"), ip)]
+    if action[0] == "transport":
+        return [(qp_reg(action[1], "TRANSPORT"), action[2])]
     return [(global_reg("P_KEY" if action[0] == "p_key" else "RX_ENABLE"), action[1])]
 
 
@@ -667,6 +692,8 @@ class FrameGen:
             arp = ARP.pack(oper=1, sha=src, spa=rng.getrandbits(32), tha=0, tpa=c.qsc_ip)
             return self._finish(pad60(ETHERNET.pack(dst=dst, src=src,
                                                     ethertype=EtherType.ARP) + arp), udp=False)
+        if kind == "udp":
+            return self._udp_response()
         assert kind == "icmp"
         # up to the longest echo request taken (a 1514-byte frame) and one byte more
         body = rng.randbytes(ch.choice([0, 1, 7, 56, rng.randint(0, 200), 1472, 1473]))
@@ -682,11 +709,43 @@ class FrameGen:
                             ethertype=EtherType.IPV4)
         return self._finish(pad60(eth + hdr + bytes(message)), udp=False)
 
+    def _udp_response(self) -> bytearray:
+        """A UDP-mode response as CUDA-Q realtime's udp bridge sends it: to the port of a PPU's
+        own QP in UDP mode (any PPU's QP where none is), from the QP's peer and PEER_UDP_PORT
+        (now and then, not in a probe, another source or port), 24 to RESPONSE_BYTES bytes
+        (a whole slot, zero-padded, or less; now and then, not in a probe, too short or
+        long), the UDP checksum computed as Linux does, or 0."""
+        c, p, ch, rng = self.c, self.p, self.ch, self.rng
+        udp_qps = [q for q in range(p.num_ppus) if c.transports[q]
+                   and (c.response_bytes[q] >= 24 or not self.probing)]
+        qp = rng.choice(udp_qps or list(range(p.num_ppus)))
+        mac, ip = self._source(qp)
+        src_port = c.peer_udp_ports[qp]
+        if not self.probing and ch.chance(8):
+            src_port = ch.choice([src_port ^ 1, rng.getrandbits(16)])
+        limit = max(24, c.response_bytes[qp])
+        n = ch.choice([24, 64, 65, 256, limit, "some", "some"])
+        n = rng.randint(24, min(limit, 1400)) if n == "some" else min(n, limit)
+        if self.probing:
+            n = min(n, 1400)                     # within any receive buffer
+        if not self.probing and ch.chance(10):
+            n = ch.choice([rng.randint(0, 23), limit + 1, limit + rng.randint(1, 64)])
+        body = bytearray(rng.randbytes(min(n, 40)) + bytes(max(0, n - 40)))
+        frame = bytearray(pad60(ETHERNET.pack(**self._eth(mac), ethertype=EtherType.IPV4) +
+                                ip_udp(bytes(body), dst_port=UDP_CALL_PORT_BASE + qp,
+                                       src_port=src_port, ip=self._ip(ip))))
+        if ch.chance(70):
+            fix_udp_checksum(frame)
+        return self._finish(frame, udp=False)
+
     def probe(self) -> Frame:
         """A valid frame that must be taken whatever came before: a RoCEv2 packet (or a
         control request while RX_ENABLE is off)."""
         kind = (self.ch.choice(["write", "write_imm", "send"] * 2 + ["first"])
                 if self.c.rx_enable else "control")
+        if any(t and self.c.response_bytes[q] >= 24 for q, t in enumerate(self.c.transports)
+               if q < self.p.num_ppus) and self.ch.chance(20):
+            kind = "udp"
         buffer = self.c.buffer_bytes
         if kind == "first" and buffer is not None and max(self.c.pmtu) + 128 > buffer:
             kind = "write"                       # a FIRST would not fit the buffer
@@ -731,7 +790,11 @@ class FrameGen:
         if name in ("ip.dst", "arp.tpa"):
             return [c.qsc_ip, c.qsc_ip + 1, c.qsc_ip ^ 0x8000_0000, 0xFFFF_FFFF]
         if name == "udp.dst_port":
-            return [ROCEV2_PORT, CONTROL_PORT, ROCEV2_PORT + 1, CONTROL_PORT - 1, 0]
+            return [ROCEV2_PORT, CONTROL_PORT, ROCEV2_PORT + 1, CONTROL_PORT - 1, 0,
+                    *(UDP_CALL_PORT_BASE + q for q in range(p.num_ppus + 1)),
+                    UDP_CALL_PORT_BASE - 1]
+        if name == "udp.src_port":
+            return [*c.peer_udp_ports, cur ^ 1, 0]
         if name == "udp.length":
             return [cur - 1, cur + 1, cur - 4, cur + 4, 0, 8, 17, 18, 21, 22, 23, 24, 28,
                     tl - 20]
@@ -855,7 +918,7 @@ class FrameGen:
         if kind in ROCE_KINDS and ch.chance(85):
             fix_icrc(frame)
             labels.append("icrc")
-        if kind in ROCE_KINDS + ("control",):
+        if kind in ROCE_KINDS + ("control", "udp"):
             udp = ch.choice(["keep", "keep", "zero", "sum"])
             if udp != "keep":
                 fix_udp_checksum(frame, zero=udp == "zero")
@@ -876,7 +939,7 @@ class FrameGen:
         ch, rng, p = self.ch, self.rng, self.p
         qp = rng.randrange(p.num_qps)
         what = ch.choice(["restart", "restart_rekey", "rkey", "move", "peer", "p_key",
-                          "rx_enable"])
+                          "rx_enable", "transport"])
         out: list[tuple] = []
         if what in ("restart", "restart_rekey", "move"):
             out.append(("restart", qp))
@@ -893,6 +956,9 @@ class FrameGen:
             out.append(("p_key", ch.choice([0xFFFF, 0x7FFF, 0x8005, rng.getrandbits(16)])))
         if what == "rx_enable":
             out.append(("rx_enable", int(not self.c.rx_enable)))
+        if what == "transport":
+            # a QP switched between RoCE and UDP mode (an extra QP's write is ignored)
+            out.append(("transport", qp, int(not self.c.transports[qp])))
         for action in out:
             apply_action(self.m, action)
         return tuple(out)
@@ -1269,37 +1335,37 @@ def check(setup: Setup, frames: list[Frame], drive: Drive, obs: Observed) -> Rep
         extra = strobed - set(OUTCOME_COUNTERS) - {"PSN_GAP", "RX_RPC_RESPONSES"}
         if len(outs) > 1 or extra:
             v.append(f"(d) {_describe(i, frame)}: counted {sorted(strobed)}")
-        seen = outs[0] if outs else CONTROL
+        seen = outs[0] if outs else UDP_RESPONSE if "RX_RPC_RESPONSES" in strobed else CONTROL
         outcomes.append(seen)
         # Under back-pressure the buffer or a queue may be full: any packet or request taken
         # may then be dropped for overflow, but not the last frame, sent once the engine
         # drained.
         drained = drive.drain_before_last and i == len(frames) - 1
         overflow_ok = (drive.back_pressure and not drained and verdict.taken
-                       and verdict.kind in ("write", "send", "control"))
+                       and verdict.kind in ("write", "send", "control", "udp"))
         allowed = set(verdict.allowed) | ({"DROP_OVERFLOW"} if overflow_ok else set())
         if seen not in allowed:
             v.append(f"(d) {_describe(i, frame)}: counted {seen}, model {verdict.outcome}"
                      + (f" (or {sorted(verdict.also)})" if verdict.also else ""))
-        if (frame.probe and seen not in (ACCEPTED, CONTROL)
+        if (frame.probe and seen not in (ACCEPTED, CONTROL, UDP_RESPONSE)
                 and not (overflow_ok and seen == "DROP_OVERFLOW")):
             v.append(f"(e) {_describe(i, frame)}: a valid frame counted {seen}")
         if verdict.icrc_ok is False and seen == ACCEPTED:
             v.append(f"(b) {_describe(i, frame)}: bad ICRC, taken")
         gap = "PSN_GAP" in strobed
         rpc = "RX_RPC_RESPONSES" in strobed
-        if seen == ACCEPTED and verdict.outcome == ACCEPTED:
+        if seen == verdict.outcome and seen in (ACCEPTED, UDP_RESPONSE):
             if gap != verdict.psn_gap or rpc != verdict.rpc_response:
                 v.append(f"(d) {_describe(i, frame)}: PSN_GAP {gap} RX_RPC_RESPONSES {rpc}, "
                          f"model {verdict.psn_gap} {verdict.rpc_response}")
             cmds = expected_commands(verdict)
             expected += cmds
             owner += [verdict.ppu] * len(cmds)
-        elif gap or rpc:
+        elif gap or (rpc and seen != UDP_RESPONSE):
             v.append(f"(d) {_describe(i, frame)}: PSN_GAP/RX_RPC_RESPONSES without a packet")
         # the QP's state moves as the receiver decided: a packet the model takes but the
         # receiver dropped (for overflow, or wrongly: then reported above) closes its message
-        if verdict.outcome == ACCEPTED and seen != ACCEPTED:
+        if verdict.outcome in (ACCEPTED, UDP_RESPONSE) and seen != verdict.outcome:
             model.apply_dropped(verdict)
         else:
             model.apply(verdict)
@@ -1341,7 +1407,8 @@ def check(setup: Setup, frames: list[Frame], drive: Drive, obs: Observed) -> Rep
             if obs.counters[name] != want_n:
                 v.append(f"(d) counter {name} reads {obs.counters[name]}, {want_n} strobed")
         taken_or_dropped = sum(obs.counters[n] for n in OUTCOME_COUNTERS)
-        if taken_or_dropped + outcomes.count(CONTROL) != obs.counters["RX_FRAMES"]:
+        if (taken_or_dropped + outcomes.count(CONTROL) + outcomes.count(UDP_RESPONSE)
+                != obs.counters["RX_FRAMES"]):
             v.append("(d) outcome counters do not add up to RX_FRAMES")
         if obs.epsn != model.epsn:
             v.append(f"(d) RX_EPSN {obs.epsn}, model {model.epsn}")
@@ -1552,3 +1619,18 @@ def test_a_message_packet_dropped_for_overflow_closes_the_message():
     again = dataclasses.replace(packets[dropped], label=f"{packets[dropped].label} again")
     outcomes = run(packets[:dropped + 1] + [again, packets[dropped + 1], probe])
     assert outcomes[dropped:] == ["DROP_OVERFLOW", "DROP_PSN", "DROP_PSN"], outcomes
+
+
+def test_fuzz_udp_mode_batch():
+    """A fixed-seed batch of three PPUs, two of their QPs in UDP mode (CUDA-Q realtime's udp
+    bridge): UDP-mode responses are taken into the mailboxes beside RoCEv2 packets, and the
+    mutated ones dropped as the model says."""
+    rng = random.Random(5)
+    ch = RandomChooser(rng)
+    setup = make_setup(ch, rng, vary=True)
+    assert setup.config.transports[:3] == [1, 0, 1]
+    frames = FrameGen(setup.config, ch, rng).batch(30)
+    report = run_batch(setup, frames, make_drive(ch, rng, len(frames), pressure=False))
+    _assert_clean(report)
+    assert report.outcomes.count(UDP_RESPONSE) >= 3
+    assert ACCEPTED in report.outcomes

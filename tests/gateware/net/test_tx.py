@@ -15,13 +15,14 @@ from openqlink.gateware.net.tx import (
     START_LATENCY_CYCLES,
     TxBuilder,
     rpc_frame_bytes,
+    udp_call_frame_bytes,
 )
 from openqlink.memory_map import QSCParams
 from openqlink.wire.ethernet import ETHERNET, EtherType
 from openqlink.wire.ipv4 import IPV4, IpProtocol, ipv4_checksum
 from openqlink.wire.roce import BTH, IMMDT, RETH, Opcode, icrc, slot_immediate
 from openqlink.wire.rpc import Request
-from openqlink.wire.udp import ROCEV2_PORT, UDP
+from openqlink.wire.udp import ROCEV2_PORT, UDP, UDP_CALL_PORT_BASE
 
 QSC_MAC = 0x024E56510002
 HOST_MAC = 0x0A0B0C0D0E0F
@@ -41,7 +42,14 @@ def _qp(n: int) -> dict:
             "ring_va": 0x1_0000_0000 * n + 0x4000, "num_slots": 3 + 2 * n,
             "slot_size": 256 + 64 * n, "imem_rkey": 0, "env_rkey": 0, "regs_rkey": 0,
             # each QP's own peer: its requests go there
-            "peer_mac": HOST_MAC + (n << 8), "peer_ip": HOST_IP + n}
+            "peer_mac": HOST_MAC + (n << 8), "peer_ip": HOST_IP + n,
+            "transport": 0, "peer_udp_port": 0}
+
+
+def _udp_qp(n: int) -> dict:
+    """QP ``n`` in UDP mode (CUDA-Q realtime's udp bridge), its host listening on a port of its
+    own."""
+    return {**_qp(n), "transport": 1, "peer_udp_port": 40000 + 17 * n}
 
 
 @dataclass
@@ -216,19 +224,50 @@ def _icrc_v(packet: bytes) -> bytes:
     return b"\xff" * 8 + bytes(v)
 
 
+def _check_udp_frame(frame: bytes, item: dict, ts: int, ppu: int, qp: dict) -> None:
+    """A UDP-mode request (CUDA-Q realtime's udp bridge: one datagram, RPCHeader and
+    arguments), checked against the host codecs and against scapy's IP/UDP layers."""
+    from scapy.layers.inet import IP
+    from scapy.layers.inet import UDP as ScapyUDP
+    from scapy.layers.l2 import Ether
+
+    arg_len = item["arg_len"]
+    assert len(frame) == udp_call_frame_bytes(arg_len) == 14 + 20 + 8 + 24 + arg_len
+    assert ETHERNET.unpack(frame) == {"dst": qp["peer_mac"], "src": QSC_MAC,
+                                      "ethertype": EtherType.IPV4}
+    _check_ip_udp(frame, src_ip=QSC_IP, dst_ip=qp["peer_ip"],
+                  src_port=UDP_CALL_PORT_BASE + ppu, dst_port=qp["peer_udp_port"],
+                  payload_bytes=24 + arg_len)
+    args = item["args"].to_bytes(MAX_CALL_ARG_BYTES, "little")[:arg_len]
+    assert frame[42:] == Request(item["function_id"], item["request_id"], ts, args).pack()
+    # scapy builds the same frame from the fields (its own IPv4 checksum; UDP checksum 0)
+    pkt = (Ether(dst=qp["peer_mac"].to_bytes(6, "big").hex(":"),
+                 src=QSC_MAC.to_bytes(6, "big").hex(":"))
+           / IP(src=".".join(str(b) for b in QSC_IP.to_bytes(4, "big")),
+                dst=".".join(str(b) for b in qp["peer_ip"].to_bytes(4, "big")),
+                flags="DF", ttl=64, id=0)
+           / ScapyUDP(sport=UDP_CALL_PORT_BASE + ppu, dport=qp["peer_udp_port"], chksum=0)
+           / frame[42:])
+    assert bytes(pkt) == frame
+
+
 def _check_all(bench: Bench, items: list[tuple[str, dict]]) -> None:
-    """Frames leave in the order the items were taken; slots and PSNs per PPU."""
+    """Frames leave in the order the items were taken; slots and PSNs per PPU (RoCE mode);
+    UDP-mode requests move neither."""
     sent = [t for t in bench.taken if _request_ok(t[1], bench.num_ppus)]
     assert len(bench.frames) == len(sent)
     count = [0] * bench.num_ppus
     for frame, (_, item, ts, _) in zip(bench.frames, sent, strict=True):
         n = item["ppu"]
         qp = bench.qps[n]
+        if qp["transport"]:
+            _check_udp_frame(frame, item, ts, n, qp)
+            continue
         _check_rpc_frame(frame, item, ts, psn=count[n], slot=count[n] % qp["num_slots"], qp=qp)
         count[n] += 1
     assert bench.psn_out == count
     assert bench.sent_frame == len(sent)
-    assert bench.sent_rpc == sum(count)
+    assert bench.sent_rpc == len(sent)
 
 
 def test_rpc_requests_slots_psn_random_backpressure():
@@ -374,3 +413,59 @@ def test_rpc_frame_bytes():
     assert MAX_CALL_ARG_BYTES == 16
     assert [rpc_frame_bytes(a) for a in range(17)] == \
         [102] + [106] * 4 + [110] * 4 + [114] * 4 + [118] * 4
+
+
+def test_udp_call_frame_bytes():
+    # Eth 14 + IPv4 20 + UDP 8 + RPCHeader 24 + args (no pad, no ICRC): always above 60 bytes
+    assert [udp_call_frame_bytes(a) for a in range(17)] == list(range(66, 83))
+    with pytest.raises(ValueError, match=r"^arg_len must be 0\.\.16, not 17$"):
+        udp_call_frame_bytes(17)
+
+
+def test_udp_mode_requests_every_arg_len_steady():
+    """TRANSPORT = 1: each CALL leaves as one UDP datagram (UDP_CALL_PORT_BASE + q to
+    PEER_UDP_PORT, checksum 0, the RPC message exactly), back to back, without gaps, with the
+    RoCE request's latency; TX_PSN stays."""
+    items = [("call", _call(0, a, a)) for a in range(MAX_CALL_ARG_BYTES + 1)]
+    bench = Bench(num_ppus=1, ready_prob=1.0, seed=3, qps=[_udp_qp(0)])
+    bench.run(items, gap_prob=0.0)
+    _check_all(bench, items)
+    assert bench.psn_out == [0]
+    for (_, _, _, taken_cycle), cycles in zip(bench.taken, bench.frame_cycles, strict=True):
+        assert cycles[0] - taken_cycle == START_LATENCY_CYCLES
+        assert cycles == list(range(cycles[0], cycles[0] + len(cycles)))
+    for (_, _, _, taken_cycle), before in zip(bench.taken[1:], bench.frame_cycles[:-1],
+                                              strict=True):
+        assert taken_cycle == before[-1] + 1
+
+
+def test_udp_and_roce_qps_mixed_random_backpressure():
+    """PPU 0 in RoCE mode, PPU 1 in UDP mode, interleaved under back-pressure: PPU 0's frames
+    are the RoCE requests with its slots and PSNs (PPU 1's requests take none of them)."""
+    rng = random.Random(21)
+    items = [("call", _call(rng.randrange(2), i, rng.randrange(MAX_CALL_ARG_BYTES + 1)))
+             for i in range(30)]
+    bench = Bench(num_ppus=2, ready_prob=0.5, seed=13, qps=[_qp(0), _udp_qp(1)])
+    bench.run(items)
+    _check_all(bench, items)
+    assert 0 < bench.psn_out[0] < len(items) and bench.psn_out[1] == 0
+
+
+def test_transport_switch_between_requests():
+    """A host switching its QP to UDP mode and back: each request goes in the mode it was
+    taken in, and the RoCE requests after the switch go on from the PSN and slot where they
+    stopped."""
+    roce, udp = _qp(0), _udp_qp(0)
+    items = [("call", _call(0, i, (5 * i) % 17)) for i in range(6)]
+    bench = Bench(num_ppus=1, ready_prob=0.7, seed=2, qps=[roce],
+                  qps_after={1: [udp], 3: [roce]})
+    bench.run(items)
+    assert len(bench.frames) == 6
+    psn = 0
+    for k, (frame, (_, item, ts, _)) in enumerate(zip(bench.frames, bench.taken, strict=True)):
+        if k in (2, 3):
+            _check_udp_frame(frame, item, ts, 0, udp)
+        else:
+            _check_rpc_frame(frame, item, ts, psn=psn, slot=psn % roce["num_slots"], qp=roce)
+            psn += 1
+    assert bench.psn_out == [psn]
