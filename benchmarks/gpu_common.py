@@ -22,8 +22,33 @@ from openqlink.gpu.driver import launch
 from openqlink.gpu.sources import headers
 from openqlink.gpu.toolchain import LinkInput
 
-__all__ = ["FloorPingPong", "FENCES", "run_loop", "summary", "print_table", "environment",
-           "write_json", "pin_cpu"]
+__all__ = ["INCREMENT_SRC", "FloorPingPong", "FENCES", "run_loop", "summary", "print_table",
+           "environment", "write_json", "pin_cpu"]
+
+#: CUDA-Q's ``rpc_increment`` (every argument byte + 1) as a DEVICE_CALL handler in CUDA C++:
+#: the handler every GPU round-trip benchmark dispatches.
+INCREMENT_SRC = r'''
+#include "openqlink_dispatch.cuh"
+extern "C" __device__ int rpc_increment(const void* in, void* out, uint32_t arg_len,
+                                        uint32_t max_result_len, uint32_t* result_len) {
+    const uint8_t* p = static_cast<const uint8_t*>(in);
+    uint8_t* o = static_cast<uint8_t*>(out);
+    if (arg_len > max_result_len) { *result_len = 0; return 2; }
+    uint32_t i = 0;
+    if (((reinterpret_cast<unsigned long>(p) | reinterpret_cast<unsigned long>(o)) & 7u) == 0) {
+        for (; i + 8 <= arg_len; i += 8) {  // 8 bytes at a time, bytewise add (SIMD in a word)
+            uint2 v = *reinterpret_cast<const uint2*>(p + i);
+            v.x = __vadd4(v.x, 0x01010101u);
+            v.y = __vadd4(v.y, 0x01010101u);
+            *reinterpret_cast<uint2*>(o + i) = v;
+        }
+    }
+    for (; i < arg_len; ++i) o[i] = static_cast<uint8_t>(p[i] + 1);
+    *result_len = arg_len;
+    return 0;
+}
+'''
+
 
 #: The fences the floor and the loopback bridge can be built with (QLINK_*_FENCE).
 FENCES = {0: "fence.sc.sys", 1: "fence.acq_rel.sys", 2: "none"}

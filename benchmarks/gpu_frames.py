@@ -32,6 +32,7 @@ import time
 
 # The script's folder is on sys.path when it runs as a script: gpu_common is its neighbour.
 from gpu_common import (
+    INCREMENT_SRC,
     FloorPingPong,
     environment,
     pin_cpu,
@@ -47,19 +48,6 @@ from openqlink.gpu.frames import FrameEndpointConfig, FrameRings, GPUFramePlane
 from openqlink.roce import UCQueuePair
 from openqlink.wire.roce import slot_immediate
 from openqlink.wire.rpc import PayloadType, Request, Response, fnv1a32
-
-INCREMENT_SRC = r'''
-#include "openqlink_dispatch.cuh"
-extern "C" __device__ int rpc_increment(const void* in, void* out, uint32_t arg_len,
-                                        uint32_t max_result_len, uint32_t* result_len) {
-    const uint8_t* p = static_cast<const uint8_t*>(in);
-    uint8_t* o = static_cast<uint8_t*>(out);
-    if (arg_len > max_result_len) { *result_len = 0; return 2; }
-    for (uint32_t i = 0; i < arg_len; ++i) o[i] = static_cast<uint8_t>(p[i] + 1);
-    *result_len = arg_len;
-    return 0;
-}
-'''
 
 HOST_MAC, QSC_MAC = 0x02_00_00_00_00_01, 0x02_00_00_00_00_10
 HOST_IP, QSC_IP = "192.168.0.1", "192.168.0.10"

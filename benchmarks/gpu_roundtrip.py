@@ -34,6 +34,7 @@ import sys
 # The script's folder is on sys.path when it runs as a script: gpu_common is its neighbour.
 from gpu_common import (
     FENCES,
+    INCREMENT_SRC,
     FloorPingPong,
     environment,
     pin_cpu,
@@ -53,28 +54,6 @@ from openqlink.gpu import (
 )
 from openqlink.gpu.program import builtin_launch
 from openqlink.wire.rpc import PayloadType, Request, Response, fnv1a32
-
-INCREMENT_SRC = r'''
-#include "openqlink_dispatch.cuh"
-extern "C" __device__ int rpc_increment(const void* in, void* out, uint32_t arg_len,
-                                        uint32_t max_result_len, uint32_t* result_len) {
-    const uint8_t* p = static_cast<const uint8_t*>(in);
-    uint8_t* o = static_cast<uint8_t*>(out);
-    if (arg_len > max_result_len) { *result_len = 0; return 2; }
-    uint32_t i = 0;
-    if (((reinterpret_cast<unsigned long>(p) | reinterpret_cast<unsigned long>(o)) & 7u) == 0) {
-        for (; i + 8 <= arg_len; i += 8) {  // 8 bytes at a time, bytewise add (SIMD in a word)
-            uint2 v = *reinterpret_cast<const uint2*>(p + i);
-            v.x = __vadd4(v.x, 0x01010101u);
-            v.y = __vadd4(v.y, 0x01010101u);
-            *reinterpret_cast<uint2*>(o + i) = v;
-        }
-    }
-    for (; i < arg_len; ++i) o[i] = static_cast<uint8_t>(p[i] + 1);
-    *result_len = arg_len;
-    return 0;
-}
-'''
 
 BYTE_LOOP_SRC = r'''
 #include "openqlink_dispatch.cuh"
