@@ -7,6 +7,7 @@ Commands::
     qlink sim [--ppus N] [--qubits Q] [--samples-per-cycle S] [--model F] PROGRAM...
               [--json F] [--pcap F] [--waves F] [--seed N] [--simulator SIM] [...]
               [--tap NAME [--tap-hold-s S]]
+    qlink sim --serve SOCKET [--ppus N] [--qubits Q] [--serve-limit-s S] [--pcap F] [...]
     qlink sim --inject FILE.pcap [--ppus N] [--gap-cycles N] [--json F] [--pcap F]
               [--dump-regions DIR] [--qsc-mac M] [--qsc-ip A] [--host-mac M] [...]
     qlink info [--ppus N] [--json] [--qsc-mac M] [--rkey REGION=KEY] [...]
@@ -384,6 +385,15 @@ def isa_tables_command(output: Path | None) -> None:
 @click.option("--tap-hold-s", type=click.FloatRange(min=0), default=None, metavar="S",
               help="With --tap: after the program, keep the QSC on the TAP until the kernel "
               "has sent it nothing for S seconds of wall-clock time [default 0].")
+@click.option("--serve", "serve", default=None, metavar="SOCKET",
+              help="Run no PROGRAM and no host: the QSC sits idle from reset with its Ethernet "
+              "port on a Unix SOCK_SEQPACKET socket listening at SOCKET (one frame per message; "
+              "openqlink.bridges.unixsock.SocketTransport, openqlink.sim.SimulatedQSC), in "
+              "wall-clock time, until its one client closes the connection. Prints one line "
+              "when it listens.")
+@click.option("--serve-limit-s", type=click.FloatRange(min=0, min_open=True), default=None,
+              metavar="S", help="With --serve: end after S seconds of wall-clock time, client "
+              "or not [default 3600].")
 @click.option("--quiet", is_flag=True, help="Print only the final status line.")
 @click.option("--inject", "inject_path", type=click.Path(exists=True, dir_okay=False,
               path_type=Path), default=None, metavar="FILE.pcap",
@@ -419,6 +429,9 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
     With --tap NAME: the QSC's port is the TAP interface NAME, and the host reaches it through
     the kernel with the raw bridge (--bridge udp: the kernel's UDP sockets).
 
+    With --serve SOCKET instead of PROGRAM: the QSC's port is a local socket, and a script's
+    QSC client drives it as a board (docs/simulation.md).
+
     Exit status 0 when every PPU ends DONE (with --inject: when the replay ran, whatever was
     dropped), 1 otherwise, 2 for bad input."""
     from .errors import QlinkError
@@ -448,6 +461,19 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
                                "is the raw or udp bridge: give one or the other", ctx=ctx)
     _check_outputs("qlink sim", ("--json", json_path), ("--pcap", pcap_path),
                    ("--waves", waves_path))
+    # --serve's options arrive with the setup options (**setup), outside the signature.
+    serve, serve_limit_s = setup.pop("serve"), setup.pop("serve_limit_s")
+    if serve is not None or serve_limit_s is not None:
+        _serve(serve, programs, num_ppus, qubits, int(samples_per_cycle), model_path, setup,
+               serve_limit_s=serve_limit_s, json_path=json_path, pcap_path=pcap_path,
+               waves_path=waves_path, seed=seed, build_dir=build_dir,
+               verilog_path=verilog_path, simulator=simulator,
+               other=[opt for opt, given in (
+                   ("--tap", tap), ("--inject", inject_path), ("--gpu", gpu),
+                   ("--gpu-frames", gpu_frames), ("--handlers", handlers), ("--calls", calls),
+                   ("--bridge", bridge_name), ("--tap-hold-s", tap_hold_s),
+                   ("--gap-cycles", gap_cycles), ("--dump-regions", dump_dir)) if given])
+        return
     if inject_path is not None:
         if programs:
             raise click.UsageError("--inject replays a capture into the configured QSC and "
@@ -513,6 +539,53 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
     else:
         print_report(results)
     if not all_done(results):
+        raise click.exceptions.Exit(1)
+
+
+def _serve(socket_path: str | None, programs: tuple[Path, ...], num_ppus: int, qubits: int,
+           samples_per_cycle: int, model_path: Path | None, setup: dict, *,
+           serve_limit_s: float | None, json_path: Path | None, pcap_path: Path | None,
+           waves_path: Path | None, seed: int, build_dir: Path | None,
+           verilog_path: Path | None, simulator: str, other: list[str]) -> None:
+    """``qlink sim --serve``: the simulated QSC on a socket until its client leaves."""
+    from .errors import QlinkError
+    from .sim.channel_map import ModelError, load_model, sim_params
+    from .sim.serve import READY_PREFIX, SERVE_LIMIT_S, run_serve
+
+    ctx = click.get_current_context()
+    if socket_path is None:
+        raise click.UsageError("--serve-limit-s: only with --serve", ctx=ctx)
+    if programs:
+        raise click.UsageError("--serve runs no PROGRAM: a client drives the QSC through "
+                               "the socket (give one or the other)", ctx=ctx)
+    other += ["--" + name.replace("_", "-") for name, value in setup.items() if value]
+    if other:
+        raise click.UsageError(f"{', '.join(other)}: not with --serve", ctx=ctx)
+    params = sim_params(num_ppus, qubits, samples_per_cycle)
+    model = None
+    if model_path is not None:
+        try:
+            model = load_model(model_path, qubits)
+        except ModelError as exc:
+            raise click.BadParameter(str(exc), ctx=ctx, param_hint="'--model'") from None
+    try:
+        results = run_serve(socket_path, params=params, qubits=qubits, model=model, seed=seed,
+                            json_path=json_path, pcap_path=pcap_path, waves_path=waves_path,
+                            build_dir=build_dir, verilog_path=verilog_path,
+                            simulator=simulator,
+                            limit_s=SERVE_LIMIT_S if serve_limit_s is None else serve_limit_s,
+                            on_ready=lambda path: click.echo(READY_PREFIX + path))
+    except QlinkError as exc:
+        _fail(f"qlink sim: {exc}")
+        return
+    served = results["serve"]
+    ended = {"client_closed": "the client closed the socket",
+             "limit": f"the limit of {served['limit_s']:g} s", "no_client": "no client came"}
+    click.echo(f"qlink sim: served {served['frames_from_client']} frames from the client and "
+               f"{served['frames_to_client']} to it in {served['wall_s']:.0f} s "
+               f"({served['sim_time_ns'] / 1000:.1f} us simulated); ended: "
+               f"{ended[served['ended']]}")
+    if served["ended"] != "client_closed":
         raise click.exceptions.Exit(1)
 
 

@@ -21,6 +21,9 @@ Parts (cocotb's driver / monitor / model / checker split):
   (:class:`~openqlink.bridges.rawsock.RawSocketTransport` on the TAP), in a thread of its own
   and in wall-clock time: its CALLs are served as they arrive, with no modelled turnaround (see
   :meth:`TB.run`).
+* With ``cfg["serve"]`` (``qlink sim --serve PATH``, :mod:`openqlink.sim.bench_serve`) the port
+  is a local socket instead (:class:`~openqlink.sim.socket_port.SocketPort`), moved by the same
+  pump (:meth:`TB._port_pump`), and its client is the only host: the bench has none.
 * The dispatcher path: one :class:`openqlink.dispatch.Dispatcher` per PPU (its program's
   function table, its ring, its mailbox), stepped by a coroutine, each request handled
   ``host_turnaround_ns`` (modelled: PCIe, polling and handler time of a real host) after its
@@ -116,7 +119,10 @@ class TB:
         self.cfg = cfg
         self.params = QSCParams(**cfg["params"])
         self.ppu = 0
-        self.num_run = len(cfg.get("programs") or [cfg.get("program")])
+        # The PPUs with a model (and, with programs, a QP, ring and dispatcher of the bench's
+        # host): one per program; every PPU of the build when a client drives it (cfg["serve"]).
+        self.num_run = (self.params.num_ppus if cfg.get("serve")
+                        else len(cfg.get("programs") or [cfg.get("program")]))
         if self.num_run > self.params.num_ppus:
             raise ValueError(f"{self.num_run} programs for a build of {self.params.num_ppus} "
                              "PPU(s)")
@@ -154,11 +160,14 @@ class TB:
         self.gpu_frame_ns: list[int] = []
         #: The TAP the QSC's port is attached to (``cfg["tap"]``), or None: the in-process wire.
         self.tap = None
-        #: Simulated time in ns as the TAP pump last saw it: the host thread's clock of the
+        #: What the QSC's port is attached to instead of the in-process wire: the TAP, or the
+        #: socket of ``cfg["serve"]`` (:class:`~openqlink.sim.socket_port.SocketPort`); None.
+        self.port = None
+        #: Simulated time in ns as the port's pump last saw it: the host thread's clock of the
         #: simulation (it may not call into the simulator).
-        self._tap_sim_ns = 0.0
-        #: Wall-clock time (``time.monotonic()``) of the last frame from the kernel.
-        self._tap_last_rx_s = 0.0
+        self._port_sim_ns = 0.0
+        #: Wall-clock time (``time.monotonic()``) of the last frame from the port.
+        self._port_last_rx_s = 0.0
 
     # --- time ---------------------------------------------------------------------------------
 
@@ -255,8 +264,8 @@ class TB:
                 "function_id": req.function_id, "t_ns": self.now_ns(),
                 "args": req.payload.hex(),
             }
-        if self.tap is not None:
-            self.tap.write(frame)
+        if self.port is not None:
+            self.port.write(frame)
         elif roce or udp_call:
             self._roce_in.append((self.now_ns(), frame))
             self._roce_wake.set()
@@ -286,23 +295,32 @@ class TB:
             self.tap.close()
             raise
         self.cfg["host_mac"] = self.transport.mac
-        self._tap_last_rx_s = time.monotonic()
-        cocotb.start_soon(self._tap_pump())
+        self._attach_port(self.tap)
 
-    async def _tap_pump(self) -> None:
-        """Every ``cfg["tap_poll_ns"]`` of simulated time: move the frames the kernel has
-        queued on the TAP to the QSC's receive port (padded to 60 bytes, as a NIC puts a short
-        frame on the wire; the source drives them back to back at line rate), and publish the
-        simulated time to the host thread."""
+    def _attach_port(self, port) -> None:
+        """Attach the QSC's port to ``port`` (a :class:`~openqlink.sim.tap.TapDevice` or a
+        :class:`~openqlink.sim.socket_port.SocketPort`: non-blocking ``read()`` of one frame or
+        None, ``write(frame)``, ``closed``) instead of the in-process wire: what the QSC sends
+        goes to ``port.write`` (:meth:`_on_qsc_frame`), and :meth:`_port_pump` feeds the QSC
+        what ``port.read`` gives."""
+        self.port = port
+        self._port_last_rx_s = time.monotonic()
+        cocotb.start_soon(self._port_pump())
+
+    async def _port_pump(self) -> None:
+        """Every ``cfg["tap_poll_ns"]`` of simulated time: move the frames queued on the port
+        (the kernel's on the TAP, the client's on the socket) to the QSC's receive port (padded
+        to 60 bytes, as a NIC puts a short frame on the wire; the source drives them back to
+        back at line rate), and publish the simulated time to the host thread."""
         from .tap import pad_frame
 
         period = self.cfg["tap_poll_ns"]
-        tap = self.tap
-        while not tap.closed:
+        port = self.port
+        while not port.closed:
             await Timer(period, "ns")
-            self._tap_sim_ns = self.now_ns()
-            while (frame := tap.read()) is not None:
-                self._tap_last_rx_s = time.monotonic()
+            self._port_sim_ns = self.now_ns()
+            while (frame := port.read()) is not None:
+                self._port_last_rx_s = time.monotonic()
                 self.source.send(pad_frame(frame))
 
     async def _in_host_thread(self, session: Callable[[], dict]) -> dict:
@@ -331,14 +349,14 @@ class TB:
         it can still be pinged or watched."""
         hold_s = self.cfg.get("tap_hold_s") or 0
         ended = time.monotonic()
-        while time.monotonic() - max(ended, self._tap_last_rx_s) < hold_s:
+        while time.monotonic() - max(ended, self._port_last_rx_s) < hold_s:
             await Timer(self.cfg["tap_poll_ns"], "ns")
 
     def _host_now_ns(self) -> float:
         """Simulated time in ns as the host's session sees it: from the simulator in a bridge
         thread (which runs while the simulator waits), from the TAP pump's last look in the
         TAP's host thread (which may not call into the simulator)."""
-        return self._tap_sim_ns if self.tap is not None else self.now_ns()
+        return self._port_sim_ns if self.tap is not None else self.now_ns()
 
     def _host_wait_ns(self, ns: int) -> None:
         """Let ``ns`` of simulated time pass on the host's side. In a bridge thread: sleep in
@@ -349,7 +367,7 @@ class TB:
         if self.tap is None:
             self._sleep_ns(ns)
             return
-        until_ns = self._tap_sim_ns + ns
+        until_ns = self._port_sim_ns + ns
         while True:
             frame = self.transport.recv_frame(0.01)
             if frame is not None:
@@ -357,7 +375,7 @@ class TB:
                 self.qsc.poll_rx()
             for dispatcher in self.dispatchers:
                 dispatcher.poll()
-            if self._tap_sim_ns >= until_ns:
+            if self._port_sim_ns >= until_ns:
                 return
 
     def _tap_results(self) -> dict:

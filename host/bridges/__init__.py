@@ -4,8 +4,9 @@
 code (:mod:`openqlink.qsc`, :mod:`openqlink.roce`, :mod:`openqlink.control`) runs unchanged over
 any of them: the in-process pair (:func:`~openqlink.bridges.base.transport_pair`), raw Ethernet
 (:class:`~openqlink.bridges.rawsock.RawSocketTransport`: Linux ``AF_PACKET``), the kernel's UDP
-sockets (:class:`~openqlink.bridges.udp.UdpSocketTransport`), and the cocotb bench's
-``openqlink.sim.transport.SimTransport``.
+sockets (:class:`~openqlink.bridges.udp.UdpSocketTransport`), a local Unix socket to the
+simulated QSC of ``qlink sim --serve`` (:class:`~openqlink.bridges.unixsock.SocketTransport`),
+and the cocotb bench's ``openqlink.sim.transport.SimTransport``.
 
 A **bridge** is how the host reaches a board, chosen by name (:data:`BRIDGE_NAMES`,
 :func:`open_bridge`; ``QSC(bridge=...)``, ``--bridge`` in the CLI):

@@ -2,8 +2,10 @@
 
 A transport moves whole Ethernet frames (destination MAC through padding, no FCS): the same
 frames :mod:`openqlink.wire.packet` builds and parses. Implementations: :class:`QueueTransport`
-(in process), :class:`openqlink.bridges.rawsock.RawSocketTransport` (Linux ``AF_PACKET``), and the
-cocotb bench's ``openqlink.sim.transport.SimTransport``.
+(in process), :class:`openqlink.bridges.rawsock.RawSocketTransport` (Linux ``AF_PACKET``),
+:class:`openqlink.bridges.udp.UdpSocketTransport` (the kernel's UDP sockets),
+:class:`openqlink.bridges.unixsock.SocketTransport` (a local socket to ``qlink sim --serve``), and
+the cocotb bench's ``openqlink.sim.transport.SimTransport``.
 
 # Ref: IEEE 802.3-2018 3.2 (the frame a transport carries); Glasgow ``abstract.py`` (one abstract
 # interface with hardware and simulation implementations).
