@@ -59,7 +59,12 @@ from test_rx_fuzz import (  # noqa: E402  (the generator lives beside the tests 
     simulate,
 )
 
-from openqlink.sim.rx_model import ACCEPTED, CONTROL, DROP_REASONS  # noqa: E402
+from openqlink.sim.rx_model import (  # noqa: E402
+    ACCEPTED,
+    CONTROL,
+    DROP_REASONS,
+    UDP_RESPONSE,
+)
 
 DRIVES = ("default", "configurations", "back-pressure")
 
@@ -167,6 +172,7 @@ def main() -> int:
     for drive_name in DRIVES:
         table.add_row(f"  of them: {drive_name}", str(by_drive[drive_name]))
     table.add_row("accepted RoCEv2 (RX_ROCE_ACCEPTED)", str(outcomes[ACCEPTED]))
+    table.add_row("UDP-mode responses taken (RX_RPC_RESPONSES)", str(outcomes[UDP_RESPONSE]))
     table.add_row("control requests taken", str(outcomes[CONTROL]))
     table.add_row("ARP requests taken (RX_ARP_REQUESTS)", str(outcomes["RX_ARP_REQUESTS"]))
     table.add_row("echo requests taken (RX_ECHO_REQUESTS)", str(outcomes["RX_ECHO_REQUESTS"]))

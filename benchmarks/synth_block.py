@@ -6,7 +6,8 @@ comes from a shift register fed by one pin, every output bit is folded into an X
 registered and drives one pin, all in the block's own clock domain. Nothing is optimised away
 and the paths that limit the block are its own (plus at most one flip-flop at each port).
 
-Blocks: ``net`` (the network core, ``rti``), ``ppus`` (the PPU cluster, ``dtd``), ``top`` (the
+Blocks: ``net`` (the network core, ``rti``), ``tx`` (its RPC request builder alone, ``rti``),
+``ppus`` (the PPU cluster, ``dtd``), ``top`` (the
 QSC top: ``rx``/``tx`` in ``rti``, ``ptd`` in ``dtd``), ``qubit`` (the qubit emulator, ``dtd``),
 ``mac`` (the RGMII MAC, 64-bit side in ``rti``, RGMII receive pins in ``phy_rx``; its simulation
 build, whose DDR model stands in fabric for the I/O cells).
@@ -121,6 +122,10 @@ def build_block(name: str, params: QSCParams) -> tuple[wiring.Component, list[st
         from openqlink.gateware.net.core import NetworkCore
         block = DomainRenamer("rti")(NetworkCore(params))
         return Harness(block, ["rti"], lambda path: "rti"), ["rti"], None
+    if name == "tx":
+        from openqlink.gateware.net.tx import TxBuilder
+        block = DomainRenamer("rti")(TxBuilder(params.num_ppus, params))
+        return Harness(block, ["rti"], lambda path: "rti"), ["rti"], None
     if name == "ppus":
         from openqlink.gateware.ppu.cluster import PPUCluster
         block = DomainRenamer("dtd")(PPUCluster(params))
@@ -139,7 +144,7 @@ def build_block(name: str, params: QSCParams) -> tuple[wiring.Component, list[st
         return (Harness(_MACBench(), ["rti", "phy_rx"],
                         lambda path: "phy_rx" if path[0].startswith("rgmii_rx") else "rti"),
                 ["rti", "phy_rx"], None)
-    raise SystemExit(f"unknown block {name!r}: net, ppus, top, qubit or mac")
+    raise SystemExit(f"unknown block {name!r}: net, tx, ppus, top, qubit or mac")
 
 
 def _tool(name: str) -> str:
@@ -186,7 +191,7 @@ def critical_paths(log: str, count: int) -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("block", choices=("net", "ppus", "top", "qubit", "mac"))
+    parser.add_argument("block", choices=("net", "tx", "ppus", "top", "qubit", "mac"))
     parser.add_argument("--device", default="25k", help="nextpnr-ecp5 device flag (25k, 85k)")
     parser.add_argument("--package", default="CABGA256")
     parser.add_argument("--speed", default="6")
