@@ -74,6 +74,11 @@ def test_active_reset_with_outcome_one_plays_the_reset_pulse(run_one):
     assert rpc["round_trip_ns"] > results["model"]["host_turnaround_ns"]
     # The reset pulse comes after the answer, and it really resets the qubit.
     assert plays[1]["dtd_cycle"] > acq[0]["dtd_cycle"] + rpc["round_trip_cycles"]
+    # On the events' timeline: the request leaves after the window (its bit) closed, and the
+    # answer is in before the reset pulse it decides.
+    (acq_end,) = [e for e in results["events"] if e["kind"] == "acquire_end"]
+    assert acq_end["dtd_cycle"] < rpc["request_dtd_cycle"]
+    assert rpc["request_dtd_cycle"] + rpc["round_trip_cycles"] < plays[1]["dtd_cycle"]
     assert results["qubit_final_p1"] < 1e-3
     assert results["registers"]["R2"] == 1 and results["registers"]["CALL_COUNT"] == 1
     assert all(v == 0 for k, v in results["counters"].items() if k.startswith("DROP_"))
@@ -304,8 +309,8 @@ def test_results_json_has_the_documented_keys(run_one):
     assert set(data["ppus"][0]) <= set(re.findall(r"`(\w+)`", ppu_row))
     assert data["program"] == str(PROGRAM)
     assert set(data["events"][0]) >= {"channel", "kind", "dtd_cycle", "time_ns"}
-    assert set(data["rpc"][0]) >= {"function", "request_id", "status", "round_trip_cycles",
-                                   "round_trip_ns"}
+    assert set(data["rpc"][0]) >= {"function", "request_id", "status", "request_dtd_cycle",
+                                   "round_trip_cycles", "round_trip_ns"}
 
 
 MULTI_CALL = """\
