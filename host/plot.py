@@ -307,46 +307,57 @@ def plot_timeline(results: Mapping, path: str | Path, *, ppu: int | None = None,
     return save_figure(timeline_figure(results, ppu=ppu, title=title), path)
 
 
-def histogram_figure(samples_ns: Mapping[str, Sequence[float]], *,
-                     floors_ns: Mapping[str, float] | None = None, title: str = "",
-                     xlabel: str = "latency (us)", bins: int = 60) -> Figure:
+def histogram_figure(samples_ns: Mapping[str, Sequence[float]], *, title: str = "",
+                     xlabel: str = "latency per request (us)", bins: int = 80,
+                     upper_quantile: float = 0.99) -> Figure:
     """Histograms of latencies, one per named series (ns each; drawn in us), on one shared
-    axis of bins, each series' floor (``floors_ns``) as a dashed vertical line of its colour.
-    Each series is one BarContainer labelled with its name. Raises
+    axis of ``bins`` bins from the smallest sample to the largest series' ``upper_quantile``
+    (the tail beyond it is counted in the title, not drawn), with each series' median as a
+    dashed vertical line of its colour. Each series is one BarContainer labelled with its name,
+    its median a Line2D labelled ``"<name> p50 <us> us"``. Raises
     :class:`~openqlink.errors.PlotUnavailableError` without matplotlib."""
     Figure, FigureCanvasAgg = _import_pyplot_free()
     import numpy as np
     from matplotlib import rc_context
 
-    floors_ns = floors_ns or {}
-    values = [v / 1000 for s in samples_ns.values() for v in s]
+    series = {name: np.asarray(v, dtype=float) / 1000 for name, v in samples_ns.items()}
+    filled = [v for v in series.values() if v.size]
+    low = min((float(v.min()) for v in filled), default=0.0)
+    high = max((float(np.quantile(v, upper_quantile)) for v in filled), default=1.0)
+    if high <= low:
+        high = low + 1.0
+    edges = np.linspace(low, high, bins + 1)
+    beyond = sum(int((v > high).sum()) for v in filled)
     with rc_context(_RC):
         fig = Figure(figsize=(9, 4.5), layout="constrained")
         FigureCanvasAgg(fig)
         ax = fig.add_subplot()
-        edges = np.histogram_bin_edges(values or [0.0, 1.0], bins=bins)
-        for i, (name, series) in enumerate(samples_ns.items()):
+        for i, (name, v) in enumerate(series.items()):
             color = f"C{i}"
-            counts, _ = np.histogram(np.asarray(series, dtype=float) / 1000, bins=edges)
-            ax.bar(edges[:-1], counts, width=np.diff(edges), align="edge", alpha=0.55,
+            counts, _ = np.histogram(v, bins=edges)
+            ax.bar(edges[:-1], counts, width=np.diff(edges), align="edge", alpha=0.5,
                    color=color, edgecolor=color, label=name)
-            if name in floors_ns:
-                ax.axvline(floors_ns[name] / 1000, color=color, linestyle="--", linewidth=1.2,
-                           label=f"{name} floor")
+            if v.size:
+                p50 = float(np.median(v))
+                ax.axvline(p50, color=color, linestyle="--", linewidth=1.2,
+                           label=f"{name} p50 {p50:.1f} us")
         ax.set_xlabel(xlabel)
-        ax.set_ylabel("requests")
-        if title:
-            ax.set_title(title, fontsize=10)
-        if samples_ns:
+        ax.set_ylabel("requests per bin")
+        heading = title
+        if beyond:
+            heading += (("\n" if heading else "") + f"{beyond} request(s) beyond "
+                        f"{high:.1f} us (each series' p{upper_quantile * 100:g}) not drawn")
+        if heading:
+            ax.set_title(heading, fontsize=10)
+        if series:
             ax.legend(fontsize=8)
     return fig
 
 
 def plot_histogram(samples_ns: Mapping[str, Sequence[float]], path: str | Path, *,
-                   floors_ns: Mapping[str, float] | None = None, title: str = "",
-                   xlabel: str = "latency (us)") -> Path:
-    """Draw :func:`histogram_figure` to ``path`` (PNG, SVG or PDF by its suffix; PlotError,
-    field ``path``, for another). Returns the path."""
+                   title: str = "", xlabel: str = "latency per request (us)") -> Path:
+    """Draw :func:`histogram_figure` to ``path`` (PNG, SVG or PDF by its suffix;
+    :class:`~openqlink.errors.PlotError`, field ``path``, for another, checked first). Returns
+    the path."""
     check_path(path)
-    return save_figure(histogram_figure(samples_ns, floors_ns=floors_ns, title=title,
-                                        xlabel=xlabel), path)
+    return save_figure(histogram_figure(samples_ns, title=title, xlabel=xlabel), path)

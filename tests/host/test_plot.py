@@ -195,16 +195,22 @@ def test_not_a_sim_result_names_the_field(tmp_path, results, field):
     assert not (tmp_path / "x.png").exists()
 
 
-def test_histogram_bars_and_floors(tmp_path):
-    samples = {"udp": [5000.0, 5200.0, 6000.0, 9000.0], "roce": [3000.0, 3100.0]}
-    fig = histogram_figure(samples, floors_ns={"udp": 4800.0}, title="t", bins=10)
+def test_histogram_bars_medians_and_the_tail(tmp_path):
+    samples = {"udp": [5000.0, 5200.0, 6000.0, 9000.0] * 25 + [90_000.0],
+               "roce": [3000.0, 3100.0, 3200.0]}
+    fig = histogram_figure(samples, title="t", bins=10)
     (ax,) = fig.axes
     counts = {c.get_label(): sum(p.get_height() for p in c.patches) for c in ax.containers}
-    assert counts == {"udp": 4, "roce": 2}
-    floors = [ln for ln in ax.get_lines() if ln.get_label() == "udp floor"]
-    assert len(floors) == 1 and list(floors[0].get_xdata()) == [4.8, 4.8]
-    assert ax.get_xlabel() == "latency (us)" and ax.get_ylabel() == "requests"
+    # The one sample beyond the larger series' p99 is counted in the title, not drawn.
+    assert counts == {"udp": 100, "roce": 3}
+    assert ax.get_title() == "t\n1 request(s) beyond 9.0 us (each series' p99) not drawn"
+    medians = {ln.get_label(): list(ln.get_xdata()) for ln in ax.get_lines()}
+    assert medians == {"udp p50 6.0 us": [6.0, 6.0], "roce p50 3.1 us": [3.1, 3.1]}
+    assert ax.get_xlim()[0] <= 3.0 and ax.get_xlim()[1] >= 9.0
+    assert ax.get_xlabel() == "latency per request (us)"
     assert plot_histogram(samples, tmp_path / "h.png").read_bytes()[:8] == PNG_MAGIC
+    with pytest.raises(PlotError):
+        plot_histogram(samples, tmp_path / "h.jpeg")
 
 
 # --- the commands ---------------------------------------------------------------------------
