@@ -271,13 +271,17 @@ def timeline_figure(results: Mapping, *, ppu: int | None = None,
 
 
 def _default_title(results: Mapping, ppu: int | None) -> str:
-    program = results.get("program")
+    """The program's file name; with several PPUs each PPU's (or PPU ``ppu``'s)."""
+    ppus = [p for p in results.get("ppus") or [] if isinstance(p, Mapping)]
     if ppu is not None:
-        for p in results.get("ppus") or []:
-            if isinstance(p, Mapping) and p.get("ppu") == ppu:
-                program = p.get("program", program)
-    name = Path(str(program)).name if program else "qlink sim"
-    return name + (f" (PPU {ppu})" if ppu is not None else "")
+        named = [p for p in ppus if p.get("ppu") == ppu and p.get("program")]
+        program = named[0]["program"] if named else None
+        return f"PPU {ppu}" + (f": {Path(str(program)).name}" if program else "")
+    if len(ppus) > 1:
+        return ", ".join(f"PPU {p.get('ppu')}: {Path(str(p.get('program', '?'))).name}"
+                         for p in ppus)
+    program = results.get("program")
+    return Path(str(program)).name if program else "qlink sim"
 
 
 def save_figure(fig: Figure, path: str | Path) -> Path:

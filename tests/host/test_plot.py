@@ -129,10 +129,15 @@ def test_lanes_bars_steps_and_calls_of_every_ppu():
     (top,) = ax.child_axes
     assert top.get_xlabel() == "time (us)"
     assert "1 CALL(s) not drawn" in ax.get_title()
-    assert ax.get_title().startswith("a.s")
+    assert ax.get_title().startswith("PPU 0: a.s, PPU 1: b.s\n")
+    one = {**_results(), "ppus": [{"ppu": 0, "program": "firmware/a.s"}]}
+    assert [a for a in timeline_figure(one).axes if a.get_yticklabels()][0].get_title() \
+        .startswith("a.s\n")
 
 
 def test_one_ppu_only():
+    (ax,) = [a for a in timeline_figure(_results(), ppu=1).axes if a.get_yticklabels()]
+    assert ax.get_title() == "PPU 1: b.s"
     fig = timeline_figure(_results(), ppu=1, title="PPU one")
     (ax,) = [a for a in fig.axes if a.get_yticklabels()]
     assert [t.get_text() for t in ax.get_yticklabels()] == ["drive1.0", "readout1.0", "calls1"]
