@@ -26,9 +26,13 @@ from handing the batch to the transport to its last frame received on the other 
 raw bridge's ``PACKET_TX_RING`` (the batch in one system call) and without it (one ``send`` a
 frame).
 
-Usage: python benchmarks/host_dispatch.py [--requests N] [--transport memory veth]
+Usage: python benchmarks/host_dispatch.py [--requests N] [--transport memory veth] [--plot F]
        python benchmarks/host_dispatch.py --json OUT      (memory only; writes
        {"p50_us", "p99_us", "floor_p50_us", "ratio", "requests"})
+
+``--plot F`` (PNG, SVG or PDF by the suffix; matplotlib, the ``[plot]`` extra) draws the
+per-request latency histogram of each transport's full path and of its floor, with their
+medians (``openqlink.plot.plot_histogram``).
 """
 
 from __future__ import annotations
@@ -94,7 +98,8 @@ def _percentiles(samples_ns: list[int]) -> tuple[float, float]:
 def measure(host_t: FrameTransport, qsc_send: Callable[[bytes], None],
             qsc_recv: Callable[[], bytes], requests: int, host_mac: str,
             qsc_mac: str) -> dict:
-    """Full path and floor over one pair of endpoints; times in us."""
+    """Full path and floor over one pair of endpoints; times in us, and under ``samples_ns``
+    each request's time of both, ``{"full": [ns, ...], "floor": [ns, ...]}``."""
     qsc_qp = UCQueuePair(qsc_mac, QSC_IP, QSC_QPN, host_mac, HOST_IP, HOST_QPN)
     host_qp = UCQueuePair(host_mac, HOST_IP, HOST_QPN, qsc_mac, QSC_IP, QSC_QPN)
     ring = SlotRing(NUM_SLOTS, SLOT_SIZE)
@@ -125,6 +130,7 @@ def measure(host_t: FrameTransport, qsc_send: Callable[[bytes], None],
         return qsc_recv()
 
     results = {}
+    kept: dict[str, list[int]] = {}
     for name, step in (("full", full), ("floor", floor)):
         samples = []
         gc.collect()
@@ -135,6 +141,7 @@ def measure(host_t: FrameTransport, qsc_send: Callable[[bytes], None],
             if k >= WARMUP:
                 samples.append(dt)
         results[name] = _percentiles(samples)
+        kept[name] = samples
     # every request was answered OK
     ok = dispatcher.counts
     if sum(ok.values()) != requests + WARMUP or len(ok) != 1:
@@ -142,7 +149,8 @@ def measure(host_t: FrameTransport, qsc_send: Callable[[bytes], None],
     p50, p99 = results["full"]
     f50, f99 = results["floor"]
     return {"p50_us": round(p50, 2), "p99_us": round(p99, 2), "floor_p50_us": round(f50, 2),
-            "floor_p99_us": round(f99, 2), "ratio": round(p50 / f50, 2), "requests": requests}
+            "floor_p99_us": round(f99, 2), "ratio": round(p50 / f50, 2), "requests": requests,
+            "samples_ns": kept}
 
 
 def run_memory(requests: int) -> dict:
@@ -246,21 +254,39 @@ def main() -> None:
                         default=["memory", "veth"])
     parser.add_argument("--json", type=Path, metavar="OUT",
                         help="run the in-memory transport only and write its figures here")
+    parser.add_argument("--plot", type=Path, metavar="FILE",
+                        help="draw each transport's per-request latency histogram and its "
+                        "floor's (PNG, SVG or PDF by the suffix; needs matplotlib)")
     parser.add_argument("--inside-netns", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.plot is not None:
+        from openqlink.errors import PlotError, PlotUnavailableError
+        from openqlink.plot import check_path, require_matplotlib
+
+        try:
+            check_path(args.plot)
+            require_matplotlib()
+        except (PlotError, PlotUnavailableError) as exc:
+            parser.error(f"--plot: {exc}")
+        if not args.plot.parent.is_dir():
+            parser.error(f"--plot {args.plot}: directory {args.plot.parent} does not exist")
     if args.inside_netns is not None:
         args.inside_netns.write_text(json.dumps(run_veth(args.requests)))
         return
     if args.json is not None:
         out = run_memory(args.requests)
+        samples = {"memory": out.pop("samples_ns")}
         args.json.write_text(json.dumps(out, indent=2) + "\n")
         print(json.dumps(out))
+        if args.plot is not None:
+            _plot(args.plot, samples, args.requests)
         return
     table = Table(title=f"host dispatcher, one request at a time ({args.requests} requests; "
                         f"Python {sys.version.split()[0]})")
     for col in ("transport", "p50 us", "p99 us", "floor p50 us", "floor p99 us", "ratio"):
         table.add_column(col, justify="right")
     uploads: dict = {}
+    samples: dict[str, dict[str, list[int]]] = {}
     for name in args.transport:
         try:
             r = (run_memory(args.requests) if name == "memory"
@@ -268,6 +294,7 @@ def main() -> None:
         except OSError as exc:
             table.add_row(name, f"skipped: {exc}", "", "", "", "")
             continue
+        samples[name] = r.pop("samples_ns")
         table.add_row(name, f"{r['p50_us']:.1f}", f"{r['p99_us']:.1f}",
                       f"{r['floor_p50_us']:.1f}", f"{r['floor_p99_us']:.1f}", f"{r['ratio']:.2f}")
         uploads.update(r.get("upload", {}))
@@ -281,6 +308,19 @@ def main() -> None:
             up.add_row(name, str(u["frames"]), f"{u['p50_us']:.1f}", f"{u['p99_us']:.1f}",
                        f"{u['mb_per_s']:.0f}")
         Console().print(up)
+    if args.plot is not None:
+        _plot(args.plot, samples, args.requests)
+
+
+def _plot(path: Path, samples: dict[str, dict[str, list[int]]], requests: int) -> None:
+    """Each transport's full path and floor, one histogram each, to ``path``."""
+    from openqlink.plot import plot_histogram
+
+    series = {f"{name} {part}": ns for name, parts in samples.items()
+              for part, ns in (("full path", parts["full"]), ("floor", parts["floor"]))}
+    plot_histogram(series, path, title=f"host dispatcher, one request at a time ({requests} "
+                   f"requests; Python {sys.version.split()[0]})")
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ Subpackages and modules:
   (HOST_CALL in Python, DEVICE_CALL through :mod:`openqlink.gpu`).
 * :mod:`openqlink.gateware`: the Amaranth QSC gateware; :mod:`openqlink.sim`: the cocotb bench.
 * :mod:`openqlink.memory_map`: the memory map and QP contract shared by all of the above.
+* :mod:`openqlink.plot`: pictures of a run's timeline and latency histograms (matplotlib, the
+  ``[plot]`` extra, imported only to draw).
 """
 
 from importlib.metadata import PackageNotFoundError, version

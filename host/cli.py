@@ -6,10 +6,11 @@ Commands::
     qlink disasm FILE [--base N] [--function NAME ...] [--board NAME]
     qlink sim [--ppus N] [--qubits Q] [--samples-per-cycle S] [--model F] PROGRAM...
               [--json F] [--pcap F] [--waves F] [--seed N] [--simulator SIM] [...]
-              [--tap NAME [--tap-hold-s S]]
+              [--tap NAME [--tap-hold-s S]] [--plot F.png]
     qlink sim --serve SOCKET [--ppus N] [--qubits Q] [--serve-limit-s S] [--pcap F] [...]
     qlink sim --inject FILE.pcap [--ppus N] [--gap-cycles N] [--json F] [--pcap F]
               [--dump-regions DIR] [--qsc-mac M] [--qsc-ip A] [--host-mac M] [...]
+    qlink plot RESULT.json [-o F.png|.svg|.pdf] [--ppu N]
     qlink info [--ppus N] [--json] [--qsc-mac M] [--rkey REGION=KEY] [...]
     qlink discover [--timeout-s S] [--interface IF] [--json]
     qlink docs memory-map [-o PATH]
@@ -339,6 +340,10 @@ def isa_tables_command(output: Path | None) -> None:
               help="Write every frame on the simulated wire (link type Ethernet).")
 @click.option("--waves", "waves_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Write the waveforms (FST).")
+@click.option("--plot", "plot_path", type=click.Path(dir_okay=False, path_type=Path),
+              help="Draw the timeline after the run (PNG, SVG or PDF by the suffix; needs "
+              "matplotlib, the [plot] extra): each channel's pulses, windows and markers and "
+              "each CALL's round trip, as `qlink plot` draws a saved run.")
 @click.option("--seed", type=int, default=1, show_default=True,
               help="Seed of the qubit and readout model (PPU n's model: SEED + n).")
 @click.option("--host-turnaround-ns", type=int, default=1000, show_default=True,
@@ -412,7 +417,8 @@ def isa_tables_command(output: Path | None) -> None:
 def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
                 samples_per_cycle: str, model_path: Path | None, handlers: tuple[Path, ...],
                 json_path: Path | None, pcap_path: Path | None, waves_path: Path | None,
-                seed: int, host_turnaround_ns: int, build_dir: Path | None,
+                plot_path: Path | None, seed: int, host_turnaround_ns: int,
+                build_dir: Path | None,
                 verilog_path: Path | None, simulator: str, max_run_us: float, gpu: bool,
                 gpu_frames: bool, tap: str | None, calls: str | None,
                 bridge_name: str | None, tap_hold_s: float | None, quiet: bool,
@@ -460,7 +466,7 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
         raise click.UsageError("--gpu serves the simulated host's CALLs; with --tap the host "
                                "is the raw or udp bridge: give one or the other", ctx=ctx)
     _check_outputs("qlink sim", ("--json", json_path), ("--pcap", pcap_path),
-                   ("--waves", waves_path))
+                   ("--waves", waves_path), ("--plot", plot_path))
     # --serve's options arrive with the setup options (**setup), outside the signature.
     serve, serve_limit_s = setup.pop("serve"), setup.pop("serve_limit_s")
     if serve is not None or serve_limit_s is not None:
@@ -472,8 +478,14 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
                    ("--tap", tap), ("--inject", inject_path), ("--gpu", gpu),
                    ("--gpu-frames", gpu_frames), ("--handlers", handlers), ("--calls", calls),
                    ("--bridge", bridge_name), ("--tap-hold-s", tap_hold_s),
-                   ("--gap-cycles", gap_cycles), ("--dump-regions", dump_dir)) if given])
+                   ("--gap-cycles", gap_cycles), ("--dump-regions", dump_dir),
+                   ("--plot", plot_path)) if given])
         return
+    if plot_path is not None:
+        if inject_path is not None:
+            raise click.UsageError("--plot draws a PROGRAM's timeline: not with --inject",
+                                   ctx=ctx)
+        _check_plot("qlink sim", "--plot", plot_path)
     if inject_path is not None:
         if programs:
             raise click.UsageError("--inject replays a capture into the configured QSC and "
@@ -538,6 +550,8 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
         click.echo(status_line(results))
     else:
         print_report(results)
+    if plot_path is not None:
+        _draw_timeline("qlink sim", results, plot_path)
     if not all_done(results):
         raise click.exceptions.Exit(1)
 
@@ -622,6 +636,63 @@ def _inject(capture: Path, num_ppus: int, qubits: int, samples_per_cycle: int, s
     dropped = ", ".join(f"{n} {r}" for r, n in sorted(reasons.items()))
     click.echo(f"replayed {len(frames)} frames from {capture}: {accepted} accepted, "
                f"{len(frames) - accepted} dropped{' (' + dropped + ')' if dropped else ''}")
+
+
+def _check_plot(command: str, option: str, path: Path) -> None:
+    """Before any work: ``path``'s suffix is a picture format and matplotlib is installed
+    (else one line, exit status 2)."""
+    from .errors import PlotError, PlotUnavailableError
+    from .plot import check_path, require_matplotlib
+
+    try:
+        check_path(path)
+        require_matplotlib()
+    except (PlotError, PlotUnavailableError) as exc:
+        _fail(f"{command}: {option}: {exc}")
+
+
+def _draw_timeline(command: str, results: dict, path: Path, ppu: int | None = None) -> None:
+    """Draw ``results``' timeline to ``path``; a failure is one line, exit status 2."""
+    from .errors import PlotError, PlotUnavailableError
+    from .plot import plot_timeline
+
+    try:
+        plot_timeline(results, path, ppu=ppu)
+    except (PlotError, PlotUnavailableError) as exc:
+        _fail(f"{command}: {exc}")
+    except OSError as exc:
+        _fail(f"{command}: {path}: {exc}")
+
+
+@main.command("plot")
+@click.argument("result", type=click.Path(exists=True, dir_okay=False, path_type=Path))
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="The picture: PNG, SVG or PDF by the suffix [default: RESULT with .png].")
+@click.option("--ppu", type=click.IntRange(min=0), default=None,
+              help="Draw only this PPU's channels and CALLs [default: every PPU's].")
+def plot_command(result: Path, output: Path | None, ppu: int | None) -> None:
+    """Draw the timeline of a saved run (the JSON of `qlink sim --json`): one lane per drive,
+    readout and marker channel, PPU by PPU, with each pulse, acquisition window (and its
+    outcome), marker step and CALL round trip on the DTD timeline. Needs matplotlib (the
+    [plot] extra). Exit status 2 for a file that is not a qlink sim result."""
+    if output is None:
+        output = result.with_suffix(".png")
+    _check_outputs("qlink plot", ("-o", output))
+    _check_plot("qlink plot", "-o", output)
+    try:
+        results = json.loads(_read_text(result))
+    except json.JSONDecodeError as exc:
+        _fail(f"qlink plot: {result}: not JSON ({exc.msg}, line {exc.lineno})")
+        return
+    from .errors import PlotError
+    from .plot import check_results
+
+    try:
+        check_results(results)
+    except PlotError as exc:
+        _fail(f"qlink plot: {result}: {exc}")
+    _draw_timeline("qlink plot", results, output, ppu)
+    click.echo(f"wrote {output}")
 
 
 @main.command("info")

@@ -23,6 +23,8 @@ __all__ = [
     "HostOrderError",
     "CompileError",
     "LinkError",
+    "PlotError",
+    "PlotUnavailableError",
 ]
 
 
@@ -142,6 +144,25 @@ class VersionMismatchError(QlinkError):
 
 class DispatchError(QlinkError):
     """A function-table entry or a dispatcher configuration is wrong."""
+
+
+class PlotError(QlinkError, ValueError):
+    """A picture cannot be drawn from the input given (:mod:`openqlink.plot`).
+
+    Attributes
+    ----------
+    field : str
+        The offending input: ``"path"`` (an output suffix that is no picture format), a key of
+        the results (``"events"``, ``"rpc"``, ``"params"``) or ``"ppu"``.
+    """
+
+    def __init__(self, field: str, message: str):
+        self.field = field
+        super().__init__(message)
+
+
+class PlotUnavailableError(QlinkError, ImportError):
+    """matplotlib, which draws the pictures, is not installed (the ``[plot]`` extra)."""
 
 
 class GPUError(QlinkError):

@@ -174,6 +174,17 @@ class TB:
     def now_ns(self) -> float:
         return cocotb.utils.get_sim_time("ps") / 1000
 
+    #: (simulated time in ps at which a DTD cycle starts, the timeline's value in that cycle):
+    #: set when ``dtd_rst`` is released (the timeline is 0 from that edge on; a monitor that
+    #: reads the timeline every cycle may move it on).
+    _dtd_ref: tuple[int, int] = (0, 0)
+
+    def dtd_cycle_at(self, t_ps: int) -> int:
+        """The timeline's value (DTD cycles) in the DTD cycle under way at simulated time
+        ``t_ps`` (ps; a moment on a DTD edge is in the cycle that edge starts)."""
+        ref_ps, ref_cycle = self._dtd_ref
+        return ref_cycle + int(t_ps - ref_ps) // self.dtd_period_ps
+
     # --- models -------------------------------------------------------------------------------
 
     def _make_qubit(self, n: int) -> QubitSystem:
@@ -198,6 +209,7 @@ class TB:
         dut.rti_rst.value = 0
         await RisingEdge(dut.dtd_clk)
         dut.dtd_rst.value = 0
+        self._dtd_ref = (round(cocotb.utils.get_sim_time("ps")), 0)
         self.source = PacketSource(dut, "rx", dut.rti_clk, on_sent=self._on_host_frame)
         self.sink = PacketSink(dut, "tx", dut.rti_clk, on_frame=self._on_qsc_frame)
         if self.cfg.get("tap"):
@@ -240,6 +252,7 @@ class TB:
                 "function": req["function"], "function_id": req["function_id"],
                 "request_id": resp.request_id, "status": resp.status,
                 "args": req["args"], "result": resp.result.hex(),
+                "request_dtd_cycle": req["request_dtd_cycle"],
                 "round_trip_cycles": round(rtt_ns * 1000 / self.dtd_period_ps),
                 "round_trip_ns": round(rtt_ns, 3),
             })
@@ -262,6 +275,7 @@ class TB:
                 "function": self._function_names[ppu].get(req.function_id,
                                                           f"{req.function_id:#010x}"),
                 "function_id": req.function_id, "t_ns": self.now_ns(),
+                "request_dtd_cycle": self.dtd_cycle_at(round(cocotb.utils.get_sim_time("ps"))),
                 "args": req.payload.hex(),
             }
         if self.port is not None:

@@ -155,6 +155,9 @@ class BoardTB(TB):
         while True:
             await RisingEdge(dut.dtd_clk)
             self.dtd_cycle = int(dut.timeline.value)
+            # The cycle just ended started one period ago (TB.dtd_cycle_at's reference).
+            self._dtd_ref = (round(cocotb.utils.get_sim_time("ps")) - self.dtd_period_ps,
+                             self.dtd_cycle)
             active = int(emu.ptd__dac_active.value) & 1
             window = int(emu.ptd__ro_window.value) & 1
             marks = int(marker.value)

@@ -71,10 +71,13 @@ def _check_active_reset(results: dict) -> int:
     assert len(plays) == 1 + bit and len(acquire) == 1
     start = results["start_time_cycles"]
     assert plays[0]["dtd_cycle"] == start and acquire[0]["dtd_cycle"] == start + 64
+    # On the events' timeline, the CALL's request leaves after the window closed.
+    (end,) = [e for e in results["events"] if e["kind"] == "acquire_end"]
+    assert end["dtd_cycle"] < rpc["request_dtd_cycle"]
     if bit:
         # The reset pulse after the window closed and the host's answer came back.
-        (end,) = [e for e in results["events"] if e["kind"] == "acquire_end"]
         assert plays[1]["dtd_cycle"] > end["dtd_cycle"] + rpc["round_trip_cycles"]
+        assert rpc["request_dtd_cycle"] + rpc["round_trip_cycles"] < plays[1]["dtd_cycle"]
     # Active reset works: the emulated qubit ends in |0>.
     assert results["qubit_final_p1"] < 1e-3
     assert all(v == 0 for k, v in results["counters"].items() if k.startswith("DROP_"))

@@ -74,6 +74,11 @@ def test_active_reset_with_outcome_one_plays_the_reset_pulse(run_one):
     assert rpc["round_trip_ns"] > results["model"]["host_turnaround_ns"]
     # The reset pulse comes after the answer, and it really resets the qubit.
     assert plays[1]["dtd_cycle"] > acq[0]["dtd_cycle"] + rpc["round_trip_cycles"]
+    # On the events' timeline: the request leaves after the window (its bit) closed, and the
+    # answer is in before the reset pulse it decides.
+    (acq_end,) = [e for e in results["events"] if e["kind"] == "acquire_end"]
+    assert acq_end["dtd_cycle"] < rpc["request_dtd_cycle"]
+    assert rpc["request_dtd_cycle"] + rpc["round_trip_cycles"] < plays[1]["dtd_cycle"]
     assert results["qubit_final_p1"] < 1e-3
     assert results["registers"]["R2"] == 1 and results["registers"]["CALL_COUNT"] == 1
     assert all(v == 0 for k, v in results["counters"].items() if k.startswith("DROP_"))
@@ -304,8 +309,45 @@ def test_results_json_has_the_documented_keys(run_one):
     assert set(data["ppus"][0]) <= set(re.findall(r"`(\w+)`", ppu_row))
     assert data["program"] == str(PROGRAM)
     assert set(data["events"][0]) >= {"channel", "kind", "dtd_cycle", "time_ns"}
-    assert set(data["rpc"][0]) >= {"function", "request_id", "status", "round_trip_cycles",
-                                   "round_trip_ns"}
+    assert set(data["rpc"][0]) >= {"function", "request_id", "status", "request_dtd_cycle",
+                                   "round_trip_cycles", "round_trip_ns"}
+
+
+def test_qlink_sim_plot_draws_the_run(build_dir, tmp_path):
+    """``qlink sim --plot`` draws the run's timeline after it: both pulses, the window with its
+    outcome and the CALL's round trip where the JSON puts them; ``qlink plot`` draws the same
+    picture, byte for byte, from the saved JSON."""
+    pytest.importorskip("matplotlib", reason="the [plot] extra is not installed")
+    from click.testing import CliRunner
+
+    from openqlink.cli import main
+    from openqlink.plot import timeline_figure
+
+    res = CliRunner().invoke(main, ["sim", str(PROGRAM), "--build-dir", str(build_dir),
+                                    "--seed", str(SEED_ONE), "--quiet",
+                                    "--json", str(tmp_path / "r.json"),
+                                    "--plot", str(tmp_path / "t.png")])
+    assert res.exit_code == 0, res.output
+    png = (tmp_path / "t.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    res = CliRunner().invoke(main, ["plot", str(tmp_path / "r.json"), "-o",
+                                    str(tmp_path / "again.png")])
+    assert res.exit_code == 0, res.output
+    assert (tmp_path / "again.png").read_bytes() == png
+    results = json.loads((tmp_path / "r.json").read_text())
+    (ax,) = [a for a in timeline_figure(results).axes if a.get_yticklabels()]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["drive0.0", "readout0.0", "calls0"]
+    bars = {c.get_label(): [(p.get_x(), p.get_width()) for p in c.patches]
+            for c in ax.containers}
+    plays = [e["dtd_cycle"] for e in results["events"] if e["channel"] == "drive0.0"]
+    window = [e["dtd_cycle"] for e in results["events"] if e["channel"] == "readout0.0"]
+    (rpc,) = results["rpc"]
+    assert bars == {
+        "drive0.0 plays": [(plays[0], plays[1] - plays[0]), (plays[2], plays[3] - plays[2])],
+        "readout0.0 windows": [(window[0], window[1] - window[0])],
+        "calls0 calls": [(rpc["request_dtd_cycle"], rpc["round_trip_cycles"])]}
+    texts = [t.get_text() for t in ax.texts]
+    assert "outcome 1" in texts and "reset_decision(01) -> 01" in texts
 
 
 MULTI_CALL = """\
