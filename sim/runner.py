@@ -275,6 +275,21 @@ def build_verilog(params: QSCParams, build_dir: Path) -> Path:
     return path
 
 
+def checked_build(params: QSCParams, qubits: int,
+                  model: Mapping | str | Path | None) -> tuple[QSCParams, dict | None]:
+    """``params`` and the model's data (``model``: a file, a mapping or None) once both are
+    checked against a build of ``qubits`` qubits per PPU (a model is built once to be sure).
+    Raises :class:`SimulationError` naming the key or parameter that does not fit."""
+    try:
+        check_build(params, qubits)
+        model_data = (None if model is None else load_model(model, qubits)
+                      if isinstance(model, (str, Path)) else check_model(model, qubits))
+        make_system(model_data, qubits, seed=0, sample_rate_hz=params.sample_rate_hz)
+    except ModelError as exc:
+        raise SimulationError(str(exc)) from None
+    return params, model_data
+
+
 def SimConfig(**overrides) -> dict:
     """The bench configuration with its defaults; keys documented in ``docs/simulation.md``."""
     cfg = {
@@ -469,14 +484,8 @@ def run_sim(program: str | Path | Sequence[str | Path], *,
     programs = [p.resolve() for p in given]
     if not programs:
         raise SimulationError("no program to simulate")
-    try:
-        params = params or sim_params(len(programs), qubits)
-        check_build(params, qubits)
-        model_data = (None if model is None else load_model(model, qubits)
-                      if isinstance(model, (str, Path)) else check_model(model, qubits))
-        make_system(model_data, qubits, seed=0, sample_rate_hz=params.sample_rate_hz)
-    except ModelError as exc:
-        raise SimulationError(str(exc)) from None
+    params, model_data = checked_build(params or sim_params(len(programs), qubits), qubits,
+                                       model)
     if len(programs) > params.num_ppus:
         raise SimulationError(f"{len(programs)} programs for a build of {params.num_ppus} "
                               "PPU(s): give one program per PPU")

@@ -46,12 +46,13 @@ from pathlib import Path
 from ..bridges.unixsock import SocketTransport
 from ..memory_map import QSCParams
 from ..qsc import QSC
-from .channel_map import ModelError, check_build, check_model, load_model, make_system, sim_params
+from .channel_map import sim_params
 from .runner import (
     DEFAULT_SIMULATOR,
     SimConfig,
     SimulationError,
     check_simulator,
+    checked_build,
     run_bench,
     simulator_build_dir,
 )
@@ -127,14 +128,7 @@ def run_serve(path: str | os.PathLike[str], *, params: QSCParams | None = None,
         raise SimulationError(str(exc)) from None
     if not limit_s > 0:
         raise SimulationError(f"limit_s {limit_s}: the run's limit must be positive")
-    try:
-        params = params or sim_params(1, qubits)
-        check_build(params, qubits)
-        model_data = (None if model is None else load_model(model, qubits)
-                      if isinstance(model, (str, Path)) else check_model(model, qubits))
-        make_system(model_data, qubits, seed=0, sample_rate_hz=params.sample_rate_hz)
-    except ModelError as exc:
-        raise SimulationError(str(exc)) from None
+    params, model_data = checked_build(params or sim_params(1, qubits), qubits, model)
     with tempfile.TemporaryDirectory(prefix="qlink-serve-") as tmp:
         ready = Path(tmp) / "ready"
         cfg = SimConfig(**bench)

@@ -430,3 +430,22 @@ def qsc_peer():
     yield make
     for p in peers:
         p.stop()
+
+
+@pytest.fixture
+def fake_run_sim(monkeypatch):
+    """Replace the simulator behind ``qlink sim``: record run_sim's arguments and return
+    ``calls["results"]`` (without it, fail the test: the command must not have reached the
+    simulation)."""
+    import openqlink.sim.runner
+
+    calls: dict = {}
+
+    def run_sim(programs, **kwargs):
+        if "results" not in calls:
+            raise AssertionError("qlink sim went on to simulate")
+        calls.update(programs=programs, **kwargs)
+        return calls["results"]
+
+    monkeypatch.setattr(openqlink.sim.runner, "run_sim", run_sim)
+    return calls

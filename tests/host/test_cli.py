@@ -123,24 +123,6 @@ def _sim_programs(tmp_path: Path, count: int) -> list[str]:
     return paths
 
 
-@pytest.fixture
-def fake_run_sim(monkeypatch):
-    """Replace the simulator: record run_sim's arguments and return ``calls["results"]``
-    (without it, fail the test: the command must not have reached the simulation)."""
-    import openqlink.sim.runner
-
-    calls: dict = {}
-
-    def run_sim(programs, **kwargs):
-        if "results" not in calls:
-            raise AssertionError("qlink sim went on to simulate")
-        calls.update(programs=programs, **kwargs)
-        return calls["results"]
-
-    monkeypatch.setattr(openqlink.sim.runner, "run_sim", run_sim)
-    return calls
-
-
 @pytest.mark.parametrize(("ppus", "count"), [(2, 1), (2, 3), (1, 2), (3, 2)])
 def test_sim_program_count_not_ppus_is_a_usage_error(tmp_path, fake_run_sim, ppus, count):
     args = ["sim", *(["--ppus", str(ppus)] if ppus != 1 else []),

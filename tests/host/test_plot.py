@@ -257,24 +257,6 @@ def test_qlink_plot_user_errors_are_one_line_and_exit_2(tmp_path, monkeypatch):
                                                             "text.json"]
 
 
-@pytest.fixture
-def fake_run_sim(monkeypatch):
-    """Replace the simulator: return ``calls["results"]`` (fail without it: the command must
-    not have reached the simulation)."""
-    import openqlink.sim.runner
-
-    calls: dict = {}
-
-    def run_sim(programs, **kwargs):
-        if "results" not in calls:
-            raise AssertionError("qlink sim went on to simulate")
-        calls.update(programs=programs, **kwargs)
-        return calls["results"]
-
-    monkeypatch.setattr(openqlink.sim.runner, "run_sim", run_sim)
-    return calls
-
-
 def test_qlink_sim_plot_draws_after_the_run(tmp_path, fake_run_sim, monkeypatch):
     monkeypatch.chdir(tmp_path)
     Path("p.s").write_text("set r1, 1\nend\n")
