@@ -20,6 +20,7 @@ import cocotb
 from cocotb.task import bridge
 from cocotb.triggers import Timer
 
+from ..bridges.base import FrameTransport
 from ..dispatch import SlotRing
 from ..errors import ClaimedError
 from ..isa import PPUState, assemble
@@ -65,11 +66,13 @@ def _rebuild(frame: bytes, **changes) -> bytes:
     return build_roce_frame(**fields)
 
 
-class _LoseWrites:
+class _LoseWrites(FrameTransport):
     """A frame transport that damages (flips an ICRC bit of) the next ``n`` RDMA WRITEs it
-    sends, so that the QSC drops them, as a lossy link would (UC does not retransmit)."""
+    sends, so that the QSC drops them, as a lossy link would (UC does not retransmit). A
+    :class:`FrameTransport` itself, so that every way of sending (``send_frames`` too) goes
+    through :meth:`send_frame`."""
 
-    def __init__(self, inner, n: int):
+    def __init__(self, inner: FrameTransport, n: int):
         self.inner = inner
         self.n = n
 
@@ -79,6 +82,15 @@ class _LoseWrites:
             self.n -= 1
             frame = frame[:-1] + bytes([frame[-1] ^ 0x01])
         self.inner.send_frame(frame)
+
+    def recv_frame(self, timeout_s: float | None = None) -> bytes | None:
+        return self.inner.recv_frame(timeout_s)
+
+    def now_s(self) -> float:
+        return self.inner.now_s()
+
+    def close(self) -> None:
+        self.inner.close()
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
