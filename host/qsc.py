@@ -262,6 +262,9 @@ class QSC:
         if (transport is None) == (bridge is None):
             raise QlinkError("QSC: give a transport or a bridge name (bridge='raw', 'udp' or "
                              "'verbs'), not " + ("both" if bridge else "neither"))
+        if bridge == "udp" and call_transport == "roce":
+            raise FieldRangeError("QSC", "call_transport", call_transport,
+                                  "the udp bridge takes CALLs as UDP datagrams only")
         if bridge is not None:
             from .bridges import open_bridge
             opened = open_bridge(bridge, qsc_ip=self.qsc_ip, interface=interface,
@@ -271,10 +274,6 @@ class QSC:
             host_ip = opened.host_ip
             default_calls = opened.call_transport
             self.bridge, self.device = bridge, opened.device
-            if bridge == "udp" and call_transport == "roce":
-                transport.close()
-                raise FieldRangeError("QSC", "call_transport", call_transport,
-                                      "the udp bridge takes CALLs as UDP datagrams only")
         if host_mac is None or host_ip is None:
             raise QlinkError("QSC: host_mac and host_ip are needed with a transport (a bridge "
                              "finds them)")

@@ -32,7 +32,7 @@ from .errors import FieldRangeError
 from .roce import RX_COUNTER_NAMES, RxResult, SlotRingLike
 from .wire.ethernet import EtherType, mac_to_int
 from .wire.ipv4 import IpProtocol, ip_to_int, ipv4_header_ok, ones_complement_sum
-from .wire.packet import build_udp_frame
+from .wire.packet import UDP_FRAME_HEADERS, build_udp_frame
 from .wire.rpc import HEADER_BYTES
 from .wire.udp import udp_checksum, udp_checksum_ok
 
@@ -42,8 +42,6 @@ __all__ = ["UDPCallPort"]
 
 _ETH, _IP, _UDP = 14, 20, 8
 _HEAD = 42
-# Ethernet dst, src, type; IPv4 ver_ihl .. dst; UDP ports, length, checksum.
-_HEADERS = struct.Struct("!6s6sH BBHHHBBHII HHHH")
 
 
 class UDPCallPort:
@@ -108,7 +106,7 @@ class UDPCallPort:
             return self._drop("DROP_ETH" if n < _ETH + 2 or frame[12:14] != b"\x08\x00"
                               else "DROP_IP" if n < _ETH + _IP else "DROP_UDP")
         (dst, src, ethertype, ver_ihl, _tos, total, _ident, flags_frag, _ttl, protocol, _csum,
-         src_ip, dst_ip, sport, dport, udp_len, udp_csum) = _HEADERS.unpack_from(frame)
+         src_ip, dst_ip, sport, dport, udp_len, udp_csum) = UDP_FRAME_HEADERS.unpack_from(frame)
         if dst != self._local_mac_bytes or ethertype != EtherType.IPV4:
             return self._drop("DROP_ETH")
         if (ver_ihl != 0x45 or total < _IP or _ETH + total > n or flags_frag & 0x3FFF

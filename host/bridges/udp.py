@@ -46,7 +46,7 @@ from collections import deque
 from ..errors import FieldRangeError, QlinkError
 from ..wire.ethernet import EtherType, int_to_mac, mac_to_int
 from ..wire.ipv4 import IpProtocol, int_to_ip, ip_to_int
-from ..wire.packet import build_udp_frame
+from ..wire.packet import UDP_FRAME_HEADERS, build_udp_frame
 from ..wire.udp import ROCEV2_PORT
 from .base import FrameTransport, TransportClosedError
 
@@ -57,7 +57,6 @@ _IP_MTU_DISCOVER = 10
 _IP_PMTUDISC_DO = 2
 _SIOCGIFADDR = 0x8915
 _SIOCGIFHWADDR = 0x8927
-_HEADERS = struct.Struct("!12sH BBHHHBBH4s4s HHHH")   # Eth tail, IPv4, UDP (offsets 0..41)
 _MAX_DATAGRAM_BYTES = 65535
 
 
@@ -226,16 +225,16 @@ class UdpSocketTransport(FrameTransport):
         if len(frame) < 42:
             raise FieldRangeError("Ethernet", "length", len(frame),
                                   "shorter than Ethernet + IPv4 + UDP headers (42 bytes)")
-        (_, ethertype, vihl, _tos, _total, ident, flags_frag, _ttl, proto, _csum, src, dst,
-         sport, dport, ulen, _ucsum) = _HEADERS.unpack_from(frame)
+        (dst_mac, _, ethertype, vihl, _tos, _total, ident, flags_frag, _ttl, proto, _csum, src,
+         dst, sport, dport, ulen, _ucsum) = UDP_FRAME_HEADERS.unpack_from(frame)
         if ethertype != EtherType.IPV4:
             raise FieldRangeError("Ethernet", "ethertype", ethertype, "only IPv4 goes by UDP")
         if vihl != 0x45:
             raise FieldRangeError("IPv4", "ihl", vihl & 0xF, "no IPv4 options on a UDP socket")
         if proto != IpProtocol.UDP:
             raise FieldRangeError("IPv4", "protocol", proto, "only UDP goes by a UDP socket")
-        if src != socket.inet_aton(self.host_ip):
-            raise FieldRangeError("IPv4", "src", socket.inet_ntoa(src),
+        if src != self._host_ip_int:
+            raise FieldRangeError("IPv4", "src", int_to_ip(src),
                                   f"this transport sends from {self.host_ip}")
         if dport == ROCEV2_PORT and (ident != 0 or flags_frag != 0x4000):
             raise FieldRangeError("IPv4", "identification" if ident else "flags",
@@ -245,8 +244,8 @@ class UdpSocketTransport(FrameTransport):
         if not 8 <= ulen <= len(frame) - 34:
             raise FieldRangeError("UDP", "length", ulen, f"a {len(frame)}-byte frame holds "
                                   f"8..{len(frame) - 34} bytes of UDP")
-        dst_ip = socket.inet_ntoa(dst)
-        self._peer_macs[int.from_bytes(dst, "big")] = int.from_bytes(frame[0:6], "big")
+        dst_ip = int_to_ip(dst)
+        self._peer_macs[dst] = int.from_bytes(dst_mac, "big")
         s = self._socket(sport)
         if dport == ROCEV2_PORT:
             s.setsockopt(socket.SOL_SOCKET, _SO_NO_CHECK, 1)

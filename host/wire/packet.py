@@ -39,6 +39,7 @@ __all__ = [
     "ROCE_HEADERS_BYTES",
     "RETH_CODEC",
     "IMMDT_CODEC",
+    "UDP_FRAME_HEADERS",
 ]
 
 #: UDP source port of the RoCEv2 packets we build unless told otherwise (the QSC's reset value of
@@ -54,6 +55,9 @@ _ETH_BYTES = ETHERNET.length_bytes   # 14
 #: which field of the :class:`~openqlink.wire.header.Header` definitions (the single definition;
 #: a test checks this table against them) is :data:`ROCE_HEADER_FIELDS`.
 ROCE_HEADERS = struct.Struct("!6s6sH" "BBHHHBBHII" "HHHH" "BBHII")
+#: The Ethernet II, IPv4 (no options) and UDP headers of any UDP frame (42 bytes): the first 17
+#: items of :data:`ROCE_HEADERS`, as :data:`ROCE_HEADER_FIELDS` names them.
+UDP_FRAME_HEADERS = struct.Struct(ROCE_HEADERS.format[:-len("BBHII")])
 ROCE_HEADERS_BYTES = ROCE_HEADERS.size
 #: ``(header name, field) -> (item of ROCE_HEADERS.unpack, right shift, width in bits)``;
 #: 48-bit MAC addresses are items of 6 bytes, in wire order.
