@@ -6,12 +6,12 @@ Compile where you link: LTO-IR written by a newer NVRTC or NVVM cannot be read b
 nvJitLink, so :func:`toolchain_versions` goes into every cache key, with the architecture.
 
 * :func:`nvrtc_compile` -- CUDA C++ source (plus named headers) to LTO-IR with NVRTC
-  (``-arch=sm_XY -dlto -rdc=true``); raises :class:`openqlink.errors.CompileError` with NVRTC's
-  log.
+  (``cuda.core.Program``: ``-arch=sm_XY -dlto -rdc=true``); raises
+  :class:`openqlink.errors.CompileError` with NVRTC's log.
 * :func:`numba_compile` -- a Python function to LTO-IR with numba-cuda (``abi="c"``, the C name
   given by ``abi_name``); raises :class:`~openqlink.errors.CompileError`.
-* :func:`nvjitlink_link` -- LTO-IR inputs to one cubin; raises
-  :class:`openqlink.errors.LinkError` carrying nvJitLink's log.
+* :func:`nvjitlink_link` -- LTO-IR inputs to one cubin (``cuda.core.Linker`` on nvJitLink);
+  raises :class:`openqlink.errors.LinkError` carrying nvJitLink's log.
 * :class:`LinkCache` -- cubins by key, in memory and on disk (``$OPENQLINK_CACHE_DIR``, else
   ``$XDG_CACHE_HOME/openqlink/gpu``, else ``~/.cache/openqlink/gpu``).
 * :func:`cubin_symbols` -- the symbols a cubin defines (ELF symbol table), to check a link.
@@ -132,47 +132,70 @@ class LinkInput:
     ltoir: bytes
 
 
-def _nvrtc_log(nvrtc: Any, prog: Any) -> str:
-    err, size = nvrtc.nvrtcGetProgramLogSize(prog)
-    buf = b" " * size
-    nvrtc.nvrtcGetProgramLog(prog, buf)
-    return buf.rstrip(b"\0 ").decode(errors="replace")
+def _core() -> Any:
+    """``cuda.core`` (the ``[gpu]`` extra), or :class:`GPUError` naming what is missing."""
+    try:
+        import cuda.core as core
+    except ImportError as exc:
+        raise GPUError(f"cuda.core is not installed (pip install 'openqlink[gpu]'): {exc}") \
+            from None
+    return core
+
+
+def _macros(name: str, options: Sequence[str]) -> list[str | tuple[str, str]]:
+    """``-DNAME`` / ``-DNAME=VALUE`` options as cuda.core's ``define_macro`` entries; any other
+    option is a :class:`CompileError` naming it."""
+    macros: list[str | tuple[str, str]] = []
+    for option in options:
+        if not option.startswith("-D") or len(option) == 2:
+            raise CompileError(name, f"unsupported NVRTC option {option!r} (only -DNAME[=VALUE])")
+        macro, eq, value = option[2:].partition("=")
+        macros.append((macro, value) if eq else macro)
+    return macros
 
 
 def nvrtc_compile(source: str, name: str, arch: str, *,
                   headers: Mapping[str, str] | None = None,
                   options: Sequence[str] = ()) -> bytes:
-    """Compile CUDA C++ ``source`` to LTO-IR for ``arch`` (``"sm_90"``) with NVRTC.
+    """Compile CUDA C++ ``source`` to LTO-IR for ``arch`` (``"sm_90"``) with NVRTC, through
+    ``cuda.core.Program``.
 
-    ``headers`` maps include names to their text (``#include "name"`` finds them); options
-    ``-arch=<arch> -dlto -rdc=true -default-device -std=c++17`` come first, then ``options``.
-    Raises :class:`CompileError` carrying NVRTC's log, :class:`GPUError` when NVRTC is missing.
+    ``headers`` maps include names to their text (``#include "name"`` finds them: they are
+    written into a private include directory for the compilation); ``options`` are macro
+    definitions ``-DNAME[=VALUE]``. The compilation is NVRTC's ``-arch=<arch> -dlto -rdc=true
+    -default-device -std=c++17``. Raises :class:`CompileError` carrying NVRTC's log (also for
+    an option other than ``-D``), :class:`GPUError` when NVRTC or cuda.core is missing.
     """
     parse_arch(arch)
-    try:
-        from cuda.bindings import nvrtc
-    except ImportError as exc:
-        raise GPUError(f"NVRTC is not installed (pip install 'openqlink[gpu]'): {exc}") from None
+    core = _core()
+    macros = _macros(name, options)
     heads = dict(headers or {})
-    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), name.encode(), len(heads),
-                                         [v.encode() for v in heads.values()],
-                                         [k.encode() for k in heads])
-    if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-        raise CompileError(name, f"nvrtcCreateProgram: {err.name}")
-    try:
-        opts = [f"-arch={arch}", "-dlto", "-rdc=true", "-default-device", "-std=c++17",
-                *options]
-        (err,) = nvrtc.nvrtcCompileProgram(prog, len(opts), [o.encode() for o in opts])
-        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise CompileError(name, _nvrtc_log(nvrtc, prog) or err.name)
-        err, size = nvrtc.nvrtcGetLTOIRSize(prog)
-        out = b" " * size
-        (err,) = nvrtc.nvrtcGetLTOIR(prog, out)
-        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise CompileError(name, f"nvrtcGetLTOIR: {err.name}")
-        return bytes(out)
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
+    with tempfile.TemporaryDirectory(prefix="openqlink-nvrtc-") as include:
+        for header, text in heads.items():
+            path = Path(include, header)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(text)
+        opts = core.ProgramOptions(
+            name=name, arch=arch, link_time_optimization=True, relocatable_device_code=True,
+            device_as_default_execution_space=True, std="c++17",
+            define_macro=macros or None, include_path=[include] if heads else None)
+        try:
+            program = core.Program(source, "c++", opts)
+        except ImportError as exc:
+            raise GPUError(f"NVRTC is not installed (pip install 'openqlink[gpu]'): {exc}") \
+                from None
+        try:
+            code = program.compile("ltoir")
+        except Exception as exc:
+            if type(exc).__name__ != "NVRTCError":   # cuda.core's compile failure
+                raise
+            text = str(exc).rstrip("\0 \n")
+            log_at = text.find("compilation log:")
+            raise CompileError(name, text[log_at + len("compilation log:"):].strip()
+                               if log_at >= 0 else text) from None
+        finally:
+            program.close()
+    return bytes(code.code)
 
 
 def numba_compile(func: Callable[..., Any], signature: Sequence[Any], abi_name: str,
@@ -200,55 +223,37 @@ def numba_compile(func: Callable[..., Any], signature: Sequence[Any], abi_name: 
     return bytes(ltoir), types.unliteral(resty)
 
 
-def nvjitlink_link(inputs: Iterable[LinkInput], arch: str,
-                   options: Sequence[str] = ()) -> bytes:
-    """Link LTO-IR ``inputs`` into one cubin for ``arch`` with nvJitLink (``-lto``).
+def nvjitlink_link(inputs: Iterable[LinkInput], arch: str) -> bytes:
+    """Link LTO-IR ``inputs`` into one cubin for ``arch`` with nvJitLink (``-lto``), through
+    ``cuda.core.Linker``.
 
-    Raises :class:`LinkError` carrying nvJitLink's error and info logs (undefined or duplicate
-    symbols, LTO-IR from a newer compiler, ...), :class:`GPUError` when nvJitLink is missing.
+    Raises :class:`LinkError` carrying nvJitLink's error log (undefined or duplicate symbols,
+    LTO-IR from a newer compiler or for a newer architecture, ...), :class:`GPUError` when
+    nvJitLink or cuda.core is missing (cuda.core would fall back to the driver's linker, which
+    needs a GPU: openqlink links with nvJitLink only).
     """
     parse_arch(arch)
     items = list(inputs)
     names = tuple(i.name for i in items)
+    core = _core()
     try:
         from cuda.bindings import nvjitlink
-    except ImportError as exc:
+        nvjitlink.version()
+    except Exception as exc:
         raise GPUError(f"nvJitLink is not installed (pip install 'openqlink[gpu]'): {exc}") \
             from None
-    handle = nvjitlink.create(2 + len(options), [f"-arch={arch}", "-lto", *options])
-
-    def logs() -> str:
-        parts = []
-        for get_size, get in ((nvjitlink.get_error_log_size, nvjitlink.get_error_log),
-                              (nvjitlink.get_info_log_size, nvjitlink.get_info_log)):
-            try:
-                n = get_size(handle)
-                buf = bytearray(n)
-                get(handle, buf)
-                text = bytes(buf).rstrip(b"\0").decode(errors="replace").strip()
-            except Exception as exc:  # the log itself failed: say so in the error
-                text = f"(log unavailable: {exc})"
-            if text:
-                parts.append(text)
-        return "\n".join(parts)
-
+    objects = [core.ObjectCode.from_ltoir(i.ltoir, name=i.name) for i in items]
     try:
-        for item in items:
-            try:
-                nvjitlink.add_data(handle, nvjitlink.InputType.LTOIR, item.ltoir,
-                                   len(item.ltoir), item.name)
-            except nvjitlink.nvJitLinkError as exc:
-                raise LinkError(names, f"adding {item.name}: {exc}\n{logs()}") from None
-        try:
-            nvjitlink.complete(handle)
-        except nvjitlink.nvJitLinkError as exc:
-            raise LinkError(names, f"{exc}\n{logs()}") from None
-        size = nvjitlink.get_linked_cubin_size(handle)
-        cubin = bytearray(size)
-        nvjitlink.get_linked_cubin(handle, cubin)
-        return bytes(cubin)
+        linker = core.Linker(*objects, options=core.LinkerOptions(
+            arch=arch, link_time_optimization=True))
+    except nvjitlink.nvJitLinkError as exc:
+        raise LinkError(names, str(exc).strip()) from None
+    try:
+        return bytes(linker.link("cubin").code)
+    except nvjitlink.nvJitLinkError as exc:
+        raise LinkError(names, str(exc).strip()) from None
     finally:
-        nvjitlink.destroy(handle)
+        linker.close()
 
 
 def cubin_symbols(cubin: bytes) -> set[str]:
