@@ -68,12 +68,26 @@ extern "C" __device__ int rpc_increment(const void* in, void* out, uint32_t arg_
 }
 '''
 
+#: A handler that does nothing (no argument read, no result): with it the kernel's in-kernel
+#: turnaround is the dispatch path's own cost (poll hand-over, lookup, response header, copy out,
+#: publish), and the difference to ``rpc_increment``'s is that handler's cost.
+EMPTY_SRC = r'''
+#include "openqlink_dispatch.cuh"
+extern "C" __device__ int rpc_empty(const void* in, void* out, uint32_t arg_len,
+                                    uint32_t max_result_len, uint32_t* result_len) {
+    *result_len = 0;
+    return 0;
+}
+'''
+
 STAGES = ("staged", "dispatch", "copy out", "fence", "seq store", "seen->published")
 
 
 def make_plane(a, arr: TypeDesc, options: tuple[str, ...] = (), *, inline: bool = False,
                src: str = INCREMENT_SRC, single_thread: bool = False, timing: int = 0,
-               trace: int = 0) -> GPUDataPlane:
+               trace: int = 0, empty: bool = False) -> GPUDataPlane:
+    """A data plane serving ``rpc_increment`` (``src``), or with ``empty`` ``rpc_empty`` (same
+    argument, no result)."""
     bridge = TransportBridge(LOOPBACK_BRIDGE.name, LOOPBACK_BRIDGE.source, options)
     kernel = None
     if single_thread:  # CUDA-Q's launch: the built-in kernel on one thread
@@ -81,13 +95,15 @@ def make_plane(a, arr: TypeDesc, options: tuple[str, ...] = (), *, inline: bool 
         kernel = DispatchKernel(builtin.source, builtin.entry, builtin_launch, builtin.name)
     plane = GPUDataPlane(a.slots, a.slot_size, bridge=bridge, kernel=kernel,
                          inline_handlers=inline, timing_capacity=timing, trace_capacity=trace)
-    plane.add(FunctionEntry("rpc_increment", DispatchMode.DEVICE_CALL, (arr,), (arr,),
-                            CudaHandler(src)))
-    plane.get_device_handler("rpc_increment")  # link + load before anything runs
+    name = "rpc_empty" if empty else "rpc_increment"
+    plane.add(FunctionEntry(name, DispatchMode.DEVICE_CALL, (arr,), () if empty else (arr,),
+                            CudaHandler(EMPTY_SRC if empty else src)))
+    plane.get_device_handler(name)  # link + load before anything runs
     return plane
 
 
-def sweep(a, request: list[bytes], expected: list[bytes], arr: TypeDesc) -> list[dict]:
+def sweep(a, request: list[bytes], expected: list[bytes], arr: TypeDesc,
+          empty_request: list[bytes], empty_expected: list[bytes]) -> list[dict]:
     """N round trips per variant; the bridge variants with the stage trace (handler call through
     the table's pointer unless the label says inlined)."""
     floors = [(f"floor, {FENCES[f]}", f) for f in (0, 1, 2)]
@@ -101,6 +117,8 @@ def sweep(a, request: list[bytes], expected: list[bytes], arr: TypeDesc) -> list
          {}),
         ("single thread <<<1,1>>> (CUDA-Q launch), fence.sc.sys", (), {"single_thread": True}),
         ("line poll, fence.sc.sys, byte-loop handler", (), {"src": BYTE_LOOP_SRC}),
+        ("line poll, fence.sc.sys, inlined call, empty handler", (),
+         {"inline": True, "empty": True}),
     ]
     n = a.sweep + a.warmup
     rows = []
@@ -115,7 +133,9 @@ def sweep(a, request: list[bytes], expected: list[bytes], arr: TypeDesc) -> list
         plane = make_plane(a, arr, opts, trace=n, timing=n, **kw)
         plane.start()
         assert plane.ring is not None
-        lat, bad = run_loop(plane.ring, request, expected, a.sweep, a.warmup)
+        empty = kw.get("empty", False)
+        lat, bad = run_loop(plane.ring, empty_request if empty else request,
+                            empty_expected if empty else expected, a.sweep, a.warmup)
         plane.stop()
         traces = plane.traces_ns()[a.warmup:]
         kern = plane.timings_ns()[a.warmup:]
@@ -138,30 +158,40 @@ def sweep(a, request: list[bytes], expected: list[bytes], arr: TypeDesc) -> list
 
 
 def compare(a, fence: int, inline: bool, request: list[bytes], expected: list[bytes],
-            arr: TypeDesc) -> dict:
-    """The main comparison: floor and dispatch in alternating blocks, each block on fresh rings
-    (new pinned memory for both), so that where an allocation lands weighs on both alike."""
+            arr: TypeDesc, empty_request: list[bytes], empty_expected: list[bytes]) -> dict:
+    """The main comparison: the floor, the dispatch kernel with ``rpc_increment`` and with the
+    empty handler, in alternating blocks, each block on fresh rings (new pinned memory for
+    each), so that where an allocation lands weighs on all alike. The dispatch path's overhead
+    is the empty handler's in-kernel turnaround less the floor's; the handler's own cost is
+    ``rpc_increment``'s less the empty one's."""
     per_block = a.requests // a.rounds
     options = (f"-DQLINK_LOOPBACK_FENCE={fence}", *a.bridge_option)
     plane = make_plane(a, arr, options, inline=inline, timing=per_block + a.warmup)
+    empty = make_plane(a, arr, options, inline=inline, timing=per_block + a.warmup, empty=True)
     floor = FloorPingPong(plane.device, a.slots, a.slot_size, per_block + a.warmup, fence=fence)
-    lat = {"floor": [], "dispatch": []}
-    kern = {"floor": [], "dispatch": []}
+    sides = ("floor", "dispatch", "empty")
+    lat: dict[str, list[int]] = {k: [] for k in sides}
+    kern: dict[str, list[int]] = {k: [] for k in sides}
     block_ratios = []
     bad = 0
     for _ in range(a.rounds):
         got_floor, _ = run_loop(floor.start(), request, None, per_block, a.warmup)
         lat["floor"] += got_floor
         kern["floor"] += floor.stop()[a.warmup:]
-        plane.start()
-        assert plane.ring is not None
-        got, b = run_loop(plane.ring, request, expected, per_block, a.warmup)
-        bad += b
-        lat["dispatch"] += got
-        plane.stop()
-        kern["dispatch"] += plane.timings_ns()[a.warmup:]
-        block_ratios.append(round(statistics.median(got) / statistics.median(got_floor), 3))
+        for side, p, req, exp in (("dispatch", plane, request, expected),
+                                  ("empty", empty, empty_request, empty_expected)):
+            p.start()
+            assert p.ring is not None
+            got, b = run_loop(p.ring, req, exp, per_block, a.warmup)
+            bad += b
+            lat[side] += got
+            p.stop()
+            kern[side] += p.timings_ns()[a.warmup:]
+            if side == "dispatch":
+                block_ratios.append(round(statistics.median(got)
+                                          / statistics.median(got_floor), 3))
     plane.close()
+    empty.close()
     floor.close()
     mode = "inlined" if inline else "table pointer"
     print(f"\n{FENCES[fence]}, handler call {mode}: {a.payload}-byte payload, {a.slots} x "
@@ -170,15 +200,23 @@ def compare(a, fence: int, inline: bool, request: list[bytes], expected: list[by
           f"responses: {bad}")
     rows = [("floor: seq ping-pong, no dispatch (round trip)", summary(lat["floor"])),
             (f"unified dispatch kernel, {mode} (round trip)", summary(lat["dispatch"])),
+            (f"unified dispatch kernel, {mode}, empty handler (round trip)",
+             summary(lat["empty"])),
             ("floor: in-kernel turnaround (%globaltimer)", summary(kern["floor"])),
-            ("dispatch: in-kernel turnaround (%globaltimer)", summary(kern["dispatch"]))]
+            ("dispatch: in-kernel turnaround (%globaltimer)", summary(kern["dispatch"])),
+            ("empty handler: in-kernel turnaround (%globaltimer)", summary(kern["empty"]))]
     print_table(f"Round trip host -> GPU -> host, Python poller, {FENCES[fence]}, {mode} "
                 "(microseconds)", rows)
     ratio = rows[1][1]["p50_us"] / rows[0][1]["p50_us"]
+    overhead_us = rows[5][1]["p50_us"] - rows[3][1]["p50_us"]
+    handler_us = rows[4][1]["p50_us"] - rows[5][1]["p50_us"]
     print(f"\np50 dispatch / floor = {ratio:.3f} (target <= 1.2); per block: "
           f"{' '.join(f'{r:.3f}' for r in block_ratios)}")
+    print(f"in-kernel p50: dispatch path overhead (empty handler - floor) = {overhead_us:.3f} us "
+          f"(target < 0.3); rpc_increment's own cost (increment - empty) = {handler_us:.3f} us")
     return {"fence": FENCES[fence], "handler_call": mode, "wrong_responses": bad,
-            "ratio_p50": ratio, "block_ratios": block_ratios, "rows": dict(rows)}
+            "ratio_p50": ratio, "block_ratios": block_ratios,
+            "dispatch_overhead_us": overhead_us, "handler_us": handler_us, "rows": dict(rows)}
 
 
 def main() -> int:
@@ -207,6 +245,9 @@ def main() -> int:
                for k, p in enumerate(payloads)]
     expected = [Response(0, k, k << 20, bytes((b + 1) & 0xFF for b in p)).pack()
                 for k, p in enumerate(payloads)]
+    empty_request = [Request(fnv1a32("rpc_empty"), k, k << 20, p).pack()
+                     for k, p in enumerate(payloads)]
+    empty_expected = [Response(0, k, k << 20, b"").pack() for k in range(len(payloads))]
     probe = make_plane(a, arr)
     a.device = probe.device
     env = environment(probe.device)
@@ -214,9 +255,9 @@ def main() -> int:
     print(f"GPU {env['gpu']} ({env['arch']}), driver CUDA {env['driver_cuda_version']}, NVRTC "
           f"{env['nvrtc']}, nvJitLink {env['nvjitlink']}, Python {env['python']}, {env['date']}; "
           f"poller pinned to CPU {cpu}")
-    swept = sweep(a, request, expected, arr) if a.sweep else []
-    results = [compare(a, a.fence, c == "inline", request, expected, arr)
-               for c in (a.call or ["inline"])]
+    swept = sweep(a, request, expected, arr, empty_request, empty_expected) if a.sweep else []
+    results = [compare(a, a.fence, c == "inline", request, expected, arr, empty_request,
+                       empty_expected) for c in (a.call or ["inline"])]
     bad = sum(r["wrong_responses"] for r in results) + sum(r["wrong"] for r in swept)
     args = {k: v for k, v in vars(a).items() if k != "device"}
     write_json(a.json, {"environment": env, "poller_cpu": cpu, "args": args,
