@@ -28,9 +28,11 @@ cannot be loaded prints one line and exits with status 1.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import click
@@ -531,15 +533,18 @@ def sim_command(programs: tuple[Path, ...], num_ppus: int, qubits: int,
             raise click.BadParameter(message, ctx=click.get_current_context(),
                                      param_hint="'--model'") from None
     try:
-        results = run_sim(list(programs), handlers=handler_arg, json_path=json_path,
-                          pcap_path=pcap_path, waves_path=waves_path, params=params,
-                          build_dir=build_dir, seed=seed, qubits=qubits, model=model,
-                          host_turnaround_ns=host_turnaround_ns, verilog_path=verilog_path,
-                          max_run_ns=round(max_run_us * 1000), gpu=gpu, simulator=simulator,
-                          **({"gpu_frames": True} if gpu_frames else {}),
-                          tap=tap, tap_hold_s=tap_hold_s or 0.0,
-                          **({"calls": calls} if calls else {}),
-                          **({"bridge": bridge_name} if bridge_name else {}))
+        with _status_line("qlink sim") as progress:
+            results = run_sim(list(programs), handlers=handler_arg, json_path=json_path,
+                              pcap_path=pcap_path, waves_path=waves_path, params=params,
+                              build_dir=build_dir, seed=seed, qubits=qubits, model=model,
+                              host_turnaround_ns=host_turnaround_ns,
+                              verilog_path=verilog_path, max_run_ns=round(max_run_us * 1000),
+                              gpu=gpu, simulator=simulator,
+                              **({"gpu_frames": True} if gpu_frames else {}),
+                              tap=tap, tap_hold_s=tap_hold_s or 0.0,
+                              **({"calls": calls} if calls else {}),
+                              **({"bridge": bridge_name} if bridge_name else {}),
+                              progress=progress)
     except AssemblerError as exc:
         _fail(str(exc))
         return
@@ -790,7 +795,10 @@ def verilog_command(output: Path | None, num_ppus: int, qubits: int, samples_per
         _fail(f"qlink verilog: {exc}")
         return
     try:
-        text = generate_top_verilog(params)
+        with _status_line("qlink verilog") as progress:
+            if progress is not None:
+                progress("elaborating the top (Amaranth, then Yosys)")
+            text = generate_top_verilog(params)
     except SimulationError as exc:
         _fail(f"qlink verilog: {exc}")
         return
@@ -840,7 +848,10 @@ def build_command(board: str | None, verilog: bool, out_dir: Path, seed: int | N
     if verilog:
         params = _board_profile("build", board).params if board else None
         try:
-            v_path, j_path = builder.export_verilog(out_dir, params)
+            with _status_line("qlink build --verilog") as progress:
+                if progress is not None:
+                    progress("elaborating the top (Amaranth, then Yosys)")
+                v_path, j_path = builder.export_verilog(out_dir, params)
         except OSError as exc:
             _fail(f"qlink build: {exc}", 1)
             return
@@ -874,6 +885,21 @@ def build_command(board: str | None, verilog: bool, out_dir: Path, seed: int | N
 
 def _exit_on_signal(signum, frame) -> None:
     raise SystemExit(128 + signum)
+
+
+@contextlib.contextmanager
+def _status_line(title: str) -> Iterator[Callable[[str], None] | None]:
+    """A rich status line on stderr that a progress callback updates (``title: line``), or
+    None where stderr is not a terminal (a pipe or a log gets the results alone)."""
+    from rich.console import Console
+    from rich.markup import escape
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield None
+        return
+    with console.status(f"{title}: starting") as status:
+        yield lambda line: status.update(f"{title}: {escape(line)}")
 
 
 def _build_with_progress(builder, prof, out_dir: Path, **options):

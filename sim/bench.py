@@ -969,10 +969,35 @@ class TB:
         return f"{Path(loc.filename).name}:{loc.line}: {loc.text.strip()}"
 
 
+#: How often the heartbeat looks at the wall clock (simulated ns), and how often it writes
+#: (wall-clock s).
+HEARTBEAT_CHECK_NS = 1000
+HEARTBEAT_WRITE_S = 0.5
+
+
+async def _heartbeat(path: Path) -> None:
+    """Write the simulated time reached (``{"sim_time_ns": t}``) to ``path`` about every
+    :data:`HEARTBEAT_WRITE_S` of wall-clock time, for the runner's progress display; each write
+    is atomic (a temporary file renamed over ``path``)."""
+    last = time.monotonic()
+    tmp = path.with_name(path.name + ".tmp")
+    while True:
+        await Timer(HEARTBEAT_CHECK_NS, "ns")
+        now = time.monotonic()
+        if now - last >= HEARTBEAT_WRITE_S:
+            last = now
+            tmp.write_text(json.dumps({"sim_time_ns": cocotb.utils.get_sim_time("ns")}))
+            os.replace(tmp, path)
+
+
 async def run_configured(dut, bench_class: type[TB]) -> None:
     """Build ``bench_class`` from the configuration file ``$OPENQLINK_SIM_CONFIG`` names, run
-    its program end to end and write the results JSON to the file the configuration names."""
+    its program end to end and write the results JSON to the file the configuration names.
+    With ``cfg["progress"]`` (a path), the simulated time reached is written there as the run
+    goes (:func:`_heartbeat`)."""
     cfg = json.loads(Path(os.environ["OPENQLINK_SIM_CONFIG"]).read_text())
+    if cfg.get("progress"):
+        cocotb.start_soon(_heartbeat(Path(cfg["progress"])))
     tb = bench_class(dut, cfg)
     await tb.reset()
     results = await tb.run()

@@ -8,6 +8,7 @@ simulators get the same Verilog text and give the same results (``docs/simulatio
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -17,7 +18,9 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from pathlib import Path
 
@@ -326,10 +329,44 @@ def SimConfig(**overrides) -> dict:
     return cfg
 
 
+#: A progress callback: called with a short line saying what a long step is doing.
+Progress = Callable[[str], None]
+
+
+class _SimulationWatch:
+    """While the simulator runs, a thread that reads the bench's heartbeat file (the simulated
+    time reached) every ``interval_s`` and tells ``progress``."""
+
+    def __init__(self, path: Path, progress: Progress, interval_s: float = 0.5):
+        self.path, self.progress, self.interval_s = path, progress, interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._watch, name="qlink-sim-progress",
+                                        daemon=True)
+
+    def _watch(self) -> None:
+        t0 = time.monotonic()
+        while not self._stop.wait(self.interval_s):
+            try:
+                sim_ns = json.loads(self.path.read_text())["sim_time_ns"]
+            except (OSError, ValueError, KeyError, TypeError):
+                sim_ns = None
+            elapsed = time.monotonic() - t0
+            self.progress(f"simulating: {sim_ns / 1000:.1f} us simulated, {elapsed:.0f} s"
+                          if sim_ns is not None else f"simulating: starting, {elapsed:.0f} s")
+
+    def __enter__(self) -> _SimulationWatch:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
 def run_bench(module: str, cfg: dict, *, params: QSCParams | None = None,
               build_dir: str | Path | None = None, waves_path: str | Path | None = None,
               verilog_path: str | Path | None = None,
-              simulator: str = DEFAULT_SIMULATOR) -> dict:
+              simulator: str = DEFAULT_SIMULATOR, progress: Progress | None = None) -> dict:
     """Build the top for ``params``, run the cocotb test module ``module`` on ``simulator``
     (``"icarus"`` or ``"verilator"``) with ``cfg`` (written to a JSON file named by
     ``OPENQLINK_SIM_CONFIG``; the bench writes its results to ``cfg["results"]``, filled in
@@ -339,7 +376,9 @@ def run_bench(module: str, cfg: dict, *, params: QSCParams | None = None,
     Verilator's goes to its ``verilator`` subdirectory (:func:`simulator_build_dir`).
     ``verilog_path`` names a Verilog file made beforehand by ``qlink verilog --sim`` for these
     ``params`` (on a machine without Yosys, e.g. the GPU machine); by default the top is
-    elaborated here.
+    elaborated here. ``progress``, if given, is told each step (the Verilog, the simulator's
+    build, the simulation) and, about twice a second while the simulation runs, the simulated
+    time reached; it is called from another thread while the simulator runs.
 
     Raises :class:`SimulationError` for an unknown simulator or one that is not installed
     (before anything is built), when the simulator or cocotb fail or a test of ``module``
@@ -348,6 +387,8 @@ def run_bench(module: str, cfg: dict, *, params: QSCParams | None = None,
     params = params or QSCParams()
     build_dir = simulator_build_dir(build_dir, simulator).resolve()
     runner = _make_runner(simulator)
+    tell = progress or (lambda line: None)
+    tell("the top's Verilog (elaborated with Amaranth and Yosys unless it is up to date)")
     if verilog_path is not None:
         build_dir.mkdir(parents=True, exist_ok=True)
         verilog = build_dir / f"{TOPLEVEL}.v"
@@ -361,6 +402,8 @@ def run_bench(module: str, cfg: dict, *, params: QSCParams | None = None,
         tmp = Path(tmp)
         results_path = tmp / "results.json"
         cfg = {**cfg, "params": asdict(params), "results": str(results_path)}
+        if progress is not None:
+            cfg["progress"] = str(tmp / "progress.json")
         cfg_path = tmp / "config.json"
         cfg_path.write_text(json.dumps(cfg, indent=2))
         # The runner warns "Skipping compilation" when the Verilog is unchanged: that is ours.
@@ -370,6 +413,7 @@ def run_bench(module: str, cfg: dict, *, params: QSCParams | None = None,
             build_args += VERILATOR_ARGS
             if waves:
                 build_args.append("--trace-fst")
+        tell(f"building the simulator ({simulator})")
         try:
             runner.build(sources=[verilog], hdl_toplevel=TOPLEVEL, build_dir=build_dir,
                          timescale=("1ns", "1ps"), waves=waves, build_args=build_args,
@@ -382,11 +426,16 @@ def run_bench(module: str, cfg: dict, *, params: QSCParams | None = None,
             raise SimulationError("Icarus found an always @* block that never runs (see "
                                   f"{build_dir / 'build.log'}): icarus_compatible() must "
                                   "learn its form")
+        tell("simulating: starting")
+        watch = _SimulationWatch(Path(cfg["progress"]), tell) if progress is not None \
+            else contextlib.nullcontext()
         try:
-            runner.test(test_module=module, hdl_toplevel=TOPLEVEL, build_dir=build_dir,
-                        test_dir=build_dir, waves=waves,
-                        extra_env={"OPENQLINK_SIM_CONFIG": str(cfg_path)},
-                        results_xml=str(tmp / "results.xml"), log_file=build_dir / "sim.log")
+            with watch:
+                runner.test(test_module=module, hdl_toplevel=TOPLEVEL, build_dir=build_dir,
+                            test_dir=build_dir, waves=waves,
+                            extra_env={"OPENQLINK_SIM_CONFIG": str(cfg_path)},
+                            results_xml=str(tmp / "results.xml"),
+                            log_file=build_dir / "sim.log")
         except (Exception, SystemExit) as exc:
             raise SimulationError(f"simulation failed: {exc}; log: "
                                   f"{build_dir / 'sim.log'}") from None
@@ -410,7 +459,8 @@ def run_sim(program: str | Path | Sequence[str | Path], *,
             build_dir: str | Path | None = None, verilog_path: str | Path | None = None,
             qubits: int = 1, model: Mapping | str | Path | None = None,
             simulator: str = DEFAULT_SIMULATOR, tap: str | None = None,
-            tap_hold_s: float = 0.0, **bench: object) -> dict:
+            tap_hold_s: float = 0.0, progress: Progress | None = None,
+            **bench: object) -> dict:
     """Simulate ``program`` end to end and return the results dictionary.
 
     Parameters
@@ -454,6 +504,8 @@ def run_sim(program: str | Path | Sequence[str | Path], *,
         With ``tap``: after the host's session, keep the QSC on the TAP until the kernel has
         sent it nothing for this many seconds of wall-clock time (default 0: the run ends with
         the session), e.g. to ping it.
+    progress : callable, optional
+        Told what each long step is doing (:func:`run_bench`), e.g. for a status line.
     **bench
         Overrides of :func:`SimConfig` (``seed``, ``host_turnaround_ns``, ``calls``:
         ``"roce"`` or ``"udp"``, the QPs' call transport; ``bridge``: with ``tap``, ``"raw"``
@@ -576,7 +628,8 @@ def run_sim(program: str | Path | Sequence[str | Path], *,
         "pcap": str(Path(pcap_path).resolve()) if pcap_path else None,
     })
     results = run_bench("openqlink.sim.bench", cfg, params=params, build_dir=build_dir,
-                        waves_path=waves_path, verilog_path=verilog_path, simulator=simulator)
+                        waves_path=waves_path, verilog_path=verilog_path, simulator=simulator,
+                        progress=progress)
     if json_path is not None:
         Path(json_path).write_text(json.dumps(results, indent=2, sort_keys=True) + "\n")
     return results

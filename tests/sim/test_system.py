@@ -87,7 +87,13 @@ def test_active_reset_with_outcome_one_plays_the_reset_pulse(run_one):
 
 
 def test_active_reset_with_outcome_zero_skips_the_reset_pulse(build_dir):
-    results = run_sim(PROGRAM, build_dir=build_dir, seed=SEED_ZERO)
+    lines: list[str] = []
+    results = run_sim(PROGRAM, build_dir=build_dir, seed=SEED_ZERO, progress=lines.append)
+    # The progress callback heard each step in order, then the simulated time as it grew.
+    steps = [line.split(":")[0].split(" (")[0] for line in lines]
+    assert steps[:3] == ["the top's Verilog", "building the simulator", "simulating"], lines
+    simulated = [float(line.split()[1]) for line in lines if "us simulated" in line]
+    assert simulated and simulated == sorted(simulated) and simulated[-1] > 0, lines
     assert results["status"]["state"] == "DONE"
     assert [m["outcome"] for m in results["measurements"]] == [0]
     assert len(_plays(results)) == 1
