@@ -286,8 +286,14 @@ class DispatchProgram:
                              "max_result_len, result_len);")
             lines.append("    default: break;")
             lines.append("    }")
-        lines.append("    return reinterpret_cast<qlink_device_rpc_fn>(e->handler.device_fn_ptr)"
-                     "(in, out, arg_len, max_result_len, result_len);")
+        # Through the table's pointer: the callee gets the address of a variable of its own,
+        # so that the caller's result_len (in the kernel, once this is inlined) never has its
+        # address taken and stays in a register on the direct calls' path.
+        lines.append("    uint32_t n = 0;")
+        lines.append("    const int status = reinterpret_cast<qlink_device_rpc_fn>("
+                     "e->handler.device_fn_ptr)(in, out, arg_len, max_result_len, &n);")
+        lines.append("    *result_len = n;")
+        lines.append("    return status;")
         lines.append("}")
         return "\n".join(lines) + "\n"
 
