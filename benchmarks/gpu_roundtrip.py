@@ -119,6 +119,10 @@ def sweep(a, request: list[bytes], expected: list[bytes], arr: TypeDesc,
         ("line poll, fence.sc.sys, byte-loop handler", (), {"src": BYTE_LOOP_SRC}),
         ("line poll, fence.sc.sys, inlined call, empty handler", (),
          {"inline": True, "empty": True}),
+        ("line poll, inlined call, response written in place (DIRECT_TX=1)",
+         ("-DQLINK_LOOPBACK_DIRECT_TX=1",), {"inline": True}),
+        ("line poll, inlined call, empty handler, in place (DIRECT_TX=1)",
+         ("-DQLINK_LOOPBACK_DIRECT_TX=1",), {"inline": True, "empty": True}),
     ]
     n = a.sweep + a.warmup
     rows = []

@@ -47,7 +47,10 @@
 // also a release pattern in the PTX model; 2, diagnostic only: a response that fits the first
 // line goes out with its sequence word in the same coalesced store and no fence, resting on the
 // same line property as the request side); QLINK_LOOPBACK_SMEM_BYTES (0: always device-memory
-// staging); QLINK_LOOPBACK_TRACE (record per-request stage times, %globaltimer, into ctx.trace).
+// staging); QLINK_LOOPBACK_DIRECT_TX (1: rx_poll hands out the pinned response slot itself, so
+// the kernel's stores go there and tx_publish only fences and stores the sequence word; 0, the
+// default: the response is staged on chip and copied out); QLINK_LOOPBACK_TRACE (record
+// per-request stage times, %globaltimer, into ctx.trace).
 //
 // Ref: cuda-quantum realtime/include/cudaq/realtime/daemon/dispatcher/unified_device_transport.cuh
 // (hook contract); PTX ISA "Memory Consistency Model" (release/acquire patterns, bar.warp.sync).
@@ -62,8 +65,14 @@
 #ifndef QLINK_LOOPBACK_SMEM_BYTES
 #define QLINK_LOOPBACK_SMEM_BYTES 1024u
 #endif
+#ifndef QLINK_LOOPBACK_DIRECT_TX
+#define QLINK_LOOPBACK_DIRECT_TX 0
+#endif
 #ifndef QLINK_LOOPBACK_SHUTDOWN_SPINS
 #define QLINK_LOOPBACK_SHUTDOWN_SPINS 256u
+#endif
+#if QLINK_LOOPBACK_DIRECT_TX && QLINK_LOOPBACK_FENCE == 2
+#error "QLINK_LOOPBACK_FENCE=2 sends the sequence word with the copied line: not with DIRECT_TX"
 #endif
 static_assert(QLINK_LOOPBACK_SHUTDOWN_SPINS >= 1u, "the flag is read every N >= 1 empty polls");
 #define QLINK_LOOPBACK_SEQ_BYTES 8u
@@ -272,7 +281,12 @@ extern "C" __device__ cudaq_rx_dev_status_t cudaq_dev_rx_poll(void* session, voi
     s->cur_slot = slot;
     s->next_slot = slot + 1 == s->ctx.num_slots ? 0 : slot + 1;
     *out_request = stage + QLINK_LOOPBACK_SEQ_BYTES;
+#if QLINK_LOOPBACK_DIRECT_TX
+    *out_response = s->ctx.tx_data + static_cast<uint64_t>(slot) * s->ctx.stride +
+                    QLINK_LOOPBACK_SEQ_BYTES;
+#else
     *out_response = s->ctx.tx_stage + QLINK_LOOPBACK_SEQ_BYTES;
+#endif
     return CUDAQ_RX_DEV_READY;
 }
 
@@ -287,9 +301,11 @@ extern "C" __device__ void cudaq_dev_tx_publish(void* session, void* response) {
     const uint64_t seq = s->seq;
     // The staged frame has the slot's layout: copy whole 16-byte chunks, the lanes side by side.
     const uint8_t* stage = static_cast<const uint8_t*>(response) - QLINK_LOOPBACK_SEQ_BYTES;
-    const uint32_t result_len = static_cast<const qlink_rpc_response*>(response)->result_len;
+    // (With DIRECT_TX the response is in pinned memory: not read back, nothing to copy.)
+    const uint32_t result_len = QLINK_LOOPBACK_DIRECT_TX
+        ? 0u : static_cast<const qlink_rpc_response*>(response)->result_len;
     const uint32_t room = s->ctx.slot_size - QLINK_RPC_HEADER_BYTES;
-    const uint32_t end = qlink_loopback_end(
+    const uint32_t end = QLINK_LOOPBACK_DIRECT_TX ? 0u : qlink_loopback_end(
         QLINK_RPC_HEADER_BYTES + min(result_len, room), s->ctx.slot_size);
     uint8_t* dst = s->ctx.tx_data + static_cast<uint64_t>(slot) * s->ctx.stride;
 #if QLINK_LOOPBACK_FENCE == 2
