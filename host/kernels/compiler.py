@@ -196,6 +196,9 @@ class CompiledKernel:
         Table qubits the kernel allocated.
     duration_cycles : int | None
         The timeline length of the program in DTD cycles when it has no CALL (else None).
+    frames : dict[int, float]
+        Each qubit's frame phase at the end (radians, the sum of its virtual Z rotations): the
+        state the pulses leave is the kernel's up to ``Rz(-frames[q])`` on each qubit.
     """
 
     name: str
@@ -211,6 +214,7 @@ class CompiledKernel:
     params: QSCParams
     table: CalibrationTable
     duration_cycles: int | None = None
+    frames: dict[int, float] = field(default_factory=dict)
 
     def device_table(self) -> FunctionTable:
         """The same functions as DEVICE_CALL entries for the GPU dispatch kernel: each handler
@@ -1119,4 +1123,5 @@ def compile_kernel(kern: Kernel, table: CalibrationTable, args: Sequence[Any] = 
         name=kern.name, args=tuple(args), assembly=text, program=program,
         function_table=c.function_table, handlers=c.handlers, results=results,
         returns_tuple=is_tuple, measurements=dict(c.measurements), qubits=c.next_qubit,
-        params=params, table=table, duration_cycles=c.state.elapsed)
+        params=params, table=table, duration_cycles=c.state.elapsed,
+        frames=dict(c.state.frames))
