@@ -13,10 +13,12 @@ each construct becomes (``docs/kernels.md`` has the whole language):
   phase, ``x = rx(pi)``, ``y = ry(pi)``. ``rz(theta)``, ``z``, ``s``, ``t`` are virtual: a
   change of the qubit's frame phase ``F`` (no pulse), and every later pulse of the qubit is
   played with ``phase = phi - F`` (``phi`` 0 for X, pi/2 for Y). ``h = ry(pi/2) . z``: the
-  frame turns by pi, then one pulse. The drive of the simulation's qubit model
-  (``QubitSystem``) rotates about ``(cos phase, sin phase, 0)``, so the pulses and the frame
-  give the gates' unitaries up to a Z rotation by the final frame phase, which no Z-basis
-  measurement sees (the test compares with a state-vector reference).
+  frame turns by pi, then one pulse; in a loop body or an ``if`` arm, where every frame must
+  come back as it was, ``h = x . ry(pi/2)`` (two pulses, no frame change). The drive of
+  the simulation's qubit model (``QubitSystem``) rotates about ``(cos phase, sin phase, 0)``,
+  so the pulses and the frame give the gates' unitaries up to a Z rotation by the final
+  frame phase, which no Z-basis measurement sees (the test compares with a state-vector
+  reference).
 * ``cz(a, b)``: a pulse of ``cz_amplitude`` on the pair's coupler channel.
 * ``m = mz(q)``: ``acquire`` on the qubit's readout channel with the table's window, IQ
   rotation, demodulation frequency and threshold into a register, then ``wait`` the window.
@@ -322,6 +324,7 @@ class _Compiler:
         self.slack = table.cycles(table.sync_slack_ns)
         self.state = _Timing(ahead=self.slack, behind=0)
         self.temps: set[int] = set()
+        self.depth = 0                 # nesting of loop bodies and if arms
         self.loop_vars: set[str] = set()
         try:
             self.globals = dict(kern.func.__globals__)
@@ -742,6 +745,10 @@ class _Compiler:
             if name in ("z", "s", "t", "rz"):
                 self.virtual_z(q, {"z": math.pi, "s": math.pi / 2, "t": math.pi / 4,
                                    "rz": theta}[name])
+            elif name == "h" and self.depth:
+                # in a loop body or an if arm the frame must come back as it was: H = X RY(pi/2)
+                self.pulse(q, math.pi / 2, math.pi / 2, node)
+                self.pulse(q, 0.0, math.pi, node)
             elif name == "h":
                 self.virtual_z(q, math.pi)
                 self.pulse(q, math.pi / 2, math.pi / 2, node)
@@ -938,11 +945,13 @@ class _Compiler:
     def run_block(self, stmts: list[ast.stmt], state: _Timing) -> tuple[list[str], _Timing]:
         saved_lines, saved_state = self.lines, self.state
         self.lines, self.state = [], state
+        self.depth += 1
         try:
             self.block(stmts)
             return self.lines, self.state
         finally:
             self.lines, self.state = saved_lines, saved_state
+            self.depth -= 1
 
     def if_(self, stmt: ast.If) -> None:
         self.lines.append(f"; {self.filename_short}:{stmt.lineno}: if {ast.unparse(stmt.test)}:")

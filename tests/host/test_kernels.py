@@ -300,6 +300,27 @@ def test_gate_sequences_give_the_reference_state_up_to_the_frames(load):
         assert abs(np.vdot(want, got)) == pytest.approx(1.0, abs=2e-4), (trial, lines)
 
 
+def test_h_in_a_loop_or_an_arm_is_two_pulses_that_leave_the_frame(load):
+    mod, _ = load("""
+        @kernel
+        def k():
+            qs = qvector(2)
+            h(qs[0])
+            for _ in range(1):
+                h(qs[1])
+                rx(0.3, qs[0])
+    """)
+    c = mod.k.compile(T2, params=P2)
+    plays = [i for i in _code(c) if i.startswith("play")]
+    assert plays == ["play 0, gauss0, amp=0.500000000, phase=49152",
+                     "play 1, gauss0, amp=0.500000000, phase=16384",
+                     "play 1, gauss0, amp=1.000000000",
+                     f"play 0, gauss0, amp={0.3 / math.pi:.9f}, phase=32768"]
+    frame = np.kron(_rz(c.frames.get(1, 0.0)), _rz(c.frames.get(0, 0.0)))
+    want = _reference([("h", 0), ("h", 1), ("rx", 0.3, 0)])
+    assert abs(np.vdot(want, frame @ _played(c, T2))) == pytest.approx(1.0, abs=2e-4)
+
+
 # --- classical control and timing --------------------------------------------------------------
 
 def test_a_branch_on_a_fresh_measurement_waits_for_it_and_arms_take_equal_time(load):
@@ -369,6 +390,8 @@ def test_a_loop_with_a_conditional_reset_and_a_counter(load):
                 if m:
                     x(q)
                     count += 1
+                s(q)                 # a whole turn of the frame: allowed in a loop
+                s(q)
                 z(q)
             return count, m
     """)
@@ -431,7 +454,7 @@ def test_registers_arithmetic_uses_the_alu(load):
     ("device_call(nohints, 1)", "needs the type hint int or bool"),
     ("device_call(adder, 1)", "adder takes 2 argument(s), 1 given"),
     ("for i in range(3): rx(i, q)", "the loop variable 'i' cannot be used"),
-    ("for _ in range(3): h(q)", "the loop body turns qubit 0's frame"),
+    ("for _ in range(3): s(q)", "the loop body turns qubit 0's frame"),
     ("m = mz(q)\nif m: s(q)", "leave qubit 0's frame at different phases"),
     ("q = qubit()", "'q' is already defined"),
     ("x(q, q)", "x() takes one qubit"),
