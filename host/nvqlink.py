@@ -132,7 +132,8 @@ class Device:
         and configured here; closed by :meth:`shutdown` when ``owns``.
     calibration : CalibrationTable, optional
         The table kernels are lowered through (default: the simulation's nominal table,
-        :meth:`CalibrationTable.for_simulation`, for the build's qubits).
+        :meth:`CalibrationTable.for_simulation`, of one qubit per readout channel of the
+        build, as the simulation maps them).
     ppu : int
     gpu : bool
         Serve the kernels' ``device_call`` handlers on the GPU (DEVICE_CALL entries compiled
@@ -161,9 +162,8 @@ class Device:
         qsc.configure(ppu, self.ring)
         params = qsc.params
         self.params = params
-        if calibration is None:
-            qubits = getattr(qsc, "qubits", None) or 1
-            calibration = CalibrationTable.for_simulation(qubits, params)
+        if calibration is None:      # one qubit per readout channel, as the simulation maps
+            calibration = CalibrationTable.for_simulation(params.readouts_per_ppu, params)
         self.calibration = calibration
         self.env_bytes = 2 * params.env_depth
         self._buffers: dict[int, QPUBuffer] = {}      # offset -> buffer
@@ -433,9 +433,7 @@ def initialize(target: str | QSC | None = None, *, bridge: str | None = None,
     if target == "sim":
         from .sim import SimulatedQSC
 
-        qubits = options.pop("qubits", 1)
-        qsc: QSC = SimulatedQSC(qubits=qubits, **options)
-        qsc.qubits = qubits  # type: ignore[attr-defined]
+        qsc: QSC = SimulatedQSC(**options)
         owns = True
     elif isinstance(target, QSC):
         if bridge is not None or options:

@@ -499,6 +499,15 @@ class _Compiler:
                                        "once, to a new name")
             self.env[name] = self.allocate(value)
             return
+        if isinstance(value, ast.Call) and self.callee(value) in GATES:
+            raise self.error(stmt, f"{self.callee(value)}() is a gate; it has no value")
+        if isinstance(value, ast.Call) and self.callee(value) == "device_call" and \
+                value.args and isinstance(value.args[0], ast.Name | ast.Attribute):
+            handler = self.resolve(value.args[0])
+            if inspect.isfunction(handler) and \
+                    typing.get_type_hints(handler).get("return", 0) is type(None):
+                raise self.error(stmt, f"device_call: {handler.__name__} returns None; it "
+                                       "has no value to assign")
         old = self.env.get(name)
         if isinstance(old, _Qubit | _QVec):
             raise self.error(stmt, f"{name!r} holds qubits; it cannot be reassigned")

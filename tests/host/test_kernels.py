@@ -41,6 +41,9 @@ def flag(b: bool) -> bool:
 
 def nohints(i):
     return i
+
+def log(i: int) -> None:
+    pass
 """
 
 
@@ -117,6 +120,18 @@ def test_bool_hints_are_uint8_and_reach_the_handler_as_bools(load):
     assert entry.args == (TypeDesc.uint8(),) and entry.results == (TypeDesc.uint8(),)
     assert entry.handler(1) is False and entry.handler(0) is True
     assert "call flag(r1:8) -> r2" in _code(c)
+
+
+def test_a_device_call_without_result_is_a_statement(load):
+    mod, _ = load("""
+        @kernel
+        def k():
+            q = qubit()
+            device_call(log, 7)
+    """)
+    c = mod.k.compile(T1, params=P1)
+    assert _code(c) == ["set r1, 7", "call log(r1:32)", "sync SLACK", "end"]
+    assert c.function_table["log"].results == ()
 
 
 def test_the_library_exports_the_language_lazily():
@@ -461,6 +476,8 @@ def test_registers_arithmetic_uses_the_alu(load):
     ("return 1\nx(q)", "`return` must be the kernel's last statement"),
     ("m = mz(q)\nif m: return m", "`return` must be the kernel's last statement"),
     ("a, b = 1, 2", "assign to one plain name"),
+    ("v = x(q)", "x() is a gate; it has no value"),
+    ("v = device_call(log, 1)", "log returns None; it has no value to assign"),
     ("m = mz(q)\nif m < 1.5: x(q)", "compare a register with an int"),
 ])
 def test_unsupported_constructs_name_file_and_line(load, line, message):
