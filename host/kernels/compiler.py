@@ -971,6 +971,7 @@ class _Compiler:
         mnem, reg, imm = cond
         self.fence(reg)
         self.cost(CORE_COST_CYCLES)
+        self.free_temp(_Reg(reg))             # a comparison's difference: read by the branch
         start = self.state.copy()
         start.elapsed = 0
         then_lines, then_state = self.run_block(stmt.body, start.copy())
