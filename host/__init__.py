@@ -12,15 +12,32 @@ Subpackages and modules:
   (HOST_CALL in Python, DEVICE_CALL through :mod:`openqlink.gpu`).
 * :mod:`openqlink.gateware`: the Amaranth QSC gateware; :mod:`openqlink.sim`: the cocotb bench.
 * :mod:`openqlink.memory_map`: the memory map and QP contract shared by all of the above.
+* :mod:`openqlink.kernels`: ``@openqlink.kernel`` quantum kernels (``openqlink.qubit``,
+  ``openqlink.h``, ``openqlink.mz``, ``openqlink.device_call``, ...), lowered through a
+  calibration table to PPU programs; :mod:`openqlink.nvqlink`: the NVQLink-style library API
+  (initialize, malloc, memcpy_to_qpu, load_kernel, launch_kernel, ...).
 * :mod:`openqlink.plot`: pictures of a run's timeline and latency histograms (matplotlib, the
   ``[plot]`` extra, imported only to draw).
 """
 
 from importlib.metadata import PackageNotFoundError, version
 
-__all__ = ["__version__"]
+__all__ = ["__version__", "kernel", "qubit", "qvector", "x", "y", "z", "h", "s", "t", "rx",
+           "ry", "rz", "cz", "mz", "device_call"]
+
+#: The kernel language's names, imported from openqlink.kernels on first use (so that
+#: ``import openqlink`` stays light).
+_KERNEL_NAMES = frozenset(__all__[1:])
 
 try:
     __version__ = version("openqlink")
 except PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0+unknown"
+
+
+def __getattr__(name: str):
+    if name in _KERNEL_NAMES:
+        from . import kernels
+
+        return getattr(kernels, name)
+    raise AttributeError(f"module 'openqlink' has no attribute {name!r}")
