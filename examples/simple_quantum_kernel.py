@@ -43,19 +43,21 @@ def simple_kernel(i: int):
 
 
 def run(i: int = 1, *, gpu: bool = False, build_dir: str | Path | None = None,
-        seed: int = 1) -> dict:
+        seed: int = 1, verilog_path: str | Path | None = None) -> dict:
     """Run the kernel once with ``i`` on a new simulated QSC; return ``value``, ``readout``
     (the measured bit, read from its register), ``mode`` (HOST_CALL or DEVICE_CALL),
     ``assembly`` (the compiled program), ``calls`` and ``simulation`` (the simulation's
-    results: its measurements). Raises :class:`~openqlink.errors.GPUUnavailableError` with
-    ``gpu`` where there is no CUDA GPU."""
+    results: its measurements). ``verilog_path``: the top's Verilog made beforehand by ``qlink
+    verilog --sim`` (on a GPU host without Yosys). Raises
+    :class:`~openqlink.errors.GPUUnavailableError` with ``gpu`` where there is no CUDA GPU."""
     if gpu:
         from openqlink.gpu import gpu_available
 
         ok, why = gpu_available()
         if not ok:      # before the simulation starts: a minute saved
             raise GPUUnavailableError(f"--gpu: no CUDA GPU: {why}")
-    device = nvqlink.initialize("sim", qubits=1, build_dir=build_dir, seed=seed, gpu=gpu)
+    device = nvqlink.initialize("sim", qubits=1, build_dir=build_dir, seed=seed, gpu=gpu,
+                                verilog_path=verilog_path)
     try:
         handle = nvqlink.load_kernel(simple_kernel)
         value = nvqlink.launch_kernel(handle, i)
@@ -75,9 +77,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="serve gpu_adder on the GPU (DEVICE_CALL) instead of in Python")
     parser.add_argument("--build-dir", type=Path, default=None,
                         help="the simulation's build directory [./build/sim]")
+    parser.add_argument("--verilog", type=Path, default=None,
+                        help="the top's Verilog from `qlink verilog --sim` (a host without "
+                             "Yosys)")
     args = parser.parse_args(argv)
     try:
-        out = run(args.i, gpu=args.gpu, build_dir=args.build_dir)
+        out = run(args.i, gpu=args.gpu, build_dir=args.build_dir, verilog_path=args.verilog)
     except GPUUnavailableError as exc:
         print(f"simple_quantum_kernel: {exc}", file=sys.stderr)
         return 2

@@ -197,6 +197,9 @@ class SimulatedQSC(QSC):
         Wall-clock seconds after which the simulation ends on its own.
     pcap_path : path, optional
         Write every frame on the simulated wire there (at the end).
+    verilog_path : path, optional
+        The top's Verilog made beforehand by ``qlink verilog --sim`` for this build (``qlink
+        sim --verilog``), e.g. on a GPU host without Yosys; default: elaborated here.
     **qsc_kwargs
         Passed to :class:`~openqlink.qsc.QSC` (``timeout_s`` defaults to
         :data:`SIM_TIMEOUT_S`; ``host_mac``, ``host_ip`` to the bench's host's; ``params`` is
@@ -224,7 +227,8 @@ class SimulatedQSC(QSC):
                  simulator: str = DEFAULT_SIMULATOR, *,
                  model: str | os.PathLike[str] | None = None, seed: int = 1,
                  startup_timeout_s: float = 900.0, limit_s: float = SERVE_LIMIT_S,
-                 pcap_path: str | os.PathLike[str] | None = None, **qsc_kwargs: object):
+                 pcap_path: str | os.PathLike[str] | None = None,
+                 verilog_path: str | os.PathLike[str] | None = None, **qsc_kwargs: object):
         check_simulator(simulator)
         if "params" in qsc_kwargs:
             raise SimulationError("SimulatedQSC: params is the simulation build's (ppus, "
@@ -251,6 +255,8 @@ class SimulatedQSC(QSC):
             cmd += ["--model", str(Path(model).resolve())]
         if pcap_path is not None:
             cmd += ["--pcap", str(Path(pcap_path).resolve())]
+        if verilog_path is not None:
+            cmd += ["--verilog", str(Path(verilog_path).resolve())]
         env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)}
         self._log = self.log_path.open("w")
         # A session of its own: the simulator it starts ends with it (see _stop_child).
