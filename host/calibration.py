@@ -75,6 +75,15 @@ def _check_channel(where: str, name: str, value: object) -> None:
         raise CalibrationError(f"{where}: {name} must be a channel number 0..15, not {value!r}")
 
 
+def _check_pulse(where: str, length_samples: object, sigma_samples: object) -> None:
+    """A Gaussian pulse's length (an int >= 1) and standard deviation (> 0)."""
+    if isinstance(length_samples, bool) or not isinstance(length_samples, int) or \
+            length_samples < 1:
+        raise CalibrationError(f"{where}: pulse_length_samples must be an int >= 1, not "
+                               f"{length_samples!r}")
+    _check_number(where, "pulse_sigma_samples", sigma_samples, low=0.0, low_open=True)
+
+
 @dataclass
 class QubitCalibration:
     """One qubit's gates in pulses.
@@ -106,13 +115,7 @@ class QubitCalibration:
         _check_number(where, "drive_if_hz", self.drive_if_hz)
         _check_number(where, "pi_amplitude", self.pi_amplitude, low=0.0, high=1.0,
                       low_open=True)
-        if isinstance(self.pulse_length_samples, bool) or \
-                not isinstance(self.pulse_length_samples, int) or \
-                self.pulse_length_samples < 1:
-            raise CalibrationError(f"{where}: pulse_length_samples must be an int >= 1, not "
-                                   f"{self.pulse_length_samples!r}")
-        _check_number(where, "pulse_sigma_samples", self.pulse_sigma_samples, low=0.0,
-                      low_open=True)
+        _check_pulse(where, self.pulse_length_samples, self.pulse_sigma_samples)
         _check_number(where, "readout_if_hz", self.readout_if_hz)
         _check_number(where, "readout_window_ns", self.readout_window_ns, low=0.0,
                       low_open=True)
@@ -145,13 +148,7 @@ class CouplerCalibration:
         _check_channel(where, "channel", self.channel)
         _check_number(where, "cz_amplitude", self.cz_amplitude, low=0.0, high=1.0,
                       low_open=True)
-        if isinstance(self.pulse_length_samples, bool) or \
-                not isinstance(self.pulse_length_samples, int) or \
-                self.pulse_length_samples < 1:
-            raise CalibrationError(f"{where}: pulse_length_samples must be an int >= 1, not "
-                                   f"{self.pulse_length_samples!r}")
-        _check_number(where, "pulse_sigma_samples", self.pulse_sigma_samples, low=0.0,
-                      low_open=True)
+        _check_pulse(where, self.pulse_length_samples, self.pulse_sigma_samples)
 
 
 @dataclass
