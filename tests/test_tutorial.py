@@ -329,6 +329,26 @@ class Checkout:
             self.done.add(j)
 
 
+def test_checkout_fails_a_command_or_a_missing_output(tmp_path):
+    ran = Checkout(tmp_path)
+    assert (tmp_path / "firmware" / "active_reset.s").is_file()
+    good = Block("sh", [], 1, "t", commands=["echo hello from $PWD", "python --version"],
+                 output=["hello from ...", "Python 3..."])
+    bad_status = Block("sh", [], 2, "t", commands=["echo hi", "exit 3"])
+    bad_output = Block("sh", [], 3, "t", commands=["echo hi"], output=["bye"])
+    saved = Block("python", ["print(1)"], 4, "t", annotation="file k.py")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(sys.modules[__name__], "BLOCKS", [good, bad_status, bad_output, saved])
+        ran.run_block(0)
+        with pytest.raises(AssertionError, match=r"tutorial.md:2 \(t\): `exit 3` exited with "
+                                                 "status 3"):
+            ran.run_block(1)
+        with pytest.raises(AssertionError, match=r"the output lacks \['bye'\]"):
+            ran.run_block(2)
+        ran.run_block(3)
+    assert (tmp_path / "k.py").read_text() == "print(1)\n"
+
+
 @pytest.fixture(scope="module")
 def checkout(tmp_path_factory) -> Checkout:
     return Checkout(tmp_path_factory.mktemp("tutorial"))
