@@ -927,11 +927,9 @@ def calibrate_rabi(qsc: QSC | ProgramRunner, table: CalibrationTable, qubit: int
     ``drive_if_hz``), ``shots`` shots per amplitude counted on the device, and fit
     :func:`fit_rabi`."""
     amps = np.array(list(amplitudes), dtype=float)
-    blocks = []
-    for a in amps:
-        p = _Program(table, qubit, "")
-        blocks.append(f"        play {p.cal.drive_channel}, cal_pulse, amp={_amp(float(a))}, "
-                      f"freq={p.drive_freq}\n        wait {p.pulse_cycles}")
+    p = _Program(table, qubit, "")
+    blocks = [f"        play {p.cal.drive_channel}, cal_pulse, amp={_amp(float(a))}, "
+              f"freq={p.drive_freq}\n        wait {p.pulse_cycles}" for a in amps]
     counts = count_ones(qsc, table, qubit, blocks, shots, ppu=ppu,
                         title=f"rabi amplitude sweep of qubit {qubit}")
     return RabiResult(qubit, amps, counts, fit_rabi(amps, counts.p1))

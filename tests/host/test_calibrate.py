@@ -250,3 +250,15 @@ def test_calibrate_cli_names_a_bad_table(tmp_path):
     result = CliRunner().invoke(main, ["calibrate", "rabi", "--sim", "--table", str(bad)])
     assert result.exit_code == 2
     assert "pi_amplitude" in result.output and len(result.output.strip().splitlines()) == 1
+
+
+def test_calibrate_cli_says_in_one_line_when_no_board_answers(tmp_path):
+    """The udp bridge to an address where no QSC listens: one line, exit status 1."""
+    table = tmp_path / "cal.json"
+    CalibrationTable.for_simulation(1).save(table)
+    result = CliRunner().invoke(main, ["calibrate", "rabi", "--bridge", "udp", "--qsc-ip",
+                                       "127.0.0.1", "--table", str(table)])
+    assert result.exit_code == 1
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("qlink calibrate: ")
+    assert "no board answered at 127.0.0.1" in lines[0] or "bridge" in lines[0]
