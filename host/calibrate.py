@@ -70,6 +70,9 @@ COUNT_REGISTERS = tuple(range(4, 16))
 DEFAULT_AMPLITUDES = tuple(round(0.1 * k, 1) for k in range(11))
 #: The Ramsey delays unless told: 0, 100, ..., 1000 ns between the two pi/2 pulses.
 DEFAULT_DELAYS_NS = tuple(100.0 * k for k in range(11))
+#: At most this many rounds of "pi pulse, readout" in a conditional reset (until a readout
+#: gives 0).
+RESET_ROUNDS = 4
 #: The HOST_CALL a per-shot I/Q program makes after each readout (one bit in, one UINT8 out:
 #: 1 asks for the reset pulse).
 IQ_CALL = "calib_iq_shot"
@@ -243,17 +246,21 @@ class _Program:
                   f"freq={self.table.freq_word(c.readout_if_hz)}",
                   f"        wait {self.window}")
 
-    def conditional_reset(self, reg: str = "r1", rounds: int = 2) -> None:
-        """After a readout into ``reg``: a pi pulse when it read 1, measured again and flipped
-        again when still 1, ``rounds`` times in all (an imperfect pi pulse leaves little);
-        ``t`` ends after the last pulse or SLACK after the last result."""
-        zero, nxt = self.label("z"), self.label("n")
-        for k in range(rounds):
-            self.emit(f"        beq {reg}, 0, {zero}", f"        sync {self.slack}")
-            self.play(self.cal.pi_amplitude)
-            if k + 1 < rounds:
-                self.acquire(reg)
-        self.emit(f"        jmp {nxt}", f"{zero}:  sync {self.slack}", f"{nxt}:")
+    def conditional_reset(self, reg: str = "r1", rounds: int = RESET_ROUNDS) -> None:
+        """After a readout into ``reg``: while it reads 1, a pi pulse and a readout again, at
+        most ``rounds`` times (counted in ``r3``). Every round ends with a readout, so the
+        next shot starts from a projected state: an imperfect pi pulse (before the Rabi
+        calibration) leaves |1> now and then, never a part of its rotation that the next
+        pulse would add to. ``t`` ends SLACK after the last result."""
+        top, zero = self.label("reset"), self.label("z")
+        self.emit(f"        set r3, {rounds}",
+                  f"{top}:  beq {reg}, 0, {zero}         ; waits for the result",
+                  f"        sync {self.slack}")
+        self.play(self.cal.pi_amplitude)
+        self.acquire(reg)
+        self.emit(f"        loop r3, {top}",
+                  f"        beq {reg}, 0, {zero}         ; waits for the last result",
+                  f"{zero}:  sync {self.slack}")
 
     def text(self) -> str:
         return "\n".join(self.lines) + "\n"
@@ -265,7 +272,8 @@ def counting_program(table: CalibrationTable, qubit: int, blocks: Sequence[str],
     prepare the qubit from |0>, using the envelope ``cal_pulse`` of the qubit's pulse),
     ``shots`` shots of the block, a readout into r1 with the table's readout, the 1s added to
     the block's count register (``r4`` for the first block, ``r5`` for the second, ...:
-    :data:`COUNT_REGISTERS`) and a conditional reset; the program starts with a reset. At most
+    :data:`COUNT_REGISTERS`) and a conditional reset (``_Program.conditional_reset``: pi
+    pulse and readout while it reads 1); the program starts with a reset. At most
     ``len(COUNT_REGISTERS)`` blocks."""
     if not 1 <= len(blocks) <= len(COUNT_REGISTERS):
         raise CalibrationError(f"a counting program has 1..{len(COUNT_REGISTERS)} blocks, not "

@@ -262,3 +262,16 @@ def test_calibrate_cli_says_in_one_line_when_no_board_answers(tmp_path):
     lines = result.output.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("qlink calibrate: ")
     assert "no board answered at 127.0.0.1" in lines[0] or "bridge" in lines[0]
+
+
+def test_every_reset_pulse_is_followed_by_a_readout():
+    """A reset's pi pulse is always measured before the next shot's pulse: an imperfect one
+    played straight into the next pulse would add part of its rotation to it (the qubit then
+    looked faster than it is: a Rabi of pi amplitude 0.8 fitted 0.73)."""
+    table = CalibrationTable.for_simulation(1, pi_amplitude=0.9)
+    text = counting_program(table, 0, ["        play 0, cal_pulse, amp=0.300000, freq=0"], 5)
+    lines = [line for line in text.splitlines()
+             if any(w in line.split()[:2] for w in ("play", "acquire"))]
+    for k, line in enumerate(lines):
+        if "amp=0.900000" in line:
+            assert k + 1 < len(lines) and "acquire" in lines[k + 1], text
