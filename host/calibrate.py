@@ -68,8 +68,9 @@ START_MARGIN_CYCLES = 2000
 COUNT_REGISTERS = tuple(range(4, 16))
 #: The Rabi sweep unless told: 11 amplitudes 0, 0.1, ..., 1.0 of full scale.
 DEFAULT_AMPLITUDES = tuple(round(0.1 * k, 1) for k in range(11))
-#: The Ramsey delays unless told: 0, 100, ..., 1000 ns between the two pi/2 pulses.
-DEFAULT_DELAYS_NS = tuple(100.0 * k for k in range(11))
+#: The Ramsey delays unless told: 0, 100, ..., 1500 ns between the two pi/2 pulses (with the
+#: default detuning of 1 MHz, a qubit up to 350 kHz off still gives a period of each fringe).
+DEFAULT_DELAYS_NS = tuple(100.0 * k for k in range(16))
 #: At most this many rounds of "pi pulse, readout" in a conditional reset (until a readout
 #: gives 0).
 RESET_ROUNDS = 4
