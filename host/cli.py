@@ -1094,7 +1094,8 @@ def calibrate_command(experiment: str, sim: bool, bridge_name: str | None,
                           f"through the {bridge_name} bridge: {exc}", 1)
             cal_mod.calibrate_all(device, table, only or None, ppu=ppu, steps=steps,
                                   on_result=report, **options)
-    except CalibrationError as exc:
+    except (CalibrationError, AssemblerError) as exc:
+        # a table that does not fit the device's build (a channel it lacks): bad input
         _fail(f"qlink calibrate: {exc}")
     except (cal_mod.CalibrationRunError, QlinkError) as exc:
         _fail(f"qlink calibrate: {exc}", 1)
