@@ -783,6 +783,7 @@ class ReadoutResult:
             ax_iq.scatter(z.real, z.imag, s=10, alpha=0.6, color=color, label=f"|{s}>")
         for cc in (self.center0, self.center1):
             ax_iq.plot([cc.real], [cc.imag], "k+", markersize=14)
+        ax_iq.set_aspect("equal", adjustable="datalim")
         ax_iq.set_xlabel("I (integral units)")
         ax_iq.set_ylabel("Q (integral units)")
         ax_iq.set_title(f"qubit {self.qubit}: shots at phase {self.shots.phase_rad:.3f} rad")
