@@ -18,6 +18,9 @@ Commands::
     qlink build --board NAME [-o DIR] [--seed N] [--seeds N] [--jobs N] [--placer P]
     qlink build --verilog [-o DIR] [--board NAME]
     qlink program --board NAME FILE.bit
+    qlink calibrate readout|rabi|ramsey|all --sim [--qubits Q] [--model F] [-o cal.json]
+              [--plot DIR] [--json F] [--shots N] [--trace] [--table F] [--qubit Q ...]
+    qlink calibrate EXPERIMENT --bridge raw|udp|verbs --table F [--interface IF] [--qsc-ip IP]
 
 Bad input prints one line, ``file:line: message`` for assembly errors, and exits with status 2.
 A build that fails (a tool missing or failing, a clock missing its target) or a board that
@@ -979,6 +982,156 @@ def _print_report(report) -> None:
                          f"{row['slack_ns']:.2f}")
         console.print(fail)
     console.print(use)
+
+
+@main.command("calibrate")
+@click.argument("experiment", type=click.Choice(["readout", "rabi", "ramsey", "all"]))
+@click.option("--sim", is_flag=True,
+              help="Calibrate the simulated QSC (a SimulatedQSC started for the run).")
+@click.option("--bridge", "bridge_name", type=click.Choice(["raw", "udp", "verbs"]),
+              default=None, help="Calibrate a board reached through this bridge instead.")
+@click.option("--interface", default=None, metavar="IF",
+              help="The board's network interface (--bridge raw, udp).")
+@click.option("--qsc-ip", callback=_ip_option, metavar="IP",
+              help="The board's IPv4 address [default: the build's].")
+@click.option("--board", "board", metavar="NAME", default=None,
+              help="The board's build (its parameters), as `qlink asm --board`.")
+@click.option("--qubits", type=click.IntRange(1, 5), default=1, show_default=True,
+              help="Qubits of the simulated build (as `qlink sim --qubits`).")
+@click.option("--qubit", "only", type=click.IntRange(min=0), multiple=True, metavar="Q",
+              help="Calibrate this qubit (repeatable) [default: every qubit of the table].")
+@click.option("--model", "model_path", type=click.Path(exists=True, dir_okay=False,
+                                                        path_type=Path),
+              default=None, help="The simulated qubits' model file (as `qlink sim --model`).")
+@click.option("--table", "table_path", type=click.Path(exists=True, dir_okay=False,
+                                                        path_type=Path),
+              default=None, help="The calibration table to start from [default with --sim: "
+              "the simulation build's nominal table; a board needs one].")
+@click.option("-o", "--output", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              help="Write the calibrated table there (JSON).")
+@click.option("--plot", "plot_dir", type=click.Path(file_okay=False, path_type=Path),
+              default=None, help="Draw each workflow's data and fit into this directory "
+              "(PNG; matplotlib, the [plot] extra).")
+@click.option("--json", "json_path", type=click.Path(dir_okay=False, path_type=Path),
+              default=None, help="Write every result (data, fit, value) there.")
+@click.option("--shots", type=click.IntRange(min=1), default=None,
+              help="Shots per point (per state for the readout) [default: each workflow's].")
+@click.option("--trace", is_flag=True,
+              help="Readout: demodulate each shot's raw ADC trace here instead of reading "
+              "the I/Q registers (builds with a trace memory: the simulation's).")
+@click.option("--ppu", type=click.IntRange(0, 15), default=0, show_default=True,
+              help="The PPU whose qubits are calibrated.")
+@click.option("--seed", type=int, default=1, show_default=True,
+              help="Seed of the simulated qubit model.")
+@click.option("--build-dir", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="The simulation's build directory [default: ./build/sim].")
+@click.option("--simulator", type=click.Choice(["icarus", "verilator"]), default="icarus",
+              show_default=True, help="The simulator (--sim).")
+def calibrate_command(experiment: str, sim: bool, bridge_name: str | None,
+                      interface: str | None, qsc_ip: str | None, board: str | None,
+                      qubits: int, only: tuple[int, ...], model_path: Path | None,
+                      table_path: Path | None, output: Path | None, plot_dir: Path | None,
+                      json_path: Path | None, shots: int | None, trace: bool, ppu: int,
+                      seed: int, build_dir: Path | None, simulator: str) -> None:
+    """Calibrate qubits on the device and write the calibration table: EXPERIMENT is
+    `readout` (IQ angle and threshold), `rabi` (pi amplitude), `ramsey` (drive frequency) or
+    `all` (readout, rabi, ramsey, readout; each applied before the next).
+
+    The device is the simulated QSC (--sim, minutes per workflow) or a board (--bridge, with
+    --table). Prints one line per result. Exit status 0 when every workflow ran, 1 when the
+    device failed or no board answered, 2 for bad input."""
+    from . import calibrate as cal_mod
+    from .calibration import CalibrationError, CalibrationTable
+    from .errors import ControlPlaneError, QlinkError
+
+    if sim == (bridge_name is not None):
+        raise click.UsageError("give --sim or --bridge NAME (the device to calibrate)")
+    if not sim and (model_path is not None or build_dir is not None):
+        raise click.UsageError("--model and --build-dir: only with --sim")
+    if sim and (board or interface or qsc_ip):
+        raise click.UsageError("--board, --interface and --qsc-ip: only with --bridge")
+    if not sim and table_path is None:
+        raise click.UsageError("a board needs --table FILE: the calibration table to start "
+                               "from")
+    _check_outputs("qlink calibrate", ("--output", output), ("--json", json_path))
+    if plot_dir is not None:
+        from .errors import PlotUnavailableError
+        from .plot import require_matplotlib
+        try:
+            require_matplotlib()
+        except PlotUnavailableError as exc:
+            _fail(f"qlink calibrate: --plot: {exc}")
+        if not plot_dir.is_dir():
+            _fail(f"qlink calibrate: --plot {plot_dir}: no such directory")
+    try:
+        if table_path is not None:
+            table = CalibrationTable.load(table_path)
+        else:
+            from .sim.channel_map import sim_params
+            table = CalibrationTable.for_simulation(qubits, sim_params(1, qubits))
+        for q in only:
+            table.qubit(q)
+    except CalibrationError as exc:
+        _fail(f"qlink calibrate: {exc}")
+        return
+    steps = list(cal_mod.ALL_STEPS) if experiment == "all" else [experiment]
+    options: dict[str, dict] = {name: {} for name in cal_mod.WORKFLOWS}
+    if shots is not None:
+        for name in options:
+            options[name]["shots"] = shots
+    if trace:
+        options["readout"]["trace"] = True
+    results: list = []
+
+    def report(result) -> None:
+        results.append(result)
+        click.echo(result.summary())
+        if plot_dir is not None:
+            n = sum(r.name == result.name and r.qubit == result.qubit for r in results)
+            suffix = f"_{n}" if n > 1 else ""
+            path = result.plot(plot_dir / f"q{result.qubit}_{result.name}{suffix}.png")
+            click.echo(f"  plot: {path}")
+
+    try:
+        if sim:
+            from .sim import SimulatedQSC, SimulationError
+            try:
+                device = SimulatedQSC(ppus=ppu + 1, qubits=qubits, build_dir=build_dir,
+                                      simulator=simulator, model=model_path, seed=seed)
+            except (SimulationError, QlinkError) as exc:
+                _fail(f"qlink calibrate: {exc}", 1)
+                return
+        else:
+            from .qsc import QSC
+            params = _board_profile("calibrate", board).params if board else None
+            try:
+                device = QSC(bridge=bridge_name, interface=interface, qsc_ip=qsc_ip,
+                             params=params)
+            except (QlinkError, OSError) as exc:
+                _fail(f"qlink calibrate: cannot open the {bridge_name} bridge: {exc}", 1)
+                return
+        with device:
+            if not sim:
+                try:
+                    device.connect()
+                except ControlPlaneError as exc:
+                    from .wire.ipv4 import int_to_ip
+                    _fail(f"qlink calibrate: no board answered at {int_to_ip(device.qsc_ip)} "
+                          f"through the {bridge_name} bridge: {exc}", 1)
+            cal_mod.calibrate_all(device, table, only or None, ppu=ppu, steps=steps,
+                                  on_result=report, **options)
+    except (CalibrationError, AssemblerError) as exc:
+        # a table that does not fit the device's build (a channel it lacks): bad input
+        _fail(f"qlink calibrate: {exc}")
+    except (cal_mod.CalibrationRunError, QlinkError) as exc:
+        _fail(f"qlink calibrate: {exc}", 1)
+    if output is not None:
+        table.save(output)
+        click.echo(f"calibration table -> {output}")
+    if json_path is not None:
+        _write(json_path, json.dumps({"table": table.to_dict(),
+                                      "results": [r.to_dict() for r in results]},
+                                     indent=2) + "\n")
 
 
 @main.command("program")

@@ -186,8 +186,13 @@ class SimulatedQSC(QSC):
         ``serve.json``. One simulation at a time per build directory.
     simulator : str
         ``"icarus"`` (default) or ``"verilator"``.
-    model : path, optional
-        A model file (``qlink sim --model``).
+    model : path or mapping, optional
+        A model file (``qlink sim --model``), or its object (checked with
+        :func:`~openqlink.sim.channel_map.check_model` before the child starts: a bad key
+        raises :class:`~openqlink.sim.channel_map.ModelError` naming it), written to a file
+        for the child: e.g. ``{"qubits": {"if_hz": 3e5, "pi_area": 30.0}, "readouts":
+        {"phase0_rad": 0.4, "phase1_rad": 2.9}}`` for a qubit that the nominal calibration
+        table does not fit (:mod:`openqlink.calibrate` finds its values).
     seed : int
         The qubit models' seed (PPU ``n``'s: ``seed + n``).
     startup_timeout_s : float
@@ -225,7 +230,7 @@ class SimulatedQSC(QSC):
     def __init__(self, ppus: int = 1, qubits: int = 1, samples_per_cycle: int = 1,
                  build_dir: str | os.PathLike[str] | None = None,
                  simulator: str = DEFAULT_SIMULATOR, *,
-                 model: str | os.PathLike[str] | None = None, seed: int = 1,
+                 model: str | os.PathLike[str] | Mapping | None = None, seed: int = 1,
                  startup_timeout_s: float = 900.0, limit_s: float = SERVE_LIMIT_S,
                  pcap_path: str | os.PathLike[str] | None = None,
                  verilog_path: str | os.PathLike[str] | None = None, **qsc_kwargs: object):
@@ -237,6 +242,11 @@ class SimulatedQSC(QSC):
             params = sim_params(ppus, qubits, samples_per_cycle)
         except ValueError as exc:
             raise SimulationError(f"SimulatedQSC: {exc}") from None
+        checked_model = None
+        if isinstance(model, Mapping):
+            from .channel_map import check_model
+
+            checked_model = check_model(model, qubits)   # ModelError naming the key
         base = Path(build_dir).resolve() if build_dir else Path.cwd() / "build" / "sim"
         out_dir = simulator_build_dir(base, simulator)
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -251,6 +261,11 @@ class SimulatedQSC(QSC):
                "--samples-per-cycle", str(samples_per_cycle), "--build-dir", str(base),
                "--simulator", simulator, "--seed", str(seed), "--serve-limit-s", str(limit_s),
                "--json", str(self.results_path)]
+        if checked_model is not None:
+            import json
+
+            model = Path(self._tmp) / "model.json"
+            model.write_text(json.dumps(checked_model))
         if model is not None:
             cmd += ["--model", str(Path(model).resolve())]
         if pcap_path is not None:
