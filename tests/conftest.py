@@ -7,27 +7,22 @@ from pathlib import Path
 
 import pytest
 
-#: Markers of the longest tests, the longest first: they start first, so that no worker is left
-#: with one of them at the end while the other idles.
+#: Markers of the longest tests, the longest first.
 _LONG_FIRST = ("verilator", "cocotb", "model_check", "experiments", "fuzz_deep")
 
 
-@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Put each cocotb module's tests in one pytest-xdist group (``--dist loadgroup``, in
-    pyproject.toml's addopts), so that its module fixtures (a simulation each, a minute or
-    more) run on one worker only, and order the tests longest first (:data:`_LONG_FIRST`).
-    Runs before pytest-xdist's own hook, which reads the groups."""
+    """Order the tests longest first (:data:`_LONG_FIRST`, then the rest as collected). With
+    pytest-xdist (``-n``; ``--dist loadfile --no-loadscope-reorder`` in pyproject.toml's addopts)
+    each module goes whole to one worker, in the order of its first test here: the modules of
+    the system tests start first, so that no worker is left with one of them at the end while
+    the other idles, and a module's fixtures (a simulation each) run on one worker only."""
     def rank(item) -> int:
         for i, name in enumerate(_LONG_FIRST):
             if item.get_closest_marker(name) is not None:
                 return i
         return len(_LONG_FIRST)
 
-    for item in items:
-        if item.get_closest_marker("cocotb") is not None \
-                and item.get_closest_marker("xdist_group") is None:
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::")[0]))
     items.sort(key=rank)
 
 
