@@ -35,7 +35,8 @@ log = logging.getLogger(__name__)
 __all__ = [
     "SimulationError", "SimConfig", "run_sim", "run_inject", "run_bench", "build_verilog",
     "icarus_compatible", "TOPLEVEL", "LINE_RATE_GAP_CYCLES", "SIMULATORS", "DEFAULT_SIMULATOR",
-    "check_simulator", "simulator_build_dir", "generate_top_verilog",
+    "check_simulator", "simulator_build_dir", "generate_top_verilog", "verilog_cache_dir",
+    "VERILOG_CACHE_ENV",
 ]
 
 TOPLEVEL = "qsc_top"
@@ -255,11 +256,118 @@ def verilog_cache_key(params: QSCParams, roots: Sequence[Path] | None = None) ->
     return h.hexdigest()
 
 
+#: The environment variable naming the shared Verilog cache's folder (``off`` or empty: none).
+VERILOG_CACHE_ENV = "OPENQLINK_VERILOG_CACHE"
+#: How many tops the shared cache keeps (the most recently used; a few MB each).
+VERILOG_CACHE_ENTRIES = 32
+#: The last line of a cache entry: the SHA-256 of the Verilog text before it.
+_ENTRY_TRAILER = re.compile(rb"// openqlink verilog cache sha256=([0-9a-f]{64})\n\Z")
+
+
+def verilog_cache_dir() -> Path | None:
+    """The folder of the shared Verilog cache: ``$OPENQLINK_VERILOG_CACHE``, else
+    ``$XDG_CACHE_HOME/openqlink/verilog`` (``~/.cache/openqlink/verilog``); None when the
+    variable is ``off`` or empty (no shared cache: each build folder elaborates its own)."""
+    value = os.environ.get(VERILOG_CACHE_ENV)
+    if value is not None:
+        return None if value.strip() in ("", "off") else Path(value).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
+    return Path(base) / "openqlink" / "verilog"
+
+
+def _read_cache_entry(entry: Path) -> str | None:
+    """The Verilog text of a cache entry, or None when it is missing, cut short or altered (its
+    trailer's SHA-256 is not that of the text)."""
+    try:
+        data = entry.read_bytes()
+    except OSError:
+        return None
+    cut = data.rfind(b"// openqlink verilog cache ")
+    trailer = _ENTRY_TRAILER.match(data, cut) if cut >= 0 else None
+    if trailer is None or hashlib.sha256(data[:cut]).hexdigest() != trailer.group(1).decode():
+        return None
+    try:
+        os.utime(entry)                 # most recently used: kept longest
+    except OSError:
+        pass
+    return data[:cut].decode()
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file in its folder and ``os.replace``: a
+    reader sees the old file or the whole new one, never a part."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def _prune_cache(cache: Path, keep: int = VERILOG_CACHE_ENTRIES) -> None:
+    """Remove all but the ``keep`` most recently used entries of the cache folder."""
+    entries = []
+    for entry in cache.glob("*.v"):
+        try:
+            entries.append((entry.stat().st_mtime, entry))
+        except OSError:
+            pass
+    for _, entry in sorted(entries, reverse=True)[keep:]:
+        entry.unlink(missing_ok=True)
+        entry.with_suffix(".lock").unlink(missing_ok=True)
+
+
+def _cached_top_verilog(params: QSCParams, key: str) -> str:
+    """The :func:`icarus_compatible` Verilog of the top for ``params`` from the shared cache
+    (:func:`verilog_cache_dir`, one entry ``<key>.v`` per :func:`verilog_cache_key`), the top
+    elaborated and the entry written when it is not there. Processes that want the same key
+    at once (pytest-xdist workers) take turns on a lock file: one elaborates, the others read
+    its entry. An entry that does not check out is elaborated again; a cache folder that
+    cannot be written leaves the elaboration uncached."""
+    cache = verilog_cache_dir()
+    if cache is None:
+        return icarus_compatible(generate_top_verilog(params))
+    entry = cache / f"{key}.v"
+    text = _read_cache_entry(entry)
+    if text is not None:
+        log.debug("%s: from the shared cache", entry)
+        return text
+    try:
+        cache.mkdir(parents=True, exist_ok=True)
+        lock = open(cache / f"{key}.lock", "a+b")     # held until the entry is written
+    except OSError as exc:
+        log.warning("Verilog cache %s not writable (%s): elaborating without it", cache, exc)
+        return icarus_compatible(generate_top_verilog(params))
+    with lock:
+        try:
+            import fcntl
+
+            fcntl.flock(lock, fcntl.LOCK_EX)
+        except ImportError:     # no POSIX locks: two processes may both elaborate
+            pass
+        text = _read_cache_entry(entry)     # made by another process while this one waited
+        if text is not None:
+            return text
+        text = icarus_compatible(generate_top_verilog(params))
+        data = text.encode()
+        trailer = f"// openqlink verilog cache sha256={hashlib.sha256(data).hexdigest()}\n"
+        try:
+            _write_atomically(entry, data + trailer.encode())
+            _prune_cache(cache)
+        except OSError as exc:
+            log.warning("Verilog cache %s not writable (%s)", cache, exc)
+    return text
+
+
 def build_verilog(params: QSCParams, build_dir: Path) -> Path:
     """Write ``qsc_top.v`` for ``params`` into ``build_dir``, in the form
     :func:`icarus_compatible` gives. The text is the same from run to run (a simulator's
     build of it is reused), and is not made again while :func:`verilog_cache_key` is the one
     recorded beside it (``qsc_top.v.key``): elaborating the top is most of a short run's time.
+    A build folder without it takes the text from the shared cache (:func:`verilog_cache_dir`),
+    so one top is elaborated once for every build folder (and every process) that wants it.
 
     Raises :class:`SimulationError` when the top cannot be elaborated.
     """
@@ -270,7 +378,7 @@ def build_verilog(params: QSCParams, build_dir: Path) -> Path:
     if path.exists() and key_path.exists() and key_path.read_text().strip() == key:
         log.debug("%s: cached for these parameters and sources", path)
         return path
-    text = icarus_compatible(generate_top_verilog(params))
+    text = _cached_top_verilog(params, key)
     if not path.exists() or hashlib.sha256(path.read_bytes()).digest() != \
             hashlib.sha256(text.encode()).digest():
         path.write_text(text)

@@ -26,6 +26,7 @@ from openqlink.sim.qubit import FULL_SCALE
 
 pytestmark = [
     pytest.mark.cocotb,
+    pytest.mark.experiments,
     pytest.mark.skipif(shutil.which("iverilog") is None,
                        reason="Icarus Verilog is not installed (apt-get install iverilog)"),
 ]

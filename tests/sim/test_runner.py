@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -158,6 +160,7 @@ def test_the_tops_verilog_is_made_again_only_when_what_it_depends_on_changes(tmp
         return f"module qsc_top(); // {params.num_ppus}\nendmodule\n"
 
     monkeypatch.setattr(runner, "generate_top_verilog", generate)
+    monkeypatch.setenv(runner.VERILOG_CACHE_ENV, "off")     # this build folder's key alone
     one, two = QSCParams(num_ppus=1), QSCParams(num_ppus=2)
     path = runner.build_verilog(one, tmp_path)
     assert runner.build_verilog(one, tmp_path) == path and made == [one]
@@ -177,3 +180,125 @@ def test_the_tops_verilog_is_made_again_only_when_what_it_depends_on_changes(tmp
     (tmp_path / "qsc_top.v.key").write_text("0" * 64 + "\n")
     runner.build_verilog(two, tmp_path)
     assert made == [one, two, two]
+
+
+def _counting_generate(monkeypatch, made: list):
+    """Make runner.generate_top_verilog a quick stand-in that records each elaboration."""
+    import openqlink.sim.runner as runner
+
+    def generate(params):
+        made.append(params)
+        return f"module qsc_top(); // {params.num_ppus}\nendmodule\n"
+
+    monkeypatch.setattr(runner, "generate_top_verilog", generate)
+
+
+def test_the_shared_cache_elaborates_a_top_once_for_every_build_folder(tmp_path, monkeypatch):
+    """A second build folder with the same parameters takes the top from the shared cache;
+    other parameters elaborate their own."""
+    import openqlink.sim.runner as runner
+    from openqlink.memory_map import QSCParams
+
+    made: list = []
+    _counting_generate(monkeypatch, made)
+    cache = tmp_path / "cache"
+    monkeypatch.setenv(runner.VERILOG_CACHE_ENV, str(cache))
+    one, two = QSCParams(num_ppus=1), QSCParams(num_ppus=2)
+    a = runner.build_verilog(one, tmp_path / "a")
+    b = runner.build_verilog(one, tmp_path / "b")
+    assert made == [one] and a.read_text() == b.read_text()
+    assert "// 1" in b.read_text() and "openqlink verilog cache" not in b.read_text()
+    assert (tmp_path / "b" / "qsc_top.v.key").read_text().strip() == \
+        runner.verilog_cache_key(one)
+    assert sorted(p.name for p in cache.glob("*.v")) == [runner.verilog_cache_key(one) + ".v"]
+    c = runner.build_verilog(two, tmp_path / "c")
+    assert made == [one, two] and "// 2" in c.read_text()
+    runner.build_verilog(two, tmp_path / "d")
+    assert made == [one, two] and len(list(cache.glob("*.v"))) == 2
+    assert not list(cache.glob("*.tmp"))
+
+
+@pytest.mark.parametrize("damage", ["cut short", "altered", "no trailer", "empty"])
+def test_a_damaged_cache_entry_is_not_used(tmp_path, monkeypatch, damage):
+    """An entry cut short (a writer stopped), altered or without its digest is elaborated
+    again and rewritten, never copied into a build folder."""
+    import openqlink.sim.runner as runner
+    from openqlink.memory_map import QSCParams
+
+    made: list = []
+    _counting_generate(monkeypatch, made)
+    monkeypatch.setenv(runner.VERILOG_CACHE_ENV, str(tmp_path / "cache"))
+    params = QSCParams()
+    good = runner.build_verilog(params, tmp_path / "a").read_text()
+    entry = tmp_path / "cache" / f"{runner.verilog_cache_key(params)}.v"
+    data = entry.read_bytes()
+    entry.write_bytes({"cut short": data[:len(data) // 2],
+                       "altered": data.replace(b"// 1", b"// 7"),
+                       "no trailer": data[:data.rindex(b"// openqlink")],
+                       "empty": b""}[damage])
+    assert runner.build_verilog(params, tmp_path / "b").read_text() == good
+    assert len(made) == 2 and entry.read_bytes() == data
+
+
+def test_the_shared_cache_folder_comes_from_the_environment(tmp_path, monkeypatch):
+    import openqlink.sim.runner as runner
+
+    monkeypatch.delenv(runner.VERILOG_CACHE_ENV, raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert runner.verilog_cache_dir() == tmp_path / "xdg" / "openqlink" / "verilog"
+    monkeypatch.setenv(runner.VERILOG_CACHE_ENV, str(tmp_path / "mine"))
+    assert runner.verilog_cache_dir() == tmp_path / "mine"
+    for off in ("off", ""):
+        monkeypatch.setenv(runner.VERILOG_CACHE_ENV, off)
+        assert runner.verilog_cache_dir() is None
+
+
+def test_the_shared_cache_keeps_the_most_recently_used_entries(tmp_path):
+    import openqlink.sim.runner as runner
+
+    for i in range(5):
+        (tmp_path / f"{i}.v").write_text("x")
+        (tmp_path / f"{i}.lock").write_text("")
+        os.utime(tmp_path / f"{i}.v", (1000 + i, 1000 + i))
+    runner._prune_cache(tmp_path, keep=2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["3.lock", "3.v", "4.lock", "4.v"]
+
+
+def _build_in_child(build_dir: str, made_log: str) -> None:
+    """One racing process: a slow stand-in elaboration that logs each call, then a build."""
+    import time
+
+    import openqlink.sim.runner as runner
+    from openqlink.memory_map import QSCParams
+
+    def generate(params):
+        with open(made_log, "a") as f:
+            f.write(f"{os.getpid()}\n")
+        time.sleep(0.3)                 # widen the window in which the others ask too
+        return "module qsc_top();\n" + "// filler\n" * 20000 + "endmodule\n"
+
+    runner.generate_top_verilog = generate
+    runner.build_verilog(QSCParams(), Path(build_dir))
+
+
+def test_processes_racing_for_one_top_elaborate_it_once(tmp_path, monkeypatch):
+    """pytest-xdist workers wanting the same top at once: one elaborates, the others wait for
+    its entry; every build folder gets the whole text and no temporary file is left."""
+    import multiprocessing
+
+    import openqlink.sim.runner as runner
+
+    monkeypatch.setenv(runner.VERILOG_CACHE_ENV, str(tmp_path / "cache"))
+    made_log = tmp_path / "made.log"
+    ctx = multiprocessing.get_context("fork")
+    children = [ctx.Process(target=_build_in_child, args=(str(tmp_path / f"b{i}"), str(made_log)))
+                for i in range(4)]
+    for child in children:
+        child.start()
+    for child in children:
+        child.join(60)
+    assert [child.exitcode for child in children] == [0] * 4
+    assert len(made_log.read_text().split()) == 1
+    texts = {(tmp_path / f"b{i}" / "qsc_top.v").read_text() for i in range(4)}
+    assert len(texts) == 1 and texts.pop().endswith("endmodule\n")
+    assert not list((tmp_path / "cache").glob("*.tmp"))

