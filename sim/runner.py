@@ -496,7 +496,8 @@ def run_bench(module: str, cfg: dict, *, params: QSCParams | None = None,
     build_dir = simulator_build_dir(build_dir, simulator).resolve()
     runner = _make_runner(simulator)
     tell = progress or (lambda line: None)
-    tell("the top's Verilog (elaborated with Amaranth and Yosys unless it is up to date)")
+    tell(f"the top's Verilog (from {verilog_path})" if verilog_path is not None else
+         "the top's Verilog (elaborated with Amaranth and Yosys unless it is up to date)")
     if verilog_path is not None:
         build_dir.mkdir(parents=True, exist_ok=True)
         verilog = build_dir / f"{TOPLEVEL}.v"
