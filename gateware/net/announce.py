@@ -25,6 +25,7 @@ from ...wire.bootp import (
 from ...wire.ethernet import ETHERNET
 from ...wire.ipv4 import IPV4, ipv4_checksum
 from ...wire.udp import UDP
+from ..logic import named
 from ..packet import packet_signature
 from .common import NetConfig
 
@@ -108,6 +109,7 @@ class BootpAnnouncer(wiring.Component):
                                 "sequence": sequence}),
         )
         assert len(frame) == 8 * ANNOUNCE_FRAME_BYTES
+        frame = named(m, frame, "frame")
         last_bytes = ANNOUNCE_FRAME_BYTES - 8 * (ANNOUNCE_BEATS - 1)
 
         # ---- sending ------------------------------------------------------------------------

@@ -80,6 +80,7 @@ from ...wire.ipv4 import IPV4, IpProtocol
 from ...wire.udp import CONTROL_PORT, UDP
 from .. import bram
 from ..bus import READ_TAG_BITS, BusCommand, BusOp, BusReadData
+from ..logic import named
 from ..packet import packet_signature
 from .common import COUNTER_INDEX, ControlReply, NetConfig
 from .ipv4csum import IPv4Checksum
@@ -563,6 +564,7 @@ class ControlReplyBuilder(wiring.Component):
                                           status=head.status, reserved=0),
         )
         assert len(frame) == 8 * _REPLY_HEAD_BYTES
+        frame = named(m, frame, "reply_head")
         tail = Cat(head.latched_seq[8:], head.latched_seq[:8], Const(0, 48))
 
         with m.If(tx.valid & tx.ready):

@@ -135,7 +135,7 @@ from ...wire.rpc import HEADER_BYTES as RPC_RESPONSE_BYTES
 from ...wire.udp import CONTROL_PORT, ROCEV2_PORT, UDP, UDP_CALL_PORT_BASE
 from .. import bram
 from ..bus import BusCommand, BusOp
-from ..logic import kept
+from ..logic import kept, named
 from ..packet import PingPongSlice, packet_signature
 from .common import COUNTER_INDEX, DropReason, NetConfig, QPContext
 from .control import PAIR_RING_DEPTH, ControlRequest, PairPortSignature
@@ -807,8 +807,8 @@ class RoCEReceiver(wiring.Component):
         crc_prev_hi = Signal(32)              # lanes 4-7 of the previous word of V
         with m.If(take):
             m.d.sync += crc_prev_hi.eq(Mux(at[1], Const(2**32 - 1, 32), beat.data[16:48]))
-        term_whole, term_shifted = icrc_terms(Cat(prev_hi, beat.data[:48]) | word_mask,
-                                              crc_prev_hi, parts=2)
+        term_whole, term_shifted = icrc_terms(
+            named(m, Cat(prev_hi, beat.data[:48]) | word_mask, "crc_word"), crc_prev_hi, parts=2)
         m.d.sync += [
             crc_in.valid.eq(take & (at[1] | at[2] | at[3] | (beyond3 & v_in))),
             crc_in.first.eq(at[1]),

@@ -43,6 +43,7 @@ from ...wire.roce import BTH, ICRC_BYTES, IMMDT, RETH, Opcode
 from ...wire.rpc import HEADER_BYTES, REQUEST_MAGIC, RPCHeader
 from ...wire.udp import ROCEV2_PORT, UDP, UDP_CALL_PORT_BASE
 from ..bus import MAX_CALL_ARG_BYTES, CallRequest
+from ..logic import named
 from ..packet import packet_signature
 from .common import NetConfig, QPContext
 from .icrc import ICRC_WORD_MASKS, ICRCEngine, icrc_terms
@@ -473,7 +474,7 @@ class TxBuilder(wiring.Component):
         udp_hdr = UDP.build(src_port=port, dst_port=dst_port, length=udp_len, checksum=0)
         out = Cat(eth, ip_header(0), udp_hdr, bth, reth, immdt, rpc.as_value(), args)
         assert len(out) <= 64 * _FRAME_WORDS      # the checksum: laid over on tx
-        rpc_frame = Cat(out, Const(0, 64 * _FRAME_WORDS - len(out)))
+        rpc_frame = named(m, Cat(out, Const(0, 64 * _FRAME_WORDS - len(out))), "rpc_frame")
         # Words 1 and up (word 0 comes from the inputs in IDLE): the word loaded is an AND-OR of
         # the one-hot phase (many of a word's bits are constants). Word 0 in IDLE, chosen by the
         # copy of ``idle`` that shifts ``ahead3`` (below).
