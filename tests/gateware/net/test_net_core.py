@@ -3,6 +3,7 @@
 (Named test_net_core.py so that it cannot clash with another folder's test_core.py.)
 """
 
+import simreuse
 from amaranth.back import verilog
 from amaranth.sim import Simulator
 from netbench import (
@@ -50,7 +51,9 @@ class CoreBench:
     """A NetworkCore with a MAC-side driver and sink and a PPU-cluster model on the bus."""
 
     def __init__(self, params=PARAMS, bus_ready=lambda c: True):
-        self.dut = dut = NetworkCore(params)
+        self.rsim = simreuse.shared(("core", params), lambda: NetworkCore(params),
+                                    clocks=6.4e-9, background=3)
+        self.dut = dut = self.rsim.dut
         self.bus = StreamSink(dut.bus_cmd, bus_ready)
         self.tx_frames: list[bytes] = []
         self.ppu_words: dict[int, int] = {}     # word_addr -> 64-bit value answered to READs
@@ -120,17 +123,11 @@ class CoreBench:
             await ctx.tick()
 
     def run(self, testbench):
-        sim = Simulator(self.dut)
-        sim.add_clock(6.4e-9)
-
+        """Run ``testbench(ctx, self)`` from the core's initial state (a bench runs once)."""
         async def main(ctx):
             await testbench(ctx, self)
 
-        sim.add_testbench(main)
-        sim.add_testbench(self.bus.run, background=True)
-        sim.add_testbench(self.tx_sink, background=True)
-        sim.add_testbench(self.responder, background=True)
-        sim.run()
+        self.rsim.run(main, self.bus.run, self.tx_sink, self.responder)
 
 
 IMEM0 = ppu_base(0) + IMEM_OFFSET

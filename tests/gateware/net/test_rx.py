@@ -6,6 +6,7 @@ import struct
 import warnings
 
 import pytest
+import simreuse
 from amaranth.hdl import Module, UnusedElaboratable
 from amaranth.lib import wiring
 from amaranth.sim import Simulator
@@ -118,8 +119,9 @@ def run_rx(frames, *, params=PARAMS, ready=lambda c: True, gap=0, rng=None, setu
     ``setup(ctx, regs)`` runs before the frames; ``then=(between, more)``: once they settled,
     ``between(ctx, regs)`` runs and the frames ``more`` are driven; ``after(ctx, regs)`` runs
     once the last frames settled."""
-    h = RxHarness(params, **kw)
-    dut, regs = h.dut, h.regs
+    rsim = simreuse.shared(("rx", params, tuple(sorted(kw.items()))),
+                           lambda: RxHarness(params, **kw), clocks=6.4e-9, background=2)
+    dut, regs = rsim.dut.dut, rsim.dut.regs
     sink = StreamSink(dut.bus_cmd, ready)
     ctrl = StreamSink(dut.ctrl_req, ctrl_ready, convert=lambda p: {
         f: int(getattr(p, f)) for f in
@@ -147,12 +149,7 @@ def run_rx(frames, *, params=PARAMS, ready=lambda c: True, gap=0, rng=None, setu
         result["epsn"] = [await reg_read(ctx, regs, qp_reg(n, "RX_EPSN"))
                           for n in range(params.num_ppus)]
 
-    sim = Simulator(h)
-    sim.add_clock(6.4e-9)
-    sim.add_testbench(testbench)
-    sim.add_testbench(sink.run, background=True)
-    sim.add_testbench(ctrl.run, background=True)
-    sim.run()
+    rsim.run(testbench, sink.run, ctrl.run)
     return sink.items, ctrl.items, result["counters"], result["epsn"]
 
 

@@ -6,6 +6,7 @@ is not used here on purpose).
 
 from __future__ import annotations
 
+import simreuse
 from amaranth.sim import Simulator
 
 from openqlink.gateware.bus import BusOp
@@ -22,7 +23,8 @@ from openqlink.memory_map import (
 from openqlink.wire.rpc import Response
 
 __all__ = [
-    "PARAMS", "NCO_PARAMS", "make_sim", "bus_write", "bus_read", "write32", "read32", "read_reg",
+    "PARAMS", "NCO_PARAMS", "make_sim", "shared_cluster", "bus_write", "bus_read", "write32",
+    "read32", "read_reg",
     "write_reg", "upload", "upload_env", "trigger", "status", "wait_state", "write_mailbox",
     "send_response",
     "Monitor", "nop", "end", "wait", "sync", "play", "acquire", "marker", "set_", "add",
@@ -39,6 +41,13 @@ def make_sim(params: QSCParams = PARAMS, **channels) -> tuple[PPUCluster, Simula
     sim = Simulator(dut)
     sim.add_clock(4e-9)
     return dut, sim
+
+
+def shared_cluster(params: QSCParams = PARAMS, **channels) -> simreuse.ReusableSimulator:
+    """The cluster of ``params`` and ``channels`` in this process's one simulator of it (reset
+    before each run: ``simreuse``), with room for one process beside the run's testbench."""
+    return simreuse.shared(("ppu_cluster", params, tuple(sorted(channels.items()))),
+                           lambda: PPUCluster(params, **channels), clocks=4e-9, processes=1)
 
 
 # ---- Instructions ---------------------------------------------------------------------------
@@ -231,9 +240,9 @@ class Monitor:
         self.rows: list[dict] = []
 
     def add_to(self, sim: Simulator):
-        sim.add_process(self._process)
+        sim.add_process(self.process)
 
-    async def _process(self, ctx):
+    async def process(self, ctx):
         ptd = self.dut.ptd[self.ppu]
         if self.drive_adc is not None:
             ctx.set(ptd.adc[0], self.drive_adc(0))

@@ -15,9 +15,9 @@ from ppu_bench import (
     bus_read,
     bus_write,
     end,
-    make_sim,
     read32,
     read_reg,
+    shared_cluster,
     upload,
     wait_state,
     write_reg,
@@ -59,8 +59,10 @@ def _iq(samples: list[int], nco: bool, phase: int = 0, freq_word: int = 0) -> tu
 
 
 def _run(params: QSCParams, tb) -> None:
-    """Run ``tb(ctx, dut)`` on a fresh cluster whose PPU 0's ADCs carry :func:`_adc`."""
-    dut, sim = make_sim(params)
+    """Run ``tb(ctx, dut)`` on a cluster in its initial state whose PPU 0's ADCs carry
+    :func:`_adc`."""
+    rsim = shared_cluster(params)
+    dut = rsim.dut
     S, n = params.samples_per_cycle, params.readouts_per_ppu
 
     async def drive(ctx):
@@ -77,9 +79,7 @@ def _run(params: QSCParams, tb) -> None:
     async def testbench(ctx):
         await tb(ctx, dut)
 
-    sim.add_process(drive)
-    sim.add_testbench(testbench)
-    sim.run()
+    rsim.run(testbench, processes=(drive,))
 
 
 async def _start(ctx, dut, prog: list[int]) -> int:

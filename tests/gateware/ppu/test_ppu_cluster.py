@@ -30,6 +30,7 @@ from ppu_bench import (
     read_reg,
     send_response,
     set_,
+    shared_cluster,
     status,
     sync,
     trigger,
@@ -63,16 +64,16 @@ LEAD = 60
 
 
 def run(tb, *, params: QSCParams = PARAMS, adc=None, ppu: int = 0, **channels) -> Monitor:
-    """Run ``tb(ctx, dut)`` on a fresh cluster; returns the PTD monitor of PPU ``ppu``."""
-    dut, sim = make_sim(params, **channels)
+    """Run ``tb(ctx, dut)`` on a cluster in its initial state; returns the PTD monitor of PPU
+    ``ppu``."""
+    rsim = shared_cluster(params, **channels)
+    dut = rsim.dut
     mon = Monitor(dut, ppu, adc)
-    mon.add_to(sim)
 
     async def testbench(ctx):
         await tb(ctx, dut)
 
-    sim.add_testbench(testbench)
-    sim.run()
+    rsim.run(testbench, processes=(mon.process,))
     return mon
 
 
