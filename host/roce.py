@@ -44,7 +44,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
-from .errors import FieldRangeError, WireFormatError
+from .errors import DispatchError, FieldRangeError, WireFormatError
 from .wire.ethernet import MIN_FRAME_BYTES, EtherType, mac_to_int
 from .wire.ipv4 import IpProtocol, ip_to_int, ipv4_header_ok, ones_complement_sum
 from .wire.packet import (
@@ -192,6 +192,10 @@ class UCQueuePair:
     Sending is thread safe: a message takes its whole run of PSNs at once, under a lock, so
     messages sent from several threads never interleave their PSNs. :meth:`handle_frame` must
     be called from one thread at a time.
+
+    While another sender holds the QP's PSNs (:meth:`lend_psns`, as the GPU RoCE endpoint does
+    while it runs), every send raises :class:`~openqlink.errors.DispatchError` naming it: a
+    packet sent meanwhile would take a PSN the other sender also uses.
     """
 
     def __init__(self, local_mac: str | bytes | int, local_ip: str | int, qpn: int,
@@ -219,6 +223,7 @@ class UCQueuePair:
         self.rx_epsn = rx_epsn
         self.counters: dict[str, int] = dict.fromkeys(RX_COUNTER_NAMES, 0)
         self._tx_lock = threading.Lock()
+        self._psns_held_by: str | None = None
         self._ring: SlotRingLike | None = None
         self._ring_rkey = 0
         self._ring_va = 0
@@ -241,9 +246,39 @@ class UCQueuePair:
 
     # --- send ---------------------------------------------------------------------------------
 
-    def _take_psns(self, count: int) -> int:
-        """The first of ``count`` consecutive PSNs, taken at once (thread safe)."""
+    def lend_psns(self, holder: str) -> tuple[int, int]:
+        """Hand this QP's PSNs to ``holder`` (a name for errors, e.g. ``"the GPU RoCE
+        endpoint"``), which sends and receives on the QP until :meth:`take_back_psns`. Returns
+        ``(tx_psn, rx_epsn)`` to continue from; until they come back, every send raises
+        :class:`~openqlink.errors.DispatchError` naming ``holder``. Raises that error, too,
+        when another holder has them."""
         with self._tx_lock:
+            if self._psns_held_by is not None:
+                raise DispatchError(f"QP {self.qpn:#x}: its PSNs are held by "
+                                    f"{self._psns_held_by}")
+            self._psns_held_by = holder
+            return self.tx_psn, self.rx_epsn
+
+    def take_back_psns(self, tx_psn: int, rx_epsn: int) -> None:
+        """End a :meth:`lend_psns`: the QP continues from the holder's last ``tx_psn`` and
+        ``rx_epsn`` (24 bits each)."""
+        with self._tx_lock:
+            self.tx_psn, self.rx_epsn = tx_psn % PSN_MODULUS, rx_epsn % PSN_MODULUS
+            self._psns_held_by = None
+
+    @property
+    def psns_held_by(self) -> str | None:
+        """Who holds this QP's PSNs (:meth:`lend_psns`), or None when the QP has them."""
+        return self._psns_held_by
+
+    def _take_psns(self, count: int) -> int:
+        """The first of ``count`` consecutive PSNs, taken at once (thread safe). Raises
+        :class:`~openqlink.errors.DispatchError` while :meth:`lend_psns` has lent them."""
+        with self._tx_lock:
+            if self._psns_held_by is not None:
+                raise DispatchError(f"QP {self.qpn:#x} cannot send: its PSNs are held by "
+                                    f"{self._psns_held_by} (a packet sent now would reuse one "
+                                    "of its PSNs); send before it starts or after it stops")
             psn = self.tx_psn
             self.tx_psn = (psn + count) % PSN_MODULUS
             self.counters["TX_FRAMES"] += count

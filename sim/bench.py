@@ -459,7 +459,8 @@ class TB:
     def _start_frame_plane(self, table) -> None:
         """``--gpu-frames``: make the GPU RoCE endpoint for PPU 0's QP (its contract as the
         host configured it), warm it up, and hand it the QP's PSNs. Called by the host session
-        after the uploads (RDMA WRITEs on the same QP) and before the trigger."""
+        after the uploads and the trigger (RDMA WRITEs on the same QP): the host sends nothing
+        more on the QP until :meth:`_stop_frame_plane`."""
         from ..gpu.frames import FrameEndpointConfig, GPUFramePlane
         from ..wire.roce import slot_immediate
         from .info import region_rkeys
@@ -701,12 +702,15 @@ class TB:
             for env in program.envelopes.values():
                 qsc.write_envelope(n, env.addr, env.samples)
             qsc.upload_program(n, program.to_bytes())
-        if cfg.get("gpu_frames"):
-            self._start_frame_plane(self.gpu_table)
         # One start time for every PPU: their timelines agree from the first event on.
         start = qsc.timeline(0) + cfg["start_margin_cycles"]
         for n in ppus:
             qsc.trigger(n, start, len(self.programs[n].instructions))
+        if cfg.get("gpu_frames"):
+            # After the trigger, an RDMA WRITE on the same QP: from here the kernel holds the
+            # QP's PSNs. Simulated time stands still until this thread waits, so the endpoint
+            # runs before the first CALL.
+            self._start_frame_plane(self.gpu_table)
         deadline_ns = self._host_now_ns() + cfg["max_run_ns"]
         statuses: dict[int, object] = {}
         running = list(ppus)
@@ -922,6 +926,7 @@ class TB:
             "device": plane.device.name, "arch": plane.arch,
             "kernel_processed": plane.processed,
             "warmup_requests": self.gpu_warmup,
+            "calls_served": plane.processed - self.gpu_warmup,
             "forwarded": d.forwarded,
             "link_and_launch_s": round(self.gpu_start_s, 3),
             "measured_note": "wall-clock, measured while simulated time stood still; "
@@ -944,8 +949,9 @@ class TB:
         return {
             "mode": "frames",
             "device": plane.device.name, "arch": plane.arch,
-            "kernel_processed": plane.processed,
+            "kernel_processed": plane.processed,     # this run's: the warm-up ran apart
             "warmup_requests": self.gpu_warmup,
+            "calls_served": plane.processed,
             "warmup_counters": self.gpu_warmup_counters,
             "counters": plane.counters(),
             "link_and_launch_s": round(self.gpu_start_s, 3),

@@ -155,23 +155,35 @@ def print_report(results: dict, console: Console | None = None) -> None:
                       "--max-run-us)")
     gpu = results.get("gpu")
     if gpu:
-        p50 = gpu["service_p50_ns"]
-        calls = gpu["kernel_processed"] - gpu.get("warmup_requests", 0)
-        in_kernel = gpu.get("call_in_kernel_ns") or []
-        console.print(
-            f"GPU: {gpu['device']} ({gpu['arch']}): the unified dispatch kernel served {calls} "
-            f"CALL(s) after {gpu.get('warmup_requests', 0)} warm-up requests; link + launch "
-            f"{gpu['link_and_launch_s']} s"
-            + (f"; in the kernel, request seen -> response published: "
-               f"{', '.join(f'{t / 1000:.2f}' for t in in_kernel)} us" if in_kernel else "")
-            + (f"; host poll -> response frame sent (Python): p50 {p50 / 1000:.1f} us"
-               if p50 is not None else "")
-            + " (measured, wall clock)")
+        console.print(gpu_line(gpu))
     for p in ppus:
         if p.get("fault_location"):
             prefix = f"PPU {p['ppu']} " if multi else ""
             console.print(f"[bold]{prefix}stopped at:[/bold] {p['fault_location']}")
     console.print(status_line(results))
+
+
+def gpu_line(gpu: dict) -> str:
+    """One line on what the GPU did in a ``--gpu`` run (``results["gpu"]``): the CALLs it
+    served (the warm-up not counted), link + launch, the in-kernel times and the service time,
+    as measured in wall-clock time; with ``--gpu-frames`` (``mode == "frames"``) the GPU RoCE
+    endpoint's frame times instead of the host's Python path."""
+    frames = gpu.get("mode") == "frames"
+    warmup = gpu.get("warmup_requests", 0)
+    calls = gpu.get("calls_served", gpu["kernel_processed"] - (0 if frames else warmup))
+    who = "the GPU RoCE endpoint" if frames else "the unified dispatch kernel"
+    in_kernel = gpu.get("frame_in_kernel_ns" if frames else "call_in_kernel_ns") or []
+    seen = "frame seen -> response frame published" if frames \
+        else "request seen -> response published"
+    p50 = gpu.get("service_p50_ns")
+    service = ("request frame in -> response frame out, no Python per frame" if frames
+               else "host poll -> response frame sent (Python)")
+    return (f"GPU: {gpu['device']} ({gpu['arch']}): {who} served {calls} CALL(s) after "
+            f"{warmup} warm-up requests; link + launch {gpu['link_and_launch_s']} s"
+            + (f"; in the kernel, {seen}: {', '.join(f'{t / 1000:.2f}' for t in in_kernel)} us"
+               if in_kernel else "")
+            + (f"; {service}: p50 {p50 / 1000:.1f} us" if p50 is not None else "")
+            + " (measured, wall clock)")
 
 
 def _g(value: float | None, unit: str = "") -> str:

@@ -396,7 +396,9 @@ class GPUFramePlane(GPUDataPlane):
         entries, or any iterable); a HOST_CALL entry raises :class:`DispatchError` naming it
         (the kernel answers every request frame; no host handler can run in this mode).
         ``qp``: the host's UCQueuePair of the QP, whose ``tx_psn`` and ``rx_epsn`` the kernel
-        continues from (and :meth:`stop` gives back); or ``psn=(tx_psn, rx_epsn)``; default
+        continues from and :meth:`stop` gives back (:meth:`UCQueuePair.lend_psns`: until then
+        a send on ``qp`` raises, as it would reuse the kernel's PSNs: send a program's trigger
+        before the start); or ``psn=(tx_psn, rx_epsn)``; default
         the PSNs the last run ended with (0, 0 at first). ``max_result_bytes`` caps a
         handler's result (default ``slot_size - 24``). Raises as
         :meth:`GPUDataPlane.start`.
@@ -416,12 +418,17 @@ class GPUFramePlane(GPUDataPlane):
                 raise DispatchError(f"QP {qp.qpn:#x} -> {qp.remote_qpn:#x} is not the "
                                     f"endpoint's ({self.config.host_qpn:#x} -> "
                                     f"{self.config.qsc_qpn:#x})")
-            psn = (qp.tx_psn, qp.rx_epsn)
+            psn = qp.lend_psns("the GPU RoCE endpoint")
         self._start_psn = psn if psn is not None else self._final_psn
         self._backlog.clear()
         cap = self.config.slot_size - 24
-        super().start(items, max_result_bytes=cap if max_result_bytes is None
-                      else min(cap, max_result_bytes))
+        try:
+            super().start(items, max_result_bytes=cap if max_result_bytes is None
+                          else min(cap, max_result_bytes))
+        except BaseException:
+            if qp is not None:
+                qp.take_back_psns(*psn)
+            raise
         self._qp = qp
 
     def _make_transport(self) -> tuple[int, int, int]:
@@ -466,7 +473,7 @@ class GPUFramePlane(GPUDataPlane):
         self._stream.destroy()
         self._stream = None
         if self._qp is not None:
-            self._qp.tx_psn, self._qp.rx_epsn = self._final_psn
+            self._qp.take_back_psns(*self._final_psn)
             self._qp = None
         return self._final_processed
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from openqlink.dispatch import SlotRing
-from openqlink.errors import FieldRangeError
+from openqlink.errors import DispatchError, FieldRangeError
 from openqlink.roce import PSN_MODULUS, RX_COUNTER_NAMES, SlotRingLike, UCQueuePair, pkey_matches
 from openqlink.wire.ipv4 import ones_complement_sum
 from openqlink.wire.packet import build_roce_frame, build_udp_frame, parse_frame
@@ -398,3 +398,27 @@ def test_frames_from_the_template_equal_the_general_builder(payload, psn, imm, k
         op = Opcode.RDMA_WRITE_ONLY if i is None else Opcode.RDMA_WRITE_ONLY_WITH_IMMEDIATE
         want = build_roce_frame(opcode=op, va=0x1000, r_key=RKEY, imm=i, **common)
     assert got == want
+
+
+@pytest.mark.parametrize("send", [
+    lambda qp: qp.send_frame(b"r"),
+    lambda qp: qp.send_frames(bytes(3000)),
+    lambda qp: qp.write_frame(0, RKEY, b"w"),
+    lambda qp: qp.write_frames(0, RKEY, bytes(3000), imm=1),
+], ids=["send_frame", "send_frames", "write_frame", "write_frames"])
+def test_a_qp_whose_psns_are_lent_sends_nothing_until_they_come_back(send):
+    """While another sender (the GPU RoCE endpoint) holds the QP's PSNs, a host send would
+    reuse one of them: it raises naming the holder, and the QP continues from the PSNs given
+    back."""
+    _, host, _ = make()
+    host.tx_psn, host.rx_epsn = 7, 3
+    assert host.lend_psns("the GPU RoCE endpoint") == (7, 3)
+    assert host.psns_held_by == "the GPU RoCE endpoint"
+    with pytest.raises(DispatchError, match="held by the GPU RoCE endpoint"):
+        send(host)
+    assert host.counters["TX_FRAMES"] == 0 and host.tx_psn == 7
+    with pytest.raises(DispatchError, match="held by the GPU RoCE endpoint"):
+        host.lend_psns("another holder")
+    host.take_back_psns(PSN_MODULUS + 12, 5)     # 24 bits each
+    assert (host.tx_psn, host.rx_epsn, host.psns_held_by) == (12, 5, None)
+    assert parse_frame(host.send_frame(b"r")).bth["psn"] == 12

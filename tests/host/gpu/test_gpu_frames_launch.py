@@ -11,6 +11,7 @@ import time
 import pytest
 from gpumodel import HANG_GUARD_S, device_entries, request
 
+from openqlink.errors import DispatchError
 from openqlink.gpu import gpu_available
 from openqlink.gpu.frames import COUNTER_NAMES, FrameEndpointConfig, GPUFramePlane
 from openqlink.roce import UCQueuePair
@@ -85,6 +86,8 @@ def test_requests_get_the_frames_the_host_would_send(plane):
     ref = host_qp(tx_psn=40)             # what the host's own path would have sent
     plane.qp.tx_psn = 40
     plane.start(qp=plane.qp)
+    with pytest.raises(DispatchError, match="held by the GPU RoCE endpoint"):
+        plane.qp.send_frame(b"x")        # it would reuse a PSN of the kernel's
     for k in range(3 * NUM_SLOTS + 3):   # the rings wrap
         a, b = k * 1000 - 7, 3 - k
         push(plane, qsc.frame(add_request(a, b, k)))
@@ -97,6 +100,8 @@ def test_requests_get_the_frames_the_host_would_send(plane):
     c = plane.counters()
     assert (c["RX_FRAMES"], c["RX_ROCE_ACCEPTED"], c["RX_PUBLISHED"], c["TX_FRAMES"]) == (n,) * 4
     assert (plane.qp.tx_psn, plane.qp.rx_epsn) == (40 + n, n)   # handed back
+    assert plane.qp.psns_held_by is None
+    assert parse_frame(plane.qp.send_frame(b"x")).bth["psn"] == 40 + n
 
 
 def test_bad_frames_are_dropped_and_counted_as_the_host_does(plane):
