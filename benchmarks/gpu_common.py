@@ -102,10 +102,13 @@ extern "C" __global__ void qlink_pingpong(const uint8_t* rx_data, uint8_t* tx_da
 
 class FloorPingPong:
     """The floor kernel (<<<1, 1>>>) on its own loopback ring (mapped pinned memory, the same
-    layout as the data plane's); ``fence`` as :data:`FENCES`."""
+    layout as the data plane's); ``fence`` as :data:`FENCES`. It retains the primary context of
+    CUDA device ``ordinal`` for itself (a data plane's :meth:`close` releases its own) and gives
+    it back in :meth:`close`."""
 
-    def __init__(self, device: Device, num_slots: int, slot_size: int, timing_capacity: int,
+    def __init__(self, ordinal: int, num_slots: int, slot_size: int, timing_capacity: int,
                  fence: int = 0):
+        device = Device(ordinal)
         arch = device.arch
         ltoir = nvrtc_compile(FLOOR_SRC, "pingpong.cu", arch, headers=headers(),
                               options=(f"-DQLINK_FLOOR_FENCE={fence}",))
@@ -162,6 +165,7 @@ class FloorPingPong:
             self.pinned.free()
             self.pinned = None
         self.module.unload()
+        self.device.release()
 
 
 def run_loop(ring: LoopbackRing, requests: list[bytes], expected: list[bytes] | None, n: int,

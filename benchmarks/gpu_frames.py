@@ -126,7 +126,7 @@ def main() -> int:
     print(f"GPU {env['gpu']} ({env['arch']}), driver CUDA {env['driver_cuda_version']}, NVRTC "
           f"{env['nvrtc']}, nvJitLink {env['nvjitlink']}, Python {env['python']}, {env['date']}; "
           f"poller pinned to CPU {cpu}")
-    floor = FloorPingPong(plane.device, a.slots, a.slot_size, per_block + a.warmup)
+    floor = FloorPingPong(plane.device_ordinal, a.slots, a.slot_size, per_block + a.warmup)
     floor_requests = [Request(fnv1a32("rpc_increment"), k, k << 20, p).pack()
                       for k, p in enumerate(payloads)]
     lat = {"floor": [], "frames": []}

@@ -127,7 +127,7 @@ def sweep(a, request: list[bytes], expected: list[bytes], arr: TypeDesc,
     n = a.sweep + a.warmup
     rows = []
     for label, fence in floors:
-        floor = FloorPingPong(a.device, a.slots, a.slot_size, n, fence=fence)
+        floor = FloorPingPong(a.device_ordinal, a.slots, a.slot_size, n, fence=fence)
         lat, _ = run_loop(floor.start(), request, None, a.sweep, a.warmup)
         kern = floor.stop()[a.warmup:]
         floor.close()
@@ -172,7 +172,8 @@ def compare(a, fence: int, inline: bool, request: list[bytes], expected: list[by
     options = (f"-DQLINK_LOOPBACK_FENCE={fence}", *a.bridge_option)
     plane = make_plane(a, arr, options, inline=inline, timing=per_block + a.warmup)
     empty = make_plane(a, arr, options, inline=inline, timing=per_block + a.warmup, empty=True)
-    floor = FloorPingPong(plane.device, a.slots, a.slot_size, per_block + a.warmup, fence=fence)
+    floor = FloorPingPong(plane.device_ordinal, a.slots, a.slot_size, per_block + a.warmup,
+                          fence=fence)
     sides = ("floor", "dispatch", "empty")
     lat: dict[str, list[int]] = {k: [] for k in sides}
     kern: dict[str, list[int]] = {k: [] for k in sides}
@@ -253,7 +254,7 @@ def main() -> int:
                      for k, p in enumerate(payloads)]
     empty_expected = [Response(0, k, k << 20, b"").pack() for k in range(len(payloads))]
     probe = make_plane(a, arr)
-    a.device = probe.device
+    a.device_ordinal = probe.device_ordinal
     env = environment(probe.device)
     probe.close()
     print(f"GPU {env['gpu']} ({env['arch']}), driver CUDA {env['driver_cuda_version']}, NVRTC "
@@ -263,7 +264,7 @@ def main() -> int:
     results = [compare(a, a.fence, c == "inline", request, expected, arr, empty_request,
                        empty_expected) for c in (a.call or ["inline"])]
     bad = sum(r["wrong_responses"] for r in results) + sum(r["wrong"] for r in swept)
-    args = {k: v for k, v in vars(a).items() if k != "device"}
+    args = vars(a)
     write_json(a.json, {"environment": env, "poller_cpu": cpu, "args": args,
                         "wrong_responses": bad, "main": results, "sweep": swept})
     return 1 if bad else 0
