@@ -783,14 +783,15 @@ def discover_command(timeout_s: float, interface: str | None, as_json: bool) -> 
               show_default=True, help="PTD samples per DTD cycle and converter.")
 @click.option("--sim", "for_sim", is_flag=True,
               help="Make Yosys's combinational processes evaluate at time 0 on Icarus "
-              "(openqlink.sim.runner.icarus_compatible); what `qlink sim --verilog` takes.")
+              "(openqlink.sim.runner.icarus_compatible); what `qlink sim --verilog` takes. "
+              "Taken from the shared Verilog cache when it holds this top.")
 def verilog_command(output: Path | None, num_ppus: int, qubits: int, samples_per_cycle: str,
                     for_sim: bool) -> None:
     """Elaborate the QSC top (default parameters, or the simulation build of --qubits and
     --samples-per-cycle) and write it as Verilog: the same text from run to run (elaborated
     with a fixed hash seed, as `qlink sim` does, so that a simulator's build of it is reused)."""
     from .sim.channel_map import sim_params
-    from .sim.runner import SimulationError, generate_top_verilog
+    from .sim.runner import SimulationError, generate_top_verilog, sim_top_verilog
 
     try:
         params = sim_params(num_ppus, qubits, int(samples_per_cycle))
@@ -800,15 +801,13 @@ def verilog_command(output: Path | None, num_ppus: int, qubits: int, samples_per
     try:
         with _status_line("qlink verilog") as progress:
             if progress is not None:
-                progress("elaborating the top (Amaranth, then Yosys)")
-            text = generate_top_verilog(params)
+                progress("elaborating the top (Amaranth, then Yosys)" if not for_sim else
+                         "the top for simulation (the shared Verilog cache, or elaborating)")
+            # --sim: the text `qlink sim` builds from, so from the same cache
+            text = sim_top_verilog(params) if for_sim else generate_top_verilog(params)
     except SimulationError as exc:
         _fail(f"qlink verilog: {exc}")
         return
-    if for_sim:
-        from .sim.runner import icarus_compatible
-
-        text = icarus_compatible(text)
     _write(output, text)
 
 

@@ -319,6 +319,14 @@ def _prune_cache(cache: Path, keep: int = VERILOG_CACHE_ENTRIES) -> None:
         entry.with_suffix(".lock").unlink(missing_ok=True)
 
 
+def sim_top_verilog(params: QSCParams) -> str:
+    """The top's Verilog for ``params`` as a simulator builds it (:func:`icarus_compatible`),
+    from the shared cache (:func:`verilog_cache_dir`) when it holds it for these parameters and
+    sources, elaborated (and cached) otherwise: the text :func:`build_verilog` writes. Raises
+    :class:`SimulationError` when the top cannot be elaborated."""
+    return _cached_top_verilog(params, verilog_cache_key(params))
+
+
 def _cached_top_verilog(params: QSCParams, key: str) -> str:
     """The :func:`icarus_compatible` Verilog of the top for ``params`` from the shared cache
     (:func:`verilog_cache_dir`, one entry ``<key>.v`` per :func:`verilog_cache_key`), the top
