@@ -80,7 +80,8 @@ extern "C" __device__ int rpc_empty(const void* in, void* out, uint32_t arg_len,
 }
 '''
 
-STAGES = ("staged", "dispatch", "copy out", "fence", "seq store", "seen->published")
+STAGES = ("staged", "dispatch", "copy out", "fence", "seq store", "seen->published",
+          "cycles", "disp cyc")
 
 
 def make_plane(a, arr: TypeDesc, options: tuple[str, ...] = (), *, inline: bool = False,
@@ -148,16 +149,21 @@ def sweep(a, request: list[bytes], expected: list[bytes], arr: TypeDesc,
         rows.append({"variant": label, "round_trip": summary(lat), "in_kernel": summary(kern),
                      "wrong": bad, "stage_median_ns": dict(zip(STAGES, med, strict=True))})
     print(f"\nVariants, {a.sweep} round trips each (us; stage medians in ns, %globaltimer, "
-          "32 ns ticks; wrong = responses that differed from the expected one)")
+          "32 ns ticks; cycles: seen->published and dispatch in SM clock cycles, clock64, and "
+          "the SM clock they give; wrong = responses that differed from the expected one)")
     print(f"| {'variant':<54} | {'p50':>5} | {'p99':>5} | {'kern':>5} | {'wrong':>5} | "
-          + " | ".join(f"{s:>8}" for s in STAGES) + " |")
+          + " | ".join(f"{s:>8}" for s in STAGES) + f" | {'SM MHz':>6} |")
     print(f"|{'-' * 56}|{'-' * 7}|{'-' * 7}|{'-' * 7}|{'-' * 7}|"
-          + "|".join("-" * 10 for _ in STAGES) + "|")
+          + "|".join("-" * 10 for _ in STAGES) + f"|{'-' * 8}|")
     for r in rows:
         rt, kn, st = r["round_trip"], r["in_kernel"], r["stage_median_ns"]
+        mhz = (1000 * st["cycles"] / st["seen->published"]
+               if st and st["seen->published"] else None)
+        r["sm_clock_mhz"] = mhz
         print(f"| {r['variant']:<54} | {rt['p50_us']:>5.2f} | {rt['p99_us']:>5.2f} | "
               f"{kn['p50_us']:>5.2f} | {r['wrong']:>5} | "
-              + " | ".join(f"{st[s]:>8.0f}" if st else f"{'':>8}" for s in STAGES) + " |")
+              + " | ".join(f"{st[s]:>8.0f}" if st else f"{'':>8}" for s in STAGES)
+              + (f" | {mhz:>6.0f} |" if mhz is not None else f" | {'':>6} |"))
     return rows
 
 

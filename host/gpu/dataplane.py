@@ -455,14 +455,17 @@ class GPUDataPlane:
                            self.processed)
 
     def traces_ns(self) -> list[tuple[int, ...]]:
-        """Diagnostic stage times (ns) of the last requests, oldest first (after :meth:`stop`;
-        needs ``trace_capacity``): (request copied in, lookup + handler + response header,
-        response copied out, ``__threadfence_system``, flag stores, flag seen -> published)."""
+        """Diagnostic stage times of the last requests, oldest first (after :meth:`stop`; needs
+        ``trace_capacity``), eight per request: in ns (%globaltimer, 32 ns ticks on H100 and
+        H200) the request copied in, lookup + handler + response header, the response copied
+        out, ``__threadfence_system``, the sequence word's store, and seen -> published; then
+        in SM clock cycles (``clock64``) seen -> published and lookup + handler + response
+        header (their ratio to the ns gives the SM clock while the request was served)."""
         if self._trace is None:
             return []
         cap = self.trace_capacity
         values = struct.unpack(f"<{8 * cap}Q", self._trace.download(64 * cap))
-        return _ring_order([values[8 * i:8 * i + 6] for i in range(cap)], self.processed)
+        return _ring_order([values[8 * i:8 * i + 8] for i in range(cap)], self.processed)
 
     def _free_buffers(self) -> None:
         """Free the run's device buffers and pinned rings (each one once, also when freeing

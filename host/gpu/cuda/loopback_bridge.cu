@@ -97,6 +97,8 @@ struct qlink_loopback_session {
     uint64_t seq;              // sequence number of the request handed out last (0: none)
     uint64_t t_flag;           // trace: request seen
     uint64_t t_copied;         // trace: request staged
+    uint64_t c_flag;           // trace: request seen, SM clock (clock64)
+    uint64_t c_copied;         // trace: request staged, SM clock
     uint32_t next_slot;        // the slot rx_poll waits on
     uint32_t cur_slot;         // the slot handed out, answered by tx_publish
     uint32_t mask;             // the lanes that attached
@@ -169,7 +171,7 @@ extern "C" __device__ void* cudaq_dev_transport_attach(void* storage, void* ctx,
     s->seq = 0;
     s->next_slot = 0;
     s->cur_slot = 0;
-    s->t_flag = s->t_copied = 0;
+    s->t_flag = s->t_copied = s->c_flag = s->c_copied = 0;
     s->stopping = 0;
     return s;
 }
@@ -207,6 +209,7 @@ extern "C" __device__ cudaq_rx_dev_status_t cudaq_dev_rx_poll(void* session, voi
         }
 #ifdef QLINK_LOOPBACK_TRACE
         s->t_flag = qlink_globaltimer_ns();
+        s->c_flag = clock64();
 #endif
         if (rank < 4) reinterpret_cast<uint4*>(stage)[rank] = v;
         // arg_len is message bytes 8..11: slot bytes 16..19, the first word of rank 1's part.
@@ -247,6 +250,7 @@ extern "C" __device__ cudaq_rx_dev_status_t cudaq_dev_rx_poll(void* session, voi
         if (__shfl_sync(mask, stop, leader) != 0) return CUDAQ_RX_DEV_SHUTDOWN;
 #ifdef QLINK_LOOPBACK_TRACE
         s->t_flag = qlink_globaltimer_ns();
+        s->c_flag = clock64();
 #endif
         if (rank == 0) {
             // The first line, then (if the header asks for it) the rest: loads issued together.
@@ -276,6 +280,7 @@ extern "C" __device__ cudaq_rx_dev_status_t cudaq_dev_rx_poll(void* session, voi
     }
 #ifdef QLINK_LOOPBACK_TRACE
     s->t_copied = qlink_globaltimer_ns();
+    s->c_copied = clock64();
 #endif
     s->seq = want;
     s->cur_slot = slot;
@@ -295,6 +300,7 @@ extern "C" __device__ void cudaq_dev_tx_publish(void* session, void* response) {
     __syncwarp(s->mask);  // what any calling lane wrote into the response frame
 #ifdef QLINK_LOOPBACK_TRACE
     const uint64_t t_publish = qlink_globaltimer_ns();
+    const uint64_t c_publish = clock64();
 #endif
     const uint32_t slot = s->cur_slot;
     const uint32_t rank = s->rank;
@@ -342,6 +348,8 @@ extern "C" __device__ void cudaq_dev_tx_publish(void* session, void* response) {
         t[3] = t_fenced - t_copied_out;            // fence
         t[4] = qlink_globaltimer_ns() - t_fenced;  // sequence word store
         t[5] = qlink_globaltimer_ns() - s->t_flag; // request seen -> published
+        t[6] = clock64() - s->c_flag;              // the same in SM clock cycles
+        t[7] = c_publish - s->c_copied;            // t[1] in SM clock cycles
     }
 #endif
 }
