@@ -222,20 +222,75 @@ def generate_top_verilog(params: QSCParams) -> str:
     return done.stdout
 
 
-def _source_roots() -> list[Path]:
-    """The folders whose Python sources make the top's Verilog: the gateware and the host
-    package it takes its layouts and memory map from."""
+def verilog_sources() -> list[Path]:
+    """The Python files the top's Verilog is made from: every module of the gateware package and
+    every openqlink module they import, directly or through one another (read from their
+    ``import`` statements, those in functions too, not by importing them; a package's lazy
+    ``__getattr__`` aside), with the ``__init__`` of each package on the way; sorted. A host
+    module that no gateware module reaches (the dispatcher, the bridges, the CLI) is not among
+    them: editing it keeps the cached Verilog."""
+    import ast
+    import importlib.util
+
     from .. import gateware
 
-    host = Path(__file__).resolve().parents[1] / "memory_map.py"
-    roots = [Path(gateware.__file__).resolve().parent, host.parent]
-    return [r for r in roots if r.is_dir()]
+    def module_file(name: str) -> Path | None:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):     # an attribute, not a module
+            return None
+        if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
+            return None
+        return Path(spec.origin).resolve()
+
+    root = Path(gateware.__file__).resolve().parent
+    pending: list[tuple[str, Path]] = []
+    for f in sorted(root.rglob("*.py")):
+        parts = f.relative_to(root).with_suffix("").parts
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        pending.append((".".join(("openqlink", "gateware", *parts)), f))
+    seen: dict[Path, str] = {}
+    while pending:
+        name, f = pending.pop()
+        if f in seen:
+            continue
+        seen[f] = name
+        package = name if f.name == "__init__.py" else name.rpartition(".")[0]
+        wanted: list[str] = []
+        tree = ast.parse(f.read_bytes(), filename=str(f))
+        # A package's lazy attributes (PEP 562 ``__getattr__``) load only when asked for by
+        # name: not a dependency of the modules that import from the package's submodules.
+        lazy = {id(n) for d in tree.body if isinstance(d, ast.FunctionDef)
+                and d.name == "__getattr__" for n in ast.walk(d)}
+        for node in ast.walk(tree):
+            if id(node) in lazy:
+                continue
+            if isinstance(node, ast.Import):
+                wanted += [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    stem = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                    base = ".".join(stem + ([node.module] if node.module else []))
+                wanted += [base] + [f"{base}.{a.name}" for a in node.names]
+        for target in wanted:
+            if target != "openqlink" and not target.startswith("openqlink."):
+                continue
+            parts = target.split(".")
+            for i in range(1, len(parts) + 1):    # the packages on the way, then the module
+                mod = ".".join(parts[:i])
+                path = module_file(mod)
+                if path is not None and path not in seen:
+                    pending.append((mod, path))
+    return sorted(seen)
 
 
 def verilog_cache_key(params: QSCParams, roots: Sequence[Path] | None = None) -> str:
-    """What the top's Verilog depends on, as a SHA-256 hex digest: ``params``, the text of every
-    ``.py`` file under ``roots`` (default: the gateware and the host package), this module's
-    own (icarus_compatible), and the versions of Python, Amaranth and its Yosys."""
+    """What the top's Verilog depends on, as a SHA-256 hex digest: ``params``, the text of the
+    Python files it is made from (:func:`verilog_sources`; or of every ``.py`` file under
+    ``roots``), this module's own (icarus_compatible), and the versions of Python, Amaranth and
+    its Yosys."""
     from importlib import metadata
 
     h = hashlib.sha256()
@@ -248,8 +303,11 @@ def verilog_cache_key(params: QSCParams, roots: Sequence[Path] | None = None) ->
         except metadata.PackageNotFoundError:
             h.update(f"{dist} none".encode())
     files = [Path(__file__).resolve()]
-    for root in (_source_roots() if roots is None else roots):
-        files += sorted(root.rglob("*.py"))
+    if roots is None:
+        files += verilog_sources()
+    else:
+        for root in roots:
+            files += sorted(root.rglob("*.py"))
     for f in files:
         h.update(str(f.name).encode())
         h.update(f.read_bytes())

@@ -302,3 +302,51 @@ def test_processes_racing_for_one_top_elaborate_it_once(tmp_path, monkeypatch):
     texts = {(tmp_path / f"b{i}" / "qsc_top.v").read_text() for i in range(4)}
     assert len(texts) == 1 and texts.pop().endswith("endmodule\n")
     assert not list((tmp_path / "cache").glob("*.tmp"))
+
+
+def test_the_verilog_key_reads_the_gateware_and_the_host_modules_it_imports_alone():
+    """The key follows the gateware's imports: the memory map, the ISA layout and the wire
+    layouts are in; the dispatcher, the bridges, the GPU package and the CLI are not, so
+    editing those keeps the cached Verilog."""
+    from openqlink.sim import runner
+
+    host = Path(runner.__file__).resolve().parents[1] / "host"
+    names = {str(p.relative_to(p.parents[1])) if p.parent.name in ("wire", "isa") else p.name
+             for p in runner.verilog_sources() if host in p.parents}
+    assert {"memory_map.py", "errors.py", "isa/layout.py", "wire/rpc.py", "wire/roce.py",
+            "wire/control.py"} <= names
+    assert not names & {"dispatch.py", "qsc.py", "roce.py", "cli.py", "control.py",
+                        "calibration.py"}
+    assert not any("gpu" in str(p) or "bridges" in str(p) for p in runner.verilog_sources())
+
+
+def test_every_module_the_elaboration_loads_is_in_the_verilog_key():
+    """What the static reading of the imports finds covers what elaborating the tops really
+    loads (a fresh interpreter imports every gateware module and elaborates the QSC top and a
+    board's simulation top): a dependency it missed would let a stale cached top through."""
+    import json
+    import sys
+
+    from openqlink.sim import runner
+
+    script = (
+        "import json, pkgutil, sys, importlib\n"
+        "import openqlink.gateware as g\n"
+        "for m in pkgutil.walk_packages(g.__path__, 'openqlink.gateware.'):\n"
+        "    importlib.import_module(m.name)\n"
+        "from amaranth.hdl import Fragment\n"
+        "from openqlink.memory_map import QSCParams\n"
+        "from openqlink.gateware.top import QSCTop\n"
+        "from openqlink.gateware.boards import PROFILES\n"
+        "from openqlink.gateware.boards.top import SimBoardTop\n"
+        "Fragment.get(QSCTop(QSCParams(num_ppus=2, imem_depth=64, env_depth=64)), None)\n"
+        "Fragment.get(SimBoardTop(PROFILES['ecpix5-85']), None)\n"
+        "print(json.dumps(sorted(m.__file__ for n, m in list(sys.modules.items())\n"
+        "      if (n == 'openqlink' or n.startswith('openqlink.'))\n"
+        "      and getattr(m, '__file__', None))))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                         check=True).stdout
+    loaded = {Path(f).resolve() for f in json.loads(out.splitlines()[-1])}
+    assert loaded, "nothing loaded"
+    missing = loaded - set(runner.verilog_sources())
+    assert not missing, f"loaded by the elaboration, not in the key: {sorted(missing)}"
