@@ -290,7 +290,8 @@ def verilog_cache_key(params: QSCParams, roots: Sequence[Path] | None = None) ->
     """What the top's Verilog depends on, as a SHA-256 hex digest: ``params``, the text of the
     Python files it is made from (:func:`verilog_sources`; or of every ``.py`` file under
     ``roots``), this module's own (icarus_compatible), and the versions of Python, Amaranth and
-    its Yosys."""
+    its Yosys. The sources' part is kept while none of their files (nor the gateware folder's
+    list of files) changes size or modification time."""
     from importlib import metadata
 
     h = hashlib.sha256()
@@ -302,16 +303,57 @@ def verilog_cache_key(params: QSCParams, roots: Sequence[Path] | None = None) ->
             h.update(f"{dist} {metadata.version(dist)}".encode())
         except metadata.PackageNotFoundError:
             h.update(f"{dist} none".encode())
-    files = [Path(__file__).resolve()]
     if roots is None:
-        files += verilog_sources()
+        h.update(_sources_digest())
     else:
+        files = [Path(__file__).resolve()]
         for root in roots:
             files += sorted(root.rglob("*.py"))
+        h.update(_files_digest(files))
+    return h.hexdigest()
+
+
+def _files_digest(files: Sequence[Path]) -> bytes:
+    h = hashlib.sha256()
     for f in files:
         h.update(str(f.name).encode())
         h.update(f.read_bytes())
-    return h.hexdigest()
+    return h.digest()
+
+
+def _stat_signature(files: Sequence[Path]) -> tuple:
+    out = []
+    for f in files:
+        try:
+            st = f.stat()
+            out.append((str(f), st.st_mtime_ns, st.st_size))
+        except OSError:
+            out.append((str(f), None, None))
+    return tuple(out)
+
+
+#: (the gateware folder's files, the sources' signature, digest) of the last
+#: :func:`_sources_digest` in this process.
+_SOURCES_MEMO: tuple[list[Path], tuple, bytes] | None = None
+
+
+def _sources_digest() -> bytes:
+    """The digest of this module and :func:`verilog_sources`' files, read again (and the
+    imports followed again) only when one of those files, or the gateware folder's list of
+    files, has changed since the last call."""
+    global _SOURCES_MEMO
+    from .. import gateware
+
+    listing = sorted(Path(gateware.__file__).resolve().parent.rglob("*.py"))
+    if _SOURCES_MEMO is not None:
+        known_listing, signature, digest = _SOURCES_MEMO
+        files = [Path(entry[0]) for entry in signature]
+        if listing == known_listing and _stat_signature(files) == signature:
+            return digest
+    files = sorted({Path(__file__).resolve(), *verilog_sources()})
+    digest = _files_digest(files)
+    _SOURCES_MEMO = (listing, _stat_signature(files), digest)
+    return digest
 
 
 #: The environment variable naming the shared Verilog cache's folder (``off`` or empty: none).

@@ -350,3 +350,31 @@ def test_every_module_the_elaboration_loads_is_in_the_verilog_key():
     assert loaded, "nothing loaded"
     missing = loaded - set(runner.verilog_sources())
     assert not missing, f"loaded by the elaboration, not in the key: {sorted(missing)}"
+
+
+def test_the_sources_digest_is_kept_until_a_source_changes(tmp_path, monkeypatch):
+    """The key's sources part is not read again while its files keep their size and time, and
+    is read again when one of them changes (an edit of the same size included)."""
+    import os
+
+    from openqlink.sim import runner
+
+    src = tmp_path / "a.py"
+    src.write_text("X = 1\n")
+    calls = []
+
+    def sources():
+        calls.append(1)
+        return [src]
+
+    monkeypatch.setattr(runner, "verilog_sources", sources)
+    monkeypatch.setattr(runner, "_SOURCES_MEMO", None)
+    first = runner._sources_digest()
+    assert runner._sources_digest() == first and len(calls) == 1
+    src.write_text("X = 2\n")                      # same size: its time tells
+    st = src.stat()
+    os.utime(src, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    second = runner._sources_digest()
+    assert second != first and len(calls) == 2
+    src.write_text("X = 22\n")
+    assert runner._sources_digest() not in (first, second) and len(calls) == 3
