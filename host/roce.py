@@ -251,7 +251,9 @@ class UCQueuePair:
         endpoint"``), which sends and receives on the QP until :meth:`take_back_psns`. Returns
         ``(tx_psn, rx_epsn)`` to continue from; until they come back, every send raises
         :class:`~openqlink.errors.DispatchError` naming ``holder``. Raises that error, too,
-        when another holder has them."""
+        when another holder has them. Receiving is not guarded: hand the QP's frames to the
+        holder meanwhile (as ``qlink sim --gpu-frames`` does), since what :meth:`handle_frame`
+        records in between is replaced by :meth:`take_back_psns`."""
         with self._tx_lock:
             if self._psns_held_by is not None:
                 raise DispatchError(f"QP {self.qpn:#x}: its PSNs are held by "

@@ -403,6 +403,8 @@ class GPUFramePlane(GPUDataPlane):
         handler's result (default ``slot_size - 24``). Raises as
         :meth:`GPUDataPlane.start`.
         """
+        if self.running:     # before anything is lent or changed
+            raise DispatchError("the GPU data plane is already running")
         items = list(entries) if entries is not None else None
         if items is not None:
             host = [e for e in items if e.mode == DispatchMode.HOST_CALL]
@@ -453,13 +455,25 @@ class GPUFramePlane(GPUDataPlane):
         it publishes meanwhile (:meth:`pop_frame` returns them); then give the PSNs back to
         the QP given to :meth:`start`. Every request frame pushed before the call is checked
         and, when accepted, answered. Returns the processed count. Raises :class:`GPUError`
-        when the kernel has not exited after ``timeout_s`` or faulted."""
+        when the kernel has not exited after ``timeout_s`` (the QP's PSNs stay with it: it may
+        still send) or faulted (the QP gets back the PSNs the kernel stored last)."""
         frames = self.frames
         if self._stream is None or frames is None:
             return self._final_processed
         frames.shutdown = True
         deadline = time.monotonic() + timeout_s
-        while not self._stream.done():
+        while True:
+            try:
+                finished = self._stream.done()
+            except GPUError:
+                # The kernel faulted: it sends nothing more, so the QP continues from the PSNs
+                # it stored last (a kernel that did not stop in time keeps them: it may send).
+                if self._qp is not None:
+                    self._qp.take_back_psns(*frames.psn)
+                    self._qp = None
+                raise
+            if finished:
+                break
             while (f := frames.pop()) is not None:
                 self._backlog.append(f)
             if time.monotonic() > deadline:
