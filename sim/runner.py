@@ -225,10 +225,13 @@ def generate_top_verilog(params: QSCParams) -> str:
 def verilog_sources() -> list[Path]:
     """The Python files the top's Verilog is made from: every module of the gateware package and
     every openqlink module they import, directly or through one another (read from their
-    ``import`` statements, those in functions too, not by importing them; a package's lazy
-    ``__getattr__`` aside), with the ``__init__`` of each package on the way; sorted. A host
-    module that no gateware module reaches (the dispatcher, the bridges, the CLI) is not among
-    them: editing it keeps the cached Verilog."""
+    ``import`` statements, those in functions too; a package's lazy ``__getattr__`` aside),
+    with the ``__init__`` of each package on the way; sorted. Each name is located with
+    :func:`importlib.util.find_spec`, which imports the packages above it (modules the
+    gateware imports anyway). A host module that no gateware module reaches (the dispatcher,
+    the bridges, the CLI) is not among them: editing it keeps the cached Verilog. Raises
+    :class:`SimulationError` naming the file when one of them cannot be read or parsed, or a
+    package on the way fails to import."""
     import ast
     import importlib.util
 
@@ -239,6 +242,9 @@ def verilog_sources() -> list[Path]:
             spec = importlib.util.find_spec(name)
         except (ImportError, ValueError):     # an attribute, not a module
             return None
+        except Exception as exc:              # a package on the way fails to import
+            raise SimulationError(f"the top's sources: importing {name} failed: "
+                                  f"{type(exc).__name__}: {exc}") from None
         if spec is None or spec.origin is None or not spec.origin.endswith(".py"):
             return None
         return Path(spec.origin).resolve()
@@ -258,7 +264,10 @@ def verilog_sources() -> list[Path]:
         seen[f] = name
         package = name if f.name == "__init__.py" else name.rpartition(".")[0]
         wanted: list[str] = []
-        tree = ast.parse(f.read_bytes(), filename=str(f))
+        try:
+            tree = ast.parse(f.read_bytes(), filename=str(f))
+        except (OSError, SyntaxError, ValueError) as exc:
+            raise SimulationError(f"the top's sources: {f}: {exc}") from None
         # A package's lazy attributes (PEP 562 ``__getattr__``) load only when asked for by
         # name: not a dependency of the modules that import from the package's submodules.
         lazy = {id(n) for d in tree.body if isinstance(d, ast.FunctionDef)
@@ -290,8 +299,9 @@ def verilog_cache_key(params: QSCParams, roots: Sequence[Path] | None = None) ->
     """What the top's Verilog depends on, as a SHA-256 hex digest: ``params``, the text of the
     Python files it is made from (:func:`verilog_sources`; or of every ``.py`` file under
     ``roots``), this module's own (icarus_compatible), and the versions of Python, Amaranth and
-    its Yosys. The sources' part is kept while none of their files (nor the gateware folder's
-    list of files) changes size or modification time."""
+    its Yosys (and ``$AMARANTH_USE_YOSYS``). The sources' part is kept while none of their files
+    (nor the gateware folder's list of files) changes size or modification time. Raises
+    :class:`SimulationError` as :func:`verilog_sources`."""
     from importlib import metadata
 
     h = hashlib.sha256()
@@ -303,6 +313,8 @@ def verilog_cache_key(params: QSCParams, roots: Sequence[Path] | None = None) ->
             h.update(f"{dist} {metadata.version(dist)}".encode())
         except metadata.PackageNotFoundError:
             h.update(f"{dist} none".encode())
+    # Amaranth's choice of Yosys (bundled, or the system's with its own version)
+    h.update(f"AMARANTH_USE_YOSYS={os.environ.get('AMARANTH_USE_YOSYS', '')}".encode())
     if roots is None:
         h.update(_sources_digest())
     else:
@@ -351,8 +363,10 @@ def _sources_digest() -> bytes:
         if listing == known_listing and _stat_signature(files) == signature:
             return digest
     files = sorted({Path(__file__).resolve(), *verilog_sources()})
+    before = _stat_signature(files)
     digest = _files_digest(files)
-    _SOURCES_MEMO = (listing, _stat_signature(files), digest)
+    # Kept only when no file changed while it was read (else the next call reads again).
+    _SOURCES_MEMO = (listing, before, digest) if _stat_signature(files) == before else None
     return digest
 
 

@@ -378,3 +378,49 @@ def test_the_sources_digest_is_kept_until_a_source_changes(tmp_path, monkeypatch
     assert second != first and len(calls) == 2
     src.write_text("X = 22\n")
     assert runner._sources_digest() not in (first, second) and len(calls) == 3
+
+
+def test_a_source_changed_while_it_is_read_is_read_again(tmp_path, monkeypatch):
+    from openqlink.sim import runner
+
+    src = tmp_path / "a.py"
+    src.write_text("X = 1\n")
+    calls = []
+    monkeypatch.setattr(runner, "verilog_sources", lambda: [src])
+    monkeypatch.setattr(runner, "_SOURCES_MEMO", None)
+    files_digest = runner._files_digest
+
+    def saved_meanwhile(files):
+        calls.append(1)
+        digest = files_digest(files)
+        if len(calls) == 1:
+            src.write_text("X = 22\n")         # saved between the read and the memo
+        return digest
+
+    monkeypatch.setattr(runner, "_files_digest", saved_meanwhile)
+    first = runner._sources_digest()
+    second = runner._sources_digest()          # not the memo of the old text
+    assert len(calls) == 2 and second != first
+
+
+def test_a_source_that_does_not_parse_is_a_simulation_error(monkeypatch):
+    import ast
+
+    from openqlink.sim import runner
+
+    def broken(source, filename="<unknown>", *args, **kwargs):
+        raise SyntaxError("invalid syntax", (filename, 3, 1, "x ="))
+
+    monkeypatch.setattr(ast, "parse", broken)
+    with pytest.raises(runner.SimulationError, match=r"the top's sources: .*\.py"):
+        runner.verilog_sources()
+
+
+def test_the_key_follows_amaranths_choice_of_yosys(monkeypatch):
+    from openqlink.memory_map import QSCParams
+    from openqlink.sim import runner
+
+    monkeypatch.delenv("AMARANTH_USE_YOSYS", raising=False)
+    bundled = runner.verilog_cache_key(QSCParams())
+    monkeypatch.setenv("AMARANTH_USE_YOSYS", "system")
+    assert runner.verilog_cache_key(QSCParams()) != bundled
