@@ -109,16 +109,20 @@ class FloorPingPong:
     def __init__(self, ordinal: int, num_slots: int, slot_size: int, timing_capacity: int,
                  fence: int = 0):
         device = Device(ordinal)
-        arch = device.arch
-        ltoir = nvrtc_compile(FLOOR_SRC, "pingpong.cu", arch, headers=headers(),
-                              options=(f"-DQLINK_FLOOR_FENCE={fence}",))
-        self.module = device.load(nvjitlink_link([LinkInput("pingpong.cu", ltoir)], arch))
-        self.function = self.module.function("qlink_pingpong")
+        try:
+            arch = device.arch
+            ltoir = nvrtc_compile(FLOOR_SRC, "pingpong.cu", arch, headers=headers(),
+                                  options=(f"-DQLINK_FLOOR_FENCE={fence}",))
+            self.module = device.load(nvjitlink_link([LinkInput("pingpong.cu", ltoir)], arch))
+            self.function = self.module.function("qlink_pingpong")
+            self.timing = device.alloc(8 * timing_capacity)
+        except BaseException:
+            device.release()
+            raise
         self.device = device
         self.fence = fence
         self.num_slots, self.slot_size = num_slots, slot_size
         self.pinned = None
-        self.timing = device.alloc(8 * timing_capacity)
         self.timing_capacity = timing_capacity
         self.ring: LoopbackRing | None = None
         self.stream = None

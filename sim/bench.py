@@ -478,25 +478,34 @@ class TB:
         # Warm-up on the QP's contract with PSNs of its own: requests for an unknown function
         # (status -1) from a stand-in of the QSC's side, their responses dropped; then the run
         # starts again from the host QP's PSNs, so the wire sees what the CPU run sends.
-        plane.start(entries, max_result_bytes=max_result, psn=(0, 0))
-        self.gpu_start_s = time.perf_counter() - t0
-        peer = type(qp)(qp.remote_mac, qp.remote_ip, qp.remote_qpn, qp.local_mac, qp.local_ip,
-                        qp.qpn, p_key=qp.p_key)
-        warm = Request(function_id=0, request_id=0xFFFF_FFFF, ptp_timestamp=0,
-                       payload=b"").pack()
-        count = cfg.get("gpu_warmup", 100)
-        for k in range(count):
-            slot = k % ring.num_slots
-            plane.push_frame(peer.write_frame(slot * ring.slot_size, config.ring_rkey, warm,
-                                              imm=slot_immediate(peer.tx_psn, slot)))
-            deadline = time.perf_counter() + 2.0
-            while plane.pop_frame() is None:
-                if time.perf_counter() > deadline:
-                    raise TimeoutError("the GPU RoCE endpoint did not answer a warm-up frame")
-        plane.stop()
-        self.gpu_warmup = count
-        self.gpu_warmup_counters = plane.counters()
-        plane.start(entries, max_result_bytes=max_result, qp=qp)
+        try:
+            plane.start(entries, max_result_bytes=max_result, psn=(0, 0))
+            self.gpu_start_s = time.perf_counter() - t0
+            peer = type(qp)(qp.remote_mac, qp.remote_ip, qp.remote_qpn, qp.local_mac,
+                            qp.local_ip, qp.qpn, p_key=qp.p_key)
+            warm = Request(function_id=0, request_id=0xFFFF_FFFF, ptp_timestamp=0,
+                           payload=b"").pack()
+            count = cfg.get("gpu_warmup", 100)
+            for k in range(count):
+                slot = k % ring.num_slots
+                plane.push_frame(peer.write_frame(slot * ring.slot_size, config.ring_rkey,
+                                                  warm, imm=slot_immediate(peer.tx_psn, slot)))
+                deadline = time.perf_counter() + 2.0
+                while plane.pop_frame() is None:
+                    if time.perf_counter() > deadline:
+                        raise TimeoutError("the GPU RoCE endpoint did not answer a warm-up "
+                                           "frame")
+            plane.stop()
+            self.gpu_warmup = count
+            self.gpu_warmup_counters = plane.counters()
+            plane.start(entries, max_result_bytes=max_result, qp=qp)
+        except BaseException:
+            try:                        # the kernel stopped and its memory given back
+                plane.close()
+            except Exception as exc:    # pragma: no cover - the error being raised is the one
+                logging.getLogger(__name__).warning(
+                    "closing the GPU RoCE endpoint after a failed start: %s", exc)
+            raise
         self.frame_plane = plane
 
     def _stop_frame_plane(self) -> None:
