@@ -233,10 +233,12 @@ def verilog_sources() -> list[Path]:
     :class:`SimulationError` naming the file when one of them cannot be read or parsed, or a
     package on the way fails to import."""
     import ast
+    import functools
     import importlib.util
 
     from .. import gateware
 
+    @functools.cache       # the same packages come up from every module
     def module_file(name: str) -> Path | None:
         try:
             spec = importlib.util.find_spec(name)
