@@ -123,9 +123,17 @@ extern "C" __device__ cudaq_rx_dev_status_t cudaq_dev_rx_poll(void* session, voi
 extern "C" __device__ void cudaq_dev_tx_publish(void* session, void* response);
 
 // ---- Handler call, generated per link by openqlink.gpu (direct calls or the table pointer) ----
+// Calls `entry`'s handler: a direct call for a handler linked into the module (with
+// inline_handlers, a switch on the entry's function_id), else through its device_fn_ptr.
 extern "C" __device__ int qlink_call_handler(const qlink_function_entry* entry, const void* in,
                                              void* out, uint32_t arg_len,
                                              uint32_t max_result_len, uint32_t* result_len);
+// The same with the entry's function_id given (it must equal entry->function_id): the switch
+// reads a register, not the entry.
+extern "C" __device__ int qlink_call_handler_id(uint32_t function_id,
+                                                const qlink_function_entry* entry,
+                                                const void* in, void* out, uint32_t arg_len,
+                                                uint32_t max_result_len, uint32_t* result_len);
 
 // ---- Helpers ----
 static __device__ __forceinline__ uint64_t qlink_globaltimer_ns() {

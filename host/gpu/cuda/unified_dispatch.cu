@@ -20,13 +20,18 @@
 // gave (max_result_len is lowered to it).
 //
 // The lanes of the warp call the transport hooks together (openqlink_dispatch.cuh), so a bridge
-// can use them for coalesced accesses; the lookup, the handler call and the response header are
-// the leader's (lane 0's) alone, so a handler runs on one thread as in CUDA-Q. When the table
-// has no more entries than the warp has lanes, each lane holds one entry's function_id,
-// argument bytes and validity in registers and a lookup is one ballot and two shuffles, no
-// memory access. The first QLINK_SHARED_TABLE_ENTRIES (default 32) entries are also copied into
-// shared memory at start, with each entry's argument bytes precomputed from its schema (the
-// handler call reads its entry there); a larger table is searched in global memory.
+// can use them for coalesced accesses; the handler call and the response header are one lane's
+// alone (the caller's), so a handler runs on one thread as in CUDA-Q. When the table has no more
+// entries than the warp has lanes, each lane holds one entry's function_id, argument bytes and
+// validity in registers: the lookup is one ballot, and the lane whose entry matched is the
+// caller, so nothing moves between lanes before the call; the checks are selects and the
+// handler is called by a switch on the request's function_id (inline_handlers). With no entry
+// for the request, or a larger table, the leader (the lowest lane) answers, searching the table.
+// The first QLINK_SHARED_TABLE_ENTRIES (default 32) entries are also copied into shared memory
+// at start, with each entry's argument bytes precomputed from its schema (the handler call reads
+// its entry there); a larger table is searched in global memory. After the call a ballot tells
+// the lanes whether there is a result (an empty one costs no divergent branch) and a shuffle
+// its length.
 //
 // Ref: cuda-quantum realtime/lib/daemon/dispatcher/unified_dispatch_kernel.cu (CUDA-Q's unified
 // kernel: the same loop and response rules); cudaq_realtime_message_protocol.md.
@@ -71,7 +76,8 @@ extern "C" __global__ void qlink_unified_dispatch(void* transport_ctx,
     }
     const uint32_t mask = __activemask();
     const uint32_t lanes = __popc(mask);
-    const uint32_t rank = __popc(mask & ((1u << qlink_lane_id()) - 1u));
+    const uint32_t below = mask & ((1u << qlink_lane_id()) - 1u);  // the lanes below this one
+    const uint32_t rank = __popc(below);
     const uint32_t leader = static_cast<uint32_t>(__ffs(mask) - 1);
     uint32_t out_bytes;
     asm("mov.u32 %0, %%dynamic_smem_size;" : "=r"(out_bytes));
@@ -87,16 +93,19 @@ extern "C" __global__ void qlink_unified_dispatch(void* transport_ctx,
             qlink_shared_arg_bytes[i] = qlink_schema_arg_bytes(table[i].schema);
         }
     }
-    // Entry `rank` in this lane's registers when the whole table fits the lanes.
+    // Entry `rank` in this lane's registers when the whole table fits the lanes: its
+    // function_id, whether it is a DEVICE_CALL with a handler, and its argument bytes.
     const bool in_registers = count <= lanes;
+    bool my_valid = false;
     uint32_t my_function_id = 0;
     uint32_t my_arg_bytes = 0;
-    int my_callable = 0;
+    uint32_t my_callable = 0;
     if (in_registers && rank < count) {
+        my_valid = true;
         my_function_id = table[rank].function_id;
         my_arg_bytes = qlink_schema_arg_bytes(table[rank].schema);
         my_callable = table[rank].dispatch_mode == QLINK_DEVICE_CALL &&
-                      table[rank].handler.device_fn_ptr != nullptr;
+                      table[rank].handler.device_fn_ptr != nullptr ? 1u : 0u;
     }
     __syncwarp(mask);
     if (shared) table = qlink_shared_table;
@@ -117,46 +126,54 @@ extern "C" __global__ void qlink_unified_dispatch(void* transport_ctx,
         const uint32_t magic = static_cast<uint32_t>(head0);
         const uint32_t function_id = static_cast<uint32_t>(head0 >> 32);
         const uint32_t arg_len = static_cast<uint32_t>(head1);
-        // Lookup: the first entry with this function_id (-1: none).
-        int32_t index = -1;
-        int callable = 0;
+        // Lookup: the first entry with this function_id. The lane that answers (the caller) is
+        // the one that holds that entry when the table is in the lanes' registers (one ballot,
+        // nothing moves between lanes before the call), else the leader, which searches the
+        // table; with no such entry, the leader answers with an error status.
+        const qlink_function_entry* entry = nullptr;
         uint32_t want = 0;
-        uint32_t result_len = 0;  // the leader's
+        uint32_t callable = 0;
+        bool caller;
+        uint32_t caller_lane;
         if (in_registers) {
-            const uint32_t hit =
-                __ballot_sync(mask, rank < count && my_function_id == function_id);
-            if (hit != 0) {
-                const uint32_t src = static_cast<uint32_t>(__ffs(hit) - 1);
-                index = __popc(mask & ((1u << src) - 1u));
-                callable = __shfl_sync(mask, my_callable, src);
-                want = __shfl_sync(mask, my_arg_bytes, src);
-            }
-        }
-        if (rank == 0) {
-            if (!in_registers) {
+            const bool match = my_valid && my_function_id == function_id;
+            const uint32_t hit = __ballot_sync(mask, match);
+            caller = hit != 0 ? match && (hit & below) == 0 : rank == 0;
+            caller_lane = hit != 0 ? static_cast<uint32_t>(__ffs(hit) - 1) : leader;
+            entry = &table[rank];
+            want = my_arg_bytes;
+            callable = match ? my_callable : 0u;  // 0 on the leader when no entry matched
+        } else {
+            caller = rank == 0;
+            caller_lane = leader;
+            if (caller) {
                 uint32_t i = 0;
                 while (i < count && table[i].function_id != function_id) ++i;
                 if (i < count) {
-                    index = static_cast<int32_t>(i);
-                    callable = table[i].dispatch_mode == QLINK_DEVICE_CALL &&
-                               table[i].handler.device_fn_ptr != nullptr;
+                    entry = &table[i];
+                    callable = entry->dispatch_mode == QLINK_DEVICE_CALL &&
+                               entry->handler.device_fn_ptr != nullptr ? 1u : 0u;
                     want = shared ? qlink_shared_arg_bytes[i]
-                                  : qlink_schema_arg_bytes(table[i].schema);
+                                  : qlink_schema_arg_bytes(entry->schema);
                 }
             }
-            int32_t status = QLINK_STATUS_UNKNOWN_FUNCTION;
-            if (magic == QLINK_RPC_REQUEST_MAGIC && index >= 0 && callable) {
-                if (arg_len > max_arg_len) {
-                    status = QLINK_STATUS_TRUNCATED;
-                } else if (arg_len != want) {
-                    status = QLINK_STATUS_BAD_ARG_LEN;
-                } else {
-                    status = qlink_call_handler(&table[index], h + 1, qlink_handler_out,
-                                                arg_len, max_result_len, &result_len);
-                    if (result_len > max_result_len) {
-                        status = QLINK_STATUS_HANDLER_ERROR;
-                        result_len = 0;
-                    }
+        }
+        uint32_t result_len = 0;  // the caller's
+        if (caller) {
+            // The checks as selects, one branch to the handler (`callable` is false where no
+            // entry matched: the leader answering alone).
+            int32_t status = arg_len > max_arg_len ? QLINK_STATUS_TRUNCATED
+                             : arg_len != want     ? QLINK_STATUS_BAD_ARG_LEN
+                                                   : QLINK_STATUS_OK;
+            if (magic != QLINK_RPC_REQUEST_MAGIC || !callable) {
+                status = QLINK_STATUS_UNKNOWN_FUNCTION;
+            }
+            if (status == QLINK_STATUS_OK) {
+                status = qlink_call_handler_id(function_id, entry, h + 1, qlink_handler_out,
+                                               arg_len, max_result_len, &result_len);
+                if (result_len > max_result_len) {
+                    status = QLINK_STATUS_HANDLER_ERROR;
+                    result_len = 0;
                 }
             }
             // The response header in three 8-byte stores (frames are 8-byte aligned).
@@ -169,13 +186,16 @@ extern "C" __global__ void qlink_unified_dispatch(void* transport_ctx,
         // The result (result_len <= max_result_len bytes of the handler's area) into the
         // response: 8-byte words side by side over the lanes (frames are 8-byte aligned, the
         // result starts 24 bytes in), the last bytes by the leader; never more than result_len.
+        // Whether there is one is a ballot (a value the compiler knows all lanes share, so an
+        // empty result costs no divergent branch); its length is shuffled from the caller.
         // tx_publish's __syncwarp makes every lane's stores part of the response.
-        const uint32_t n = __shfl_sync(mask, result_len, leader);
-        {
+        if (__ballot_sync(mask, result_len != 0) != 0) {
+            const uint32_t n = __shfl_sync(mask, result_len, caller_lane);
+            __syncwarp(mask);  // the caller's handler wrote the area
             uint64_t* dst = reinterpret_cast<uint64_t*>(r + 1);
             const uint64_t* src = reinterpret_cast<const uint64_t*>(qlink_handler_out);
             for (uint32_t i = rank; i < n / 8u; i += lanes) dst[i] = src[i];
-            if (rank == 0) {
+            if (rank == 0 && (n & 7u) != 0) {
                 for (uint32_t i = n & ~7u; i < n; ++i) {
                     reinterpret_cast<uint8_t*>(r + 1)[i] = qlink_handler_out[i];
                 }

@@ -23,6 +23,7 @@ from openqlink.gpu import (
 from openqlink.gpu import program as program_mod
 from openqlink.gpu.sources import headers, read_source
 from openqlink.gpu.toolchain import numba_compile, nvjitlink_link, parse_arch
+from openqlink.wire.rpc import fnv1a32
 
 ARCH = "sm_90"
 
@@ -75,8 +76,23 @@ def test_inline_handlers_link_with_direct_calls():
     prog.add(device_entries()[0])
     prog.add(device_entries()[4])
     src = prog.call_source()
-    assert "switch (e->function_id)" in src and "return add_i32(in, out" in src
+    assert "switch (function_id)" in src and "return add_i32(in, out" in src
+    # Custom kernels call through the entry: the same switch, on the entry's function_id.
+    assert "return qlink_call_handler_id(e->function_id, e," in src
     assert BUILTIN_KERNEL_ENTRY in prog.link().symbols
+
+
+def test_two_handlers_with_one_function_id_are_refused():
+    # The kernel's lookup takes the first entry of a function_id and the generated call unit
+    # switches on it: two handlers behind one id cannot both be reached.
+    assert fnv1a32("h84337") == fnv1a32("h1340180")
+    prog = DispatchProgram(ARCH, cache=False, inline_handlers=True)
+    prog.add(FunctionEntry("h84337", DispatchMode.DEVICE_CALL, (), (), CudaHandler(ADD_SRC,
+                                                                                   "add_i32")))
+    with pytest.raises(DispatchError, match="'h84337' and 'h1340180' share the function_id "
+                                            "0x0a793622"):
+        prog.add(FunctionEntry("h1340180", DispatchMode.DEVICE_CALL, (), (),
+                               CudaHandler(ADD_SRC, "add_i32_other")))
 
 
 def test_link_error_carries_nvjitlink_log():
