@@ -36,10 +36,13 @@
 //
 // The request is staged in shared memory (device memory for slots above
 // QLINK_LOOPBACK_SMEM_BYTES, default 1024) in the slot's own layout, so the kernel and the
-// handler touch on-chip memory only; tx_publish copies the staged response into the pinned
-// slot with 16-byte strong stores spread over the lanes; the lanes meet (__syncwarp, which orders
-// their stores before what the leader does next), and the leader fences and stores the sequence
-// word: the release pattern of the PTX model, cumulative over every lane's stores.
+// handler read on-chip memory only. The response is written in place: rx_poll hands out the
+// pinned response slot itself, the kernel's stores (header, result) go there, and tx_publish
+// lets the lanes meet (__syncwarp, which orders their stores before what the leader does next)
+// and the leader fence and store the sequence word: the release pattern of the PTX model,
+// cumulative over every lane's stores. (With QLINK_LOOPBACK_DIRECT_TX=0 the response is staged
+// on chip too and tx_publish copies it into the pinned slot with 16-byte strong stores spread
+// over the lanes before that: about 0.1 us more per request on an H100, docs/benchmarks.md.)
 //
 // Compile-time options: QLINK_LOOPBACK_LINE_POLL (1 default, 0: the two-round-trip poll);
 // QLINK_LOOPBACK_SHUTDOWN_SPINS (256 default: empty polls between two reads of the shutdown
@@ -47,10 +50,10 @@
 // also a release pattern in the PTX model; 2, diagnostic only: a response that fits the first
 // line goes out with its sequence word in the same coalesced store and no fence, resting on the
 // same line property as the request side); QLINK_LOOPBACK_SMEM_BYTES (0: always device-memory
-// staging); QLINK_LOOPBACK_DIRECT_TX (1: rx_poll hands out the pinned response slot itself, so
-// the kernel's stores go there and tx_publish only fences and stores the sequence word; 0, the
-// default: the response is staged on chip and copied out); QLINK_LOOPBACK_TRACE (record
-// per-request stage times, %globaltimer, into ctx.trace).
+// staging); QLINK_LOOPBACK_DIRECT_TX (1, the default: the response written in place; 0: staged
+// on chip and copied out, the default with QLINK_LOOPBACK_FENCE=2, whose one-line store needs
+// the copy); QLINK_LOOPBACK_TRACE (record per-request stage times, %globaltimer, into
+// ctx.trace).
 //
 // Ref: cuda-quantum realtime/include/cudaq/realtime/daemon/dispatcher/unified_device_transport.cuh
 // (hook contract); PTX ISA "Memory Consistency Model" (release/acquire patterns, bar.warp.sync).
@@ -66,7 +69,11 @@
 #define QLINK_LOOPBACK_SMEM_BYTES 1024u
 #endif
 #ifndef QLINK_LOOPBACK_DIRECT_TX
+#if QLINK_LOOPBACK_FENCE == 2
 #define QLINK_LOOPBACK_DIRECT_TX 0
+#else
+#define QLINK_LOOPBACK_DIRECT_TX 1
+#endif
 #endif
 #ifndef QLINK_LOOPBACK_SHUTDOWN_SPINS
 #define QLINK_LOOPBACK_SHUTDOWN_SPINS 256u
