@@ -96,26 +96,32 @@ def _linked_ptx(bridge: TransportBridge) -> str:
     return bytes(buf).rstrip(b"\0").decode()
 
 
+@pytest.mark.parametrize("direct_tx", [1, 0], ids=["in-place", "staged"])
 @pytest.mark.parametrize("fence", [0, 1])
-def test_lanes_response_stores_are_ordered_before_the_sequence_word(fence):
-    # tx_publish: every lane stores its part of the response (st.relaxed.sys.v4), then the
-    # leader stores the sequence word (st.volatile.u64). A fence by each lane orders its own
-    # stores only; the lanes must meet (bar.warp.sync) before the leader's fence and store, or
-    # the host may see the word before another lane's bytes.
+def test_lanes_response_stores_are_ordered_before_the_sequence_word(fence, direct_tx):
+    # Several lanes store parts of the response: in place (the default), the caller its header
+    # and the lanes the result's words; staged, tx_publish's copy (st.relaxed.sys.v4) by every
+    # lane. Then the leader fences and stores the sequence word (st.volatile.u64). A fence by
+    # each lane orders its own stores only; the lanes must meet (bar.warp.sync) after the last
+    # store and before the leader's fence, or the host may see the word before another lane's
+    # bytes.
     bridge = TransportBridge(LOOPBACK_BRIDGE.name, LOOPBACK_BRIDGE.source,
-                             (f"-DQLINK_LOOPBACK_FENCE={fence}",))
+                             (f"-DQLINK_LOOPBACK_FENCE={fence}",
+                              f"-DQLINK_LOOPBACK_DIRECT_TX={direct_tx}"))
     lines = [ln.strip() for ln in _linked_ptx(bridge).splitlines()]
-    copies = [i for i, ln in enumerate(lines) if ln.startswith("st.relaxed.sys.global.v4")]
-    assert copies, "no response copy found in the linked PTX"
-    last_copy = copies[-1]
-    word = next(i for i in range(last_copy, len(lines))
-                if re.match(r"st\.volatile\.global\.u64\b", lines[i]))
-    between = lines[last_copy + 1:word]
-    syncs = [i for i, ln in enumerate(between) if ln.startswith("bar.warp.sync")]
-    fences = [i for i, ln in enumerate(between)
-              if re.match(r"(membar\.sys|fence\.(sc|acq_rel)\.sys)\b", ln)]
-    assert syncs, "no bar.warp.sync between the lanes' stores and the sequence word"
-    assert fences and fences[-1] > syncs[0], "no fence after the lanes meet"
+    fence_re = re.compile(r"(membar\.sys|fence\.(sc|acq_rel)\.sys)\b")
+    word_re = re.compile(r"st\.volatile(\.global)?\.u64\b")
+    # The publishing fence: the one whose next store is the sequence word.
+    publish = [i for i, ln in enumerate(lines) if fence_re.match(ln)
+               and word_re.match(next((x for x in lines[i + 1:] if x.startswith("st.")), ""))]
+    assert len(publish) == 1, "no single fence followed by the sequence word's store"
+    before = lines[:publish[0]]
+    last_store = max(i for i, ln in enumerate(before) if ln.startswith("st."))
+    if not direct_tx:
+        assert before[last_store].startswith("st.relaxed.sys.global.v4"), \
+            "the staged response's copy is not the last store before the fence"
+    assert any(ln.startswith("bar.warp.sync") for ln in before[last_store + 1:]), \
+        "no bar.warp.sync between the lanes' last store and the publishing fence"
 
 
 # ---- a handler writing past max_result_len ----
