@@ -8,10 +8,11 @@ A :class:`DispatchProgram` collects, for one architecture:
   ``cudaq_dev_tx_publish`` (:class:`TransportBridge`; :data:`LOOPBACK_BRIDGE` is the GPU
   loopback over mapped pinned memory), resolved at link time, not through pointers;
 * the DEVICE_CALL handlers (:mod:`openqlink.gpu.handlers`), one per function-table entry;
-* a generated unit defining ``qlink_call_handler`` (the kernel's call of a handler: through the
-  table's pointer, or, with ``inline_handlers=True``, a ``switch`` on function_id with direct
-  calls that LTO can inline, the pointer remaining the fallback) and one exported variable
-  ``qlink_fnptr_<symbol>`` per handler holding its address, read back by
+* a generated unit defining ``qlink_call_handler_id`` (the kernel's call of a handler: through
+  the table's pointer, or, with ``inline_handlers=True``, a ``switch`` on the request's
+  function_id with direct calls that LTO can inline, the pointer remaining the fallback),
+  ``qlink_call_handler`` (the same, given the entry alone, for custom kernels) and one exported
+  variable ``qlink_fnptr_<symbol>`` per handler holding its address, read back by
   :meth:`openqlink.gpu.GPUDataPlane.get_device_handler`.
 
 :meth:`DispatchProgram.link` compiles what the :class:`~openqlink.gpu.toolchain.LinkCache`
