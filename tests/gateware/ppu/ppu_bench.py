@@ -24,9 +24,8 @@ from openqlink.wire.rpc import Response
 
 __all__ = [
     "PARAMS", "NCO_PARAMS", "make_sim", "shared_cluster", "bus_write", "bus_read", "write32",
-    "read32", "read_reg",
-    "write_reg", "upload", "upload_env", "trigger", "status", "wait_state", "write_mailbox",
-    "send_response",
+    "read32", "read_reg", "write_reg", "upload", "upload_env", "trigger", "status", "wait_state",
+    "write_mailbox", "send_response",
     "Monitor", "nop", "end", "wait", "sync", "play", "acquire", "marker", "set_", "add",
     "branch", "call", "barrier", "alu", "loop",
 ]
